@@ -1,0 +1,123 @@
+"""The store's schema, versioned with SQLite's ``user_version``; each migration runs once, in order."""
+
+from __future__ import annotations
+
+import sqlite3
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: runs, attempts, nodes, exclusions, the intent journal, the logbook
+    """
+    CREATE TABLE runs (
+        name TEXT PRIMARY KEY,
+        spec TEXT NOT NULL,
+        state TEXT NOT NULL,
+        restarts_spent INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        end_reason TEXT
+    );
+    CREATE TABLE attempts (
+        run TEXT NOT NULL REFERENCES runs(name) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        job_id INTEGER NOT NULL,
+        restart_count INTEGER NOT NULL,
+        submitted_at REAL NOT NULL,
+        nodes TEXT,
+        excluded TEXT,
+        started_at REAL,
+        ended_at REAL,
+        end_state TEXT,
+        end_reason TEXT,
+        exit_code INTEGER,
+        PRIMARY KEY (run, seq),
+        UNIQUE (run, job_id, restart_count)
+    );
+    CREATE TABLE exclusions (
+        run TEXT NOT NULL REFERENCES runs(name) ON DELETE CASCADE,
+        node TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        since REAL NOT NULL,
+        PRIMARY KEY (run, node)
+    );
+    CREATE TABLE nodes (
+        name TEXT PRIMARY KEY,
+        verdict TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        evidence TEXT NOT NULL,
+        run TEXT,
+        action TEXT,
+        since REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE actions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        params TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending', 'done', 'failed')),
+        created_at REAL NOT NULL,
+        completed_at REAL,
+        result TEXT
+    );
+    CREATE INDEX actions_open ON actions(status) WHERE status = 'pending';
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        run TEXT NOT NULL,
+        attempt INTEGER,
+        job_id INTEGER,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL,
+        evidence TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        key TEXT NOT NULL UNIQUE
+    );
+    CREATE INDEX events_run ON events(run, id);
+    CREATE TRIGGER events_append_only_update BEFORE UPDATE ON events
+        BEGIN SELECT RAISE(ABORT, 'the logbook is append-only'); END;
+    CREATE TRIGGER events_append_only_delete BEFORE DELETE ON events
+        BEGIN SELECT RAISE(ABORT, 'the logbook is append-only'); END;
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNew(RuntimeError):
+    pass
+
+
+def migrate(db: sqlite3.Connection) -> int:
+    """Bring the database to SCHEMA_VERSION; return the version it had before."""
+    before = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if before > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"the state database has schema version {before}, newer than this slurm-supervisor "
+            f"understands ({SCHEMA_VERSION}); run the newer version, or restore a backup"
+        )
+    for version in range(before, SCHEMA_VERSION):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(MIGRATIONS[version]):
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {version + 1}")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+    return before
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration into statements, keeping trigger bodies whole."""
+    out: list[str] = []
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            out.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        out.append(buf.strip())
+    return out

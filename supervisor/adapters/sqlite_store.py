@@ -1,0 +1,273 @@
+"""The supervisor's memory in SQLite (WAL): runs, attempts, nodes, the intent journal, the logbook.
+
+One connection per daemon; every write is one short transaction, so a crash between any two
+statements leaves a consistent database. Logbook events carry a unique key: recording the same
+event twice (after a crash and a re-decision) stores it once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
+from supervisor.domain.run import RestartMode, RunSpec, RunState, SparePolicy, transition
+from supervisor.adapters.sqlite_schema import migrate
+from supervisor.ports import PermanentError
+
+DB_NAME = "supervisor.db"
+
+
+class SqliteStore:
+    def __init__(self, state_dir: str | Path) -> None:
+        self.path = Path(state_dir) / DB_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        migrate(self._db)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        if self._db.in_transaction:
+            yield self._db
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ runs
+
+    def add_run(self, spec: RunSpec, now: float) -> None:
+        with self.transaction() as db:
+            row = db.execute("SELECT state FROM runs WHERE name = ?", (spec.name,)).fetchone()
+            if row is not None and not RunState(row["state"]).terminal:
+                raise PermanentError(
+                    f"run {spec.name!r} is already supervised (state {row['state']}); "
+                    f"cancel it first with `slurm-supervisor cancel {spec.name}` or choose another name"
+                )
+            db.execute("DELETE FROM exclusions WHERE run = ?", (spec.name,))
+            db.execute(
+                "INSERT OR REPLACE INTO runs(name, spec, state, restarts_spent, created_at, updated_at,"
+                " cancel_requested, end_reason) VALUES (?, ?, ?, 0, ?, ?, 0, NULL)",
+                (spec.name, json.dumps(_spec_to_json(spec)), RunState.REGISTERED.value, now, now),
+            )
+
+    def get_run(self, name: str) -> RunRecord | None:
+        row = self._db.execute("SELECT * FROM runs WHERE name = ?", (name,)).fetchone()
+        return None if row is None else self._run_from_row(row)
+
+    def runs(self, *, active_only: bool = False) -> list[RunRecord]:
+        rows = self._db.execute("SELECT * FROM runs ORDER BY created_at, name").fetchall()
+        runs = [self._run_from_row(r) for r in rows]
+        return [r for r in runs if not r.state.terminal] if active_only else runs
+
+    def set_state(self, name: str, state: RunState, now: float, reason: str | None = None,
+                  spend_restart: bool = False) -> None:
+        with self.transaction() as db:
+            row = db.execute("SELECT state FROM runs WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise PermanentError(f"unknown run {name!r}")
+            transition(name, RunState(row["state"]), state)
+            db.execute(
+                "UPDATE runs SET state = ?, updated_at = ?, restarts_spent = restarts_spent + ?,"
+                " end_reason = CASE WHEN ? THEN ? ELSE end_reason END WHERE name = ?",
+                (state.value, now, int(spend_restart), int(state.terminal), reason, name),
+            )
+
+    def request_cancel(self, name: str, now: float) -> None:
+        with self.transaction() as db:
+            cur = db.execute("UPDATE runs SET cancel_requested = 1, updated_at = ? WHERE name = ?", (now, name))
+            if cur.rowcount == 0:
+                raise PermanentError(f"unknown run {name!r}; `slurm-supervisor status` lists the runs")
+
+    def exclude(self, run: str, node: str, reason: str, now: float) -> None:
+        self._db.execute(
+            "INSERT OR IGNORE INTO exclusions(run, node, reason, since) VALUES (?, ?, ?, ?)", (run, node, reason, now)
+        )
+
+    # ------------------------------------------------------------------ attempts
+
+    def add_attempt(self, run: str, job_id: int, restart_count: int, now: float,
+                    excluded: tuple[str, ...] = ()) -> AttemptRecord:
+        with self.transaction() as db:
+            row = db.execute(
+                "SELECT * FROM attempts WHERE run = ? AND job_id = ? AND restart_count = ?", (run, job_id, restart_count)
+            ).fetchone()
+            if row is not None:
+                return _attempt_from_row(row)
+            seq = db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM attempts WHERE run = ?", (run,)).fetchone()[0]
+            db.execute(
+                "INSERT INTO attempts(run, seq, job_id, restart_count, submitted_at, excluded) VALUES (?, ?, ?, ?, ?, ?)",
+                (run, seq, job_id, restart_count, now, json.dumps(list(excluded))),
+            )
+            return AttemptRecord(run, seq, job_id, restart_count, now, excluded=excluded)
+
+    def attempt_started(self, run: str, seq: int, nodes: tuple[str, ...], at: float) -> None:
+        self._db.execute(
+            "UPDATE attempts SET started_at = COALESCE(started_at, ?), nodes = ? WHERE run = ? AND seq = ?",
+            (at, json.dumps(list(nodes)), run, seq),
+        )
+
+    def attempt_ended(self, run: str, seq: int, at: float, end_state: str, reason: str, exit_code: int | None) -> None:
+        self._db.execute(
+            "UPDATE attempts SET ended_at = ?, end_state = ?, end_reason = ?, exit_code = ?"
+            " WHERE run = ? AND seq = ? AND ended_at IS NULL",
+            (at, end_state, reason, exit_code, run, seq),
+        )
+
+    def attempts(self, run: str) -> list[AttemptRecord]:
+        rows = self._db.execute("SELECT * FROM attempts WHERE run = ? ORDER BY seq", (run,)).fetchall()
+        return [_attempt_from_row(r) for r in rows]
+
+    # ------------------------------------------------------------------ nodes
+
+    def set_verdict(self, v: NodeVerdict) -> None:
+        self._db.execute(
+            "INSERT INTO nodes(name, verdict, reason, evidence, run, action, since, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET verdict = excluded.verdict,"
+            " reason = excluded.reason, evidence = excluded.evidence, run = excluded.run,"
+            " action = COALESCE(excluded.action, nodes.action), updated_at = excluded.updated_at",
+            (v.node, v.verdict.value, v.reason, json.dumps(v.evidence), v.run, v.action, v.at, v.at),
+        )
+
+    def set_node_action(self, node: str, action: str, now: float) -> None:
+        self._db.execute("UPDATE nodes SET action = ?, updated_at = ? WHERE name = ?", (action, now, node))
+
+    def verdicts(self) -> list[NodeVerdict]:
+        rows = self._db.execute("SELECT * FROM nodes ORDER BY since, name").fetchall()
+        return [
+            NodeVerdict(r["name"], Verdict(r["verdict"]), r["reason"], json.loads(r["evidence"]), r["run"],
+                        r["action"], r["since"])
+            for r in rows
+        ]
+
+    # ------------------------------------------------------------------ intent journal
+
+    def begin_action(self, run: str, kind: str, params: Mapping[str, Any], now: float) -> int:
+        cur = self._db.execute(
+            "INSERT INTO actions(run, kind, params, status, created_at) VALUES (?, ?, ?, 'pending', ?)",
+            (run, kind, json.dumps(params, sort_keys=True), now),
+        )
+        return int(cur.lastrowid or 0)
+
+    def complete_action(self, action_id: int, status: str, result: Mapping[str, Any], now: float) -> None:
+        self._db.execute(
+            "UPDATE actions SET status = ?, result = ?, completed_at = ? WHERE id = ?",
+            (status, json.dumps(result, sort_keys=True), now, action_id),
+        )
+
+    def open_actions(self) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT * FROM actions WHERE status = 'pending' ORDER BY id").fetchall()
+        return [_action_row(r) for r in rows]
+
+    def actions(self, run: str | None = None) -> list[dict[str, Any]]:
+        sql, args = "SELECT * FROM actions ORDER BY id", ()
+        if run is not None:
+            sql, args = "SELECT * FROM actions WHERE run = ? ORDER BY id", (run,)
+        return [_action_row(r) for r in self._db.execute(sql, args).fetchall()]
+
+    def action_done(self, run: str, kind: str, params: Mapping[str, Any]) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM actions WHERE run = ? AND kind = ? AND params = ? AND status = 'done' LIMIT 1",
+            (run, kind, json.dumps(params, sort_keys=True)),
+        ).fetchone()
+        return row is not None
+
+    def node_changes_since(self, since: float) -> int:
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM actions WHERE kind = 'node_state' AND status = 'done' AND completed_at >= ?",
+            (since,),
+        ).fetchone()
+        return int(row[0])
+
+    # ------------------------------------------------------------------ logbook
+
+    def record_event(self, e: Event) -> bool:
+        """Append an event unless one with the same key exists. True when it was new."""
+        cur = self._db.execute(
+            "INSERT OR IGNORE INTO events(at, run, attempt, job_id, kind, message, evidence, actor, key)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (e.at, e.run, e.attempt, e.job_id, e.kind.value, e.message, json.dumps(e.evidence, default=str),
+             e.actor, e.key),
+        )
+        return cur.rowcount == 1
+
+    def events(self, run: str | None = None) -> list[Event]:
+        sql, args = "SELECT * FROM events ORDER BY id", ()
+        if run is not None:
+            sql, args = "SELECT * FROM events WHERE run = ? ORDER BY id", (run,)
+        return [
+            Event(r["run"], EventKind(r["kind"]), r["message"], r["key"], r["at"], r["attempt"], r["job_id"],
+                  r["actor"], json.loads(r["evidence"]))
+            for r in self._db.execute(sql, args).fetchall()
+        ]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _run_from_row(self, row: sqlite3.Row) -> RunRecord:
+        name = row["name"]
+        a = self._db.execute("SELECT * FROM attempts WHERE run = ? ORDER BY seq DESC LIMIT 1", (name,)).fetchone()
+        ex = self._db.execute("SELECT node, reason FROM exclusions WHERE run = ? ORDER BY node", (name,)).fetchall()
+        return RunRecord(
+            spec=_spec_from_json(json.loads(row["spec"])),
+            state=RunState(row["state"]),
+            restarts_spent=row["restarts_spent"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            cancel_requested=bool(row["cancel_requested"]),
+            end_reason=row["end_reason"],
+            attempt=None if a is None else _attempt_from_row(a),
+            excluded={r["node"]: r["reason"] for r in ex},
+        )
+
+
+def _attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
+    return AttemptRecord(
+        run=r["run"], seq=r["seq"], job_id=r["job_id"], restart_count=r["restart_count"],
+        submitted_at=r["submitted_at"], nodes=tuple(json.loads(r["nodes"] or "[]")),
+        excluded=tuple(json.loads(r["excluded"] or "[]")), started_at=r["started_at"], ended_at=r["ended_at"],
+        end_state=r["end_state"], end_reason=r["end_reason"], exit_code=r["exit_code"],
+    )
+
+
+def _action_row(r: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "id": r["id"], "run": r["run"], "kind": r["kind"], "params": json.loads(r["params"]), "status": r["status"],
+        "created_at": r["created_at"], "completed_at": r["completed_at"],
+        "result": json.loads(r["result"]) if r["result"] else None,
+    }
+
+
+def _spec_to_json(spec: RunSpec) -> dict[str, Any]:
+    d = asdict(spec)
+    d["env"] = dict(spec.env)
+    d["do_not_restart_exit_codes"] = sorted(spec.do_not_restart_exit_codes)
+    return d
+
+
+def _spec_from_json(d: dict[str, Any]) -> RunSpec:
+    return RunSpec(
+        **{
+            **d,
+            "sbatch_args": tuple(d["sbatch_args"]),
+            "spare_nodes": tuple(d["spare_nodes"]),
+            "spare_policy": SparePolicy(d["spare_policy"]),
+            "restart_mode": RestartMode(d["restart_mode"]),
+            "do_not_restart_exit_codes": frozenset(d["do_not_restart_exit_codes"]),
+        }
+    )

@@ -1,0 +1,229 @@
+"""`slurm-supervisor`: the daemon and the commands engineers run. Wiring only."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from supervisor.cli import render, wiring
+from supervisor.config import ConfigError, DaemonConfig, check_partition, load_daemon_config, load_run_spec
+from supervisor.domain.records import Event, EventKind
+from supervisor.ports import PortError
+
+DEFAULT_CONFIG = "/etc/slurm-supervisor/supervisor.toml"
+
+
+def _config(ctx: click.Context) -> DaemonConfig:
+    obj: dict[str, Any] = ctx.ensure_object(dict)
+    if "cfg" not in obj:
+        path = obj.get("config_path")
+        if path is None and Path(DEFAULT_CONFIG).exists():
+            path = DEFAULT_CONFIG
+        try:
+            cfg = load_daemon_config(path)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+        if obj.get("state_dir"):
+            cfg = cfg.model_copy(update={"daemon": cfg.daemon.model_copy(update={"state_dir": obj["state_dir"]})})
+        obj["cfg"] = cfg
+    return obj["cfg"]  # type: ignore[no-any-return]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SLURM_SUPERVISOR_CONFIG",
+              help=f"Daemon configuration (TOML). Default: {DEFAULT_CONFIG} when it exists.")
+@click.option("--state-dir", type=click.Path(file_okay=False), envvar="SLURM_SUPERVISOR_STATE_DIR",
+              help="Override daemon.state_dir.")
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None, state_dir: str | None) -> None:
+    """Keep long Slurm training runs alive: follow jobs, recover from node faults, keep a logbook."""
+    ctx.ensure_object(dict).update(config_path=config_path, state_dir=state_dir)
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="Run one reconcile tick and exit.")
+@click.option("--crash-at", hidden=True, default=None,
+              help="Fault injection for tests: BOUNDARY[:ACTION] — exit abruptly there.")
+@click.pass_context
+def daemon(ctx: click.Context, once: bool, crash_at: str | None) -> None:
+    """Run the supervisor daemon (systemd: Type=notify)."""
+    from supervisor.adapters.lock import AlreadyRunning, StateDirLock
+    from supervisor.adapters.logging import configure_logging
+    from supervisor.adapters.sdnotify import SystemdNotifier
+    from supervisor.adapters.tcp_probe import TcpProbe
+    from supervisor.engine.daemon import Pacing, run_loop
+    from supervisor.engine.reconcile import Engine
+
+    cfg = _config(ctx)
+    configure_logging(cfg.logging.level, cfg.logging.format)
+    clock = wiring.clock()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: clock.stop())
+    try:
+        with StateDirLock(cfg.daemon.state_dir):
+            engine = Engine(
+                scheduler=wiring.scheduler(cfg), store=wiring.store(cfg), clock=clock,
+                settings=wiring.engine_settings(cfg),
+                probe=TcpProbe(timeout=cfg.probe.timeout_s) if cfg.probe.enabled else None,
+                fencer=wiring.fencer(cfg), crash_hook=_crash_hook(crash_at),
+            )
+            run_loop(engine, Pacing(cfg.daemon.poll_interval_s), SystemdNotifier(), max_ticks=1 if once else None)
+    except AlreadyRunning as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _crash_hook(spec: str | None) -> Any:
+    if not spec:
+        return None
+    boundary, _, kind = spec.partition(":")
+
+    def hook(at: str, action: str) -> None:
+        if at == boundary and (not kind or kind == action):
+            sys.stderr.write(f"slurm-supervisor: injected crash at {at}:{action}\n")
+            sys.stderr.flush()
+            os._exit(137)
+
+    return hook
+
+
+@main.command()
+@click.argument("spec_path", metavar="RUN.toml", type=click.Path(dir_okay=False))
+@click.option("--no-slurm-check", is_flag=True, help="Do not ask Slurm whether the partition exists.")
+@click.pass_context
+def submit(ctx: click.Context, spec_path: str, no_slurm_check: bool) -> None:
+    """Register a run; the daemon submits its job on its next tick."""
+    cfg = _config(ctx)
+    try:
+        spec = load_run_spec(spec_path)
+        if not no_slurm_check:
+            snap = wiring.scheduler(cfg).snapshot()
+            check_partition(spec, {p for n in snap.nodes.values() for p in n.partitions}, spec_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    except PortError as exc:
+        raise click.ClickException(f"could not ask Slurm about partition {spec.partition!r}: {exc}. "
+                                   "Fix: check that slurmctld is up, or pass --no-slurm-check") from None
+    store = wiring.store(cfg)
+    now = wiring.clock().now()
+    try:
+        with store.transaction():
+            store.add_run(spec, now)
+            store.record_event(Event(spec.name, EventKind.REGISTERED,
+                                     f"run registered by {_user()}: {spec.nodes} nodes on {spec.partition}, "
+                                     f"up to {spec.max_restarts} restarts", f"{spec.name}:registered:{now:.6f}",
+                                     now, actor=_user(), evidence={"spec": str(Path(spec_path).resolve())}))
+    except PortError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"run {spec.name} registered; the daemon submits it on its next tick")
+
+
+@main.command()
+@click.argument("run", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def status(ctx: click.Context, run: str | None, as_json: bool) -> None:
+    """Show supervised runs (all, or one with its attempts)."""
+    store = wiring.store(_config(ctx))
+    runs = store.runs()
+    if run is not None:
+        runs = [r for r in runs if r.name == run]
+        if not runs:
+            raise click.ClickException(f"unknown run {run!r}; `slurm-supervisor status` lists the runs")
+    if as_json:
+        click.echo(json.dumps([render.run_dict(r, store.attempts(r.name)) for r in runs], indent=2))
+        return
+    for line in render.status_lines(runs):
+        click.echo(line)
+
+
+@main.command()
+@click.argument("run")
+@click.option("--evidence", is_flag=True, help="Show each event's evidence.")
+@click.option("--json", "as_json", is_flag=True, help="Export the events as JSON lines.")
+@click.pass_context
+def logbook(ctx: click.Context, run: str, evidence: bool, as_json: bool) -> None:
+    """Print a run's logbook."""
+    store = wiring.store(_config(ctx))
+    if store.get_run(run) is None:
+        raise click.ClickException(f"unknown run {run!r}; `slurm-supervisor status` lists the runs")
+    events = store.events(run)
+    if as_json:
+        for e in events:
+            click.echo(json.dumps({"at": e.at, "run": e.run, "attempt": e.attempt, "job_id": e.job_id,
+                                   "kind": e.kind.value, "message": e.message, "actor": e.actor,
+                                   "evidence": e.evidence}, default=str))
+        return
+    for line in render.logbook_lines(events, evidence=evidence):
+        click.echo(line)
+
+
+@main.command()
+@click.pass_context
+def nodes(ctx: click.Context) -> None:
+    """Nodes the supervisor drained or excluded, with the evidence."""
+    verdicts = wiring.store(_config(ctx)).verdicts()
+    if not verdicts:
+        click.echo("no node has been drained or excluded")
+        return
+    for line in render.node_lines(verdicts):
+        click.echo(line)
+
+
+@main.command()
+@click.argument("run")
+@click.pass_context
+def cancel(ctx: click.Context, run: str) -> None:
+    """Cancel a run: the daemon cancels its job and stops supervising it."""
+    store = wiring.store(_config(ctx))
+    try:
+        store.request_cancel(run, wiring.clock().now())
+    except PortError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"cancel of run {run} requested; the daemon cancels its job on its next tick")
+
+
+@main.command()
+@click.option("--nodes", "total_nodes", default=20, show_default=True, help="Nodes in the simulated partition.")
+@click.option("--run-nodes", default=16, show_default=True, help="Nodes the run needs.")
+@click.option("--spares", default=2, show_default=True, help="Named spare nodes.")
+@click.option("--hours", default=24.0, show_default=True, help="Simulated hours.")
+@click.option("--crashes", default=3, show_default=True, help="Node crashes to inject.")
+@click.option("--seed", default=7, show_default=True)
+@click.option("--state-dir", "demo_dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the demo's store here (default: a temporary directory).")
+def demo(total_nodes: int, run_nodes: int, spares: int, hours: float, crashes: int, seed: int,
+         demo_dir: str | None) -> None:
+    """The daemon supervising a run on a simulated cluster with injected node crashes."""
+    from supervisor.sim.demo import DemoSettings, run_demo
+
+    o = run_demo(DemoSettings(total_nodes, run_nodes, spares, hours, crashes, seed), demo_dir)
+    s = o.settings
+    click.echo(f"simulated {s.hours:g} h of a {s.run_nodes}-node run with {s.spares} named spares on "
+               f"{s.total_nodes} nodes: {o.ticks} daemon ticks in {o.wall_s:.1f} s of wall time")
+    click.echo(f"injected node crashes: {', '.join(o.injected) or 'none'}; recoveries: {o.recoveries}; "
+               f"overlapping incarnations: {o.overlaps}")
+    click.echo(f"run state: {o.run.state.value}; restarts spent: {o.run.restarts_spent}/{o.run.spec.max_restarts}; "
+               f"excluded: {', '.join(sorted(o.run.excluded)) or 'none'}\n")
+    click.echo("LOGBOOK")
+    for line in render.logbook_lines(o.events):
+        click.echo(line)
+    click.echo("\nNODES")
+    for line in render.node_lines(o.verdicts):
+        click.echo(line)
+    ok = o.recoveries >= min(1, len(o.injected)) and o.overlaps == 0
+    sys.exit(0 if ok else 1)
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"

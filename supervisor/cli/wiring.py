@@ -1,0 +1,36 @@
+"""Builds the real adapters from the daemon configuration. Wiring only: no decisions here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from supervisor.adapters.clock import SystemClock
+from supervisor.adapters.fence import CommandFencer
+from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.config import DaemonConfig
+from supervisor.engine.reconcile import EngineSettings
+
+
+def scheduler(cfg: DaemonConfig) -> SlurmCli:
+    return SlurmCli(bin_dir=cfg.slurm.bin_dir, slurm_conf=cfg.slurm.slurm_conf, timeout=cfg.slurm.command_timeout_s)
+
+
+def store(cfg: DaemonConfig) -> SqliteStore:
+    return SqliteStore(Path(cfg.daemon.state_dir))
+
+
+def engine_settings(cfg: DaemonConfig) -> EngineSettings:
+    return EngineSettings(
+        may_change_nodes=cfg.daemon.may_change_nodes,
+        max_drains_per_hour=cfg.daemon.max_drains_per_hour,
+        probe_confirm_s=cfg.probe.confirm_after_s,
+    )
+
+
+def clock() -> SystemClock:
+    return SystemClock()
+
+
+def fencer(cfg: DaemonConfig) -> CommandFencer | None:
+    return CommandFencer(cfg.fence.command) if cfg.fence.command else None

@@ -1,0 +1,145 @@
+"""What a decision asks for: actions on the outside world and records in the store.
+
+Actions are journaled as intents before the engine executes them, so each carries everything
+needed to execute it again, and to recognise from Slurm's state that it already took effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from supervisor.domain.cluster import NodeChange
+from supervisor.domain.records import Event, NodeVerdict
+from supervisor.domain.run import RunState
+
+
+class ActionKind(StrEnum):
+    SUBMIT = "submit"
+    CANCEL = "cancel"
+    NODE_STATE = "node_state"
+    SET_EXCLUDED = "set_excluded"
+    RELEASE = "release"
+    FENCE = "fence"
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Submit a new incarnation of the run. ``restart`` is True when it replaces a broken one."""
+
+    run: str
+    exclude: tuple[str, ...]
+    restart: bool
+    reason: str
+    kind: ActionKind = ActionKind.SUBMIT
+
+
+@dataclass(frozen=True)
+class Cancel:
+    run: str
+    job_id: int
+    reason: str
+    kind: ActionKind = ActionKind.CANCEL
+
+
+@dataclass(frozen=True)
+class ChangeNode:
+    run: str
+    node: str
+    change: NodeChange
+    reason: str
+    kind: ActionKind = ActionKind.NODE_STATE
+
+
+@dataclass(frozen=True)
+class SetExcluded:
+    run: str
+    job_id: int
+    nodes: tuple[str, ...]
+    kind: ActionKind = ActionKind.SET_EXCLUDED
+
+
+@dataclass(frozen=True)
+class Release:
+    run: str
+    job_id: int
+    reason: str
+    kind: ActionKind = ActionKind.RELEASE
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Make sure nothing of the old incarnation still runs on ``node`` (site fence command)."""
+
+    run: str
+    node: str
+    job_id: int
+    kind: ActionKind = ActionKind.FENCE
+
+
+Action = Submit | Cancel | ChangeNode | SetExcluded | Release | Fence
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    run: str
+    seq: int
+    nodes: tuple[str, ...]
+    at: float
+
+
+@dataclass(frozen=True)
+class AttemptEnded:
+    run: str
+    seq: int
+    at: float
+    end_state: str
+    reason: str
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class AttemptRequeued:
+    """Slurm requeued the job itself: a new attempt with the same job id."""
+
+    run: str
+    job_id: int
+    restart_count: int
+    at: float
+    excluded: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Exclude:
+    run: str
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetState:
+    run: str
+    state: RunState
+    reason: str | None = None
+    spend_restart: bool = False
+
+
+Record = AttemptStarted | AttemptEnded | AttemptRequeued | Exclude | SetState | Event | NodeVerdict
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of deciding for one run on one snapshot: records first, then actions."""
+
+    records: tuple[Record, ...] = ()
+    actions: tuple[Action, ...] = ()
+    notes: Mapping[str, Any] = field(default_factory=dict)
+
+    def __add__(self, other: Decision) -> Decision:
+        return Decision(
+            self.records + other.records,
+            self.actions + other.actions,
+            {**self.notes, **other.notes},
+        )

@@ -1,0 +1,189 @@
+"""What the supervisor observes of the cluster: jobs and nodes, as plain frozen values.
+
+Adapters (the Slurm CLI, the simulated cluster) translate their native shapes into these; the
+engine and the domain never see Slurm's JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    """Slurm's base job states (squeue's ``job_state`` without flags)."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    COMPLETING = "COMPLETING"  # only when Slurm reports it as the base state
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+    @classmethod
+    def parse(cls, text: str) -> JobState:
+        try:
+            return cls(text.upper())
+        except ValueError:
+            return cls.UNKNOWN
+
+
+_FINISHED = frozenset(
+    {
+        JobState.COMPLETED,
+        JobState.CANCELLED,
+        JobState.FAILED,
+        JobState.TIMEOUT,
+        JobState.NODE_FAIL,
+        JobState.PREEMPTED,
+        JobState.BOOT_FAIL,
+        JobState.DEADLINE,
+        JobState.OUT_OF_MEMORY,
+    }
+)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One Slurm job as seen in one snapshot.
+
+    ``flags`` holds Slurm's state flags (COMPLETING, REQUEUED, ...), upper case.
+    ``exit_code`` is the decoded process exit status (not the raw wait status), None when unknown
+    or when the job was killed by a signal (then ``term_signal`` is set).
+    """
+
+    job_id: int
+    name: str
+    state: JobState
+    flags: frozenset[str] = frozenset()
+    restart_count: int = 0
+    nodes: tuple[str, ...] = ()
+    excluded_nodes: tuple[str, ...] = ()
+    exit_code: int | None = None
+    term_signal: int | None = None
+    state_reason: str = ""
+    comment: str = ""
+    partition: str = ""
+    held: bool = False
+    submit_time: float | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+
+    @property
+    def completing(self) -> bool:
+        return self.state is JobState.COMPLETING or "COMPLETING" in self.flags
+
+
+class NodeState(StrEnum):
+    """Slurm's base node states (sinfo's ``state`` without flags)."""
+
+    IDLE = "IDLE"
+    ALLOCATED = "ALLOCATED"
+    MIXED = "MIXED"
+    DOWN = "DOWN"
+    ERROR = "ERROR"
+    FUTURE = "FUTURE"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def parse(cls, text: str) -> NodeState:
+        try:
+            return cls(text.upper())
+        except ValueError:
+            return cls.UNKNOWN
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as seen in one snapshot. ``flags``: DRAIN, NOT_RESPONDING, COMPLETING, ..."""
+
+    name: str
+    state: NodeState
+    flags: frozenset[str] = frozenset()
+    reason: str = ""
+    partitions: tuple[str, ...] = ()
+    address: str = ""
+    port: int | None = None
+
+    @property
+    def responding(self) -> bool:
+        return "NOT_RESPONDING" not in self.flags
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.flags or "DRAINED" in self.flags or "DRAINING" in self.flags
+
+    @property
+    def down(self) -> bool:
+        return self.state is NodeState.DOWN
+
+    @property
+    def schedulable(self) -> bool:
+        """Could Slurm start a new job here (ignoring what already runs on it)?"""
+        return (
+            self.responding
+            and not self.drained
+            and self.state in (NodeState.IDLE, NodeState.ALLOCATED, NodeState.MIXED)
+            and "MAINTENANCE" not in self.flags
+            and "RESERVED" not in self.flags
+        )
+
+    @property
+    def idle(self) -> bool:
+        return self.schedulable and self.state is NodeState.IDLE
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """Everything one tick observed, taken at ``taken_at`` (seconds since the epoch, UTC)."""
+
+    taken_at: float
+    jobs: Mapping[int, JobInfo] = field(default_factory=dict)
+    nodes: Mapping[str, NodeInfo] = field(default_factory=dict)
+
+    def partition_nodes(self, partition: str) -> list[NodeInfo]:
+        return [n for n in self.nodes.values() if partition in n.partitions]
+
+    def jobs_with_comment(self, comment: str) -> list[JobInfo]:
+        return [j for j in self.jobs.values() if j.comment == comment]
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """One batch submission. The adapter turns it into an sbatch argv (never a shell string).
+
+    ``comment`` carries the supervisor's tag for this submission (run and intent id) so that a
+    restarted daemon can find a job it submitted but did not live to record.
+    """
+
+    run: str
+    script: str
+    job_name: str
+    partition: str
+    nodes: int
+    comment: str
+    exclude: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    output: str | None = None
+    workdir: str | None = None
+    requeue: bool = False
+
+
+class NodeChange(StrEnum):
+    DRAIN = "DRAIN"
+    DOWN = "DOWN"
+    RESUME = "RESUME"

@@ -1,0 +1,304 @@
+"""The supervisor's decisions for one run on one snapshot. Pure: no I/O, no clock, no logging.
+
+``decide(run, observation, policy)`` looks at the run's record and what Slurm (and the direct node
+probes) show now, and returns the records to write and the actions to take. The engine executes
+them; the next tick sees their effect. Every branch is idempotent: deciding twice on the same
+inputs asks for nothing that already took effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from supervisor.domain.actions import (
+    Action,
+    AttemptEnded,
+    AttemptRequeued,
+    AttemptStarted,
+    Cancel,
+    ChangeNode,
+    Decision,
+    Exclude,
+    Fence,
+    Release,
+    SetExcluded,
+    SetState,
+    Submit,
+)
+from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange
+from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
+from supervisor.domain.run import RestartMode, RunState
+from supervisor.domain.spares import exclusions_for
+
+REASON_PREFIX = "slurm-supervisor"
+HELD_AFTER_LAUNCH_FAILURE = ("launch_failed_requeued_held", "JobHeldAdmin")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One tick's view: Slurm's snapshot plus nodes that direct probes confirmed dead."""
+
+    snapshot: ClusterSnapshot
+    dead: Mapping[str, str] = field(default_factory=dict)  # node -> evidence
+
+    @property
+    def now(self) -> float:
+        return self.snapshot.taken_at
+
+
+@dataclass(frozen=True)
+class Policy:
+    may_change_nodes: bool = True
+    drains_left: int = 8  # blast radius left in the current window
+    fence: bool = False  # a site fence command is configured
+
+
+def node_reason(run: str, why: str) -> str:
+    return f"{REASON_PREFIX}: run {run}: {why}"[:200]
+
+
+def decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
+    if run.state.terminal:
+        return Decision()
+    attempt = run.attempt
+    if attempt is None:
+        if run.cancel_requested:
+            return _set_terminal(run, RunState.CANCELLED, EventKind.CANCELLED, "cancelled before any job ran", obs)
+        exclude = exclusions_for(run, obs.snapshot)
+        return Decision(actions=(Submit(run.name, exclude, restart=False, reason="first submission"),))
+    job = obs.snapshot.jobs.get(attempt.job_id)
+    if run.cancel_requested:
+        return _cancel(run, attempt, job, obs)
+    if job is None:
+        return _vanished(run, attempt, obs, policy)
+    if job.restart_count > attempt.restart_count:
+        return _requeued_by_slurm(run, attempt, job, obs, policy)
+    if job.state is JobState.PENDING:
+        return _pending(run, job, obs)
+    if job.state in (JobState.RUNNING, JobState.SUSPENDED):
+        return _running(run, attempt, job, obs, policy)
+    if job.state.finished and not job.completing:
+        return _finished(run, attempt, job, obs, policy)
+    return Decision()  # COMPLETING or an unknown state: wait for the next snapshot
+
+
+# ---------------------------------------------------------------- running and faults
+
+
+def faulty_nodes(run: RunRecord, nodes: tuple[str, ...], obs: Observation) -> dict[str, str]:
+    """Nodes among ``nodes`` that are dead or must not host this run, with the evidence."""
+    bad: dict[str, str] = {}
+    for name in nodes:
+        info = obs.snapshot.nodes.get(name)
+        if name in obs.dead:
+            bad[name] = obs.dead[name]
+        elif info is None:
+            bad[name] = "node unknown to Slurm"
+        elif info.down:
+            bad[name] = f"Slurm reports the node DOWN ({info.reason or 'no reason'})"
+        elif not info.responding:
+            bad[name] = "Slurm reports the node NOT_RESPONDING"
+        elif name in run.excluded:
+            bad[name] = f"node is kept out of this run: {run.excluded[name]}"
+    return bad
+
+
+def _running(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
+    records: list = []
+    if a.started_at is None:
+        records += [
+            AttemptStarted(run.name, a.seq, job.nodes, job.start_time or obs.now),
+            _event(run, a, EventKind.STARTED, f"{a.label} running on {_fmt(job.nodes)}", obs,
+                   {"nodes": list(job.nodes)}),
+        ]
+        if run.state is not RunState.RECOVERING:
+            records.append(SetState(run.name, RunState.RUNNING))
+    bad = faulty_nodes(run, job.nodes, obs)
+    if bad:
+        return Decision(tuple(records)) + _recover(run, a, job, bad, obs, policy)
+    if run.state is RunState.RECOVERING:
+        # A fault was recorded earlier; finish stopping this incarnation.
+        return Decision(tuple(records), _stop(run, job, "finishing recovery started earlier"))
+    return Decision(tuple(records))
+
+
+def _recover(
+    run: RunRecord, a: AttemptRecord, job: JobInfo, bad: Mapping[str, str], obs: Observation, policy: Policy
+) -> Decision:
+    records: list = []
+    actions: list[Action] = []
+    drains_left = policy.drains_left
+    for node, why in sorted(bad.items()):
+        records += _fault_records(run, a, node, why, obs)
+        change, drains_left = _node_change(run, a, node, why, obs, policy, drains_left)
+        if isinstance(change, ChangeNode):
+            actions.append(change)
+        elif change is not None:
+            records.append(change)
+    records.append(SetState(run.name, RunState.RECOVERING, reason="; ".join(f"{n}: {w}" for n, w in sorted(bad.items()))))
+    actions += _stop(run, job, f"node fault on {_fmt(tuple(bad))}")
+    return Decision(tuple(records), tuple(actions))
+
+
+def _fault_records(run: RunRecord, a: AttemptRecord, node: str, why: str, obs: Observation) -> list:
+    info = obs.snapshot.nodes.get(node)
+    evidence = {
+        "node": node,
+        "observed": why,
+        "slurm_state": info.state.value if info else None,
+        "slurm_flags": sorted(info.flags) if info else None,
+        "slurm_reason": info.reason if info else None,
+        "probe": obs.dead.get(node),
+    }
+    return [
+        _event(run, a, EventKind.FAULT, f"{a.label}: fault on {node}: {why}", obs, evidence, node),
+        Exclude(run.name, node, why),
+        NodeVerdict(node, Verdict.BAD, why, evidence, run.name, None, obs.now),
+    ]
+
+
+def _node_change(
+    run: RunRecord, a: AttemptRecord, node: str, why: str, obs: Observation, policy: Policy, drains_left: int
+) -> tuple[ChangeNode | Event | None, int]:
+    info = obs.snapshot.nodes.get(node)
+    if info is not None and _marked_by_us(info.reason, run.name) and (info.down or info.drained):
+        return None, drains_left
+    if not policy.may_change_nodes:
+        msg = f"{node} excluded from run {run.name}; not drained: the supervisor has no node rights (may_change_nodes = false)"
+        return _event(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:norights"), drains_left
+    if drains_left <= 0:
+        msg = f"{node} excluded from run {run.name}; not drained: blast-radius limit reached (daemon.max_drains_per_hour)"
+        return _event(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:blast"), drains_left
+    return ChangeNode(run.name, node, NodeChange.DOWN, node_reason(run.name, why)), drains_left - 1
+
+
+def _marked_by_us(reason: str, run: str) -> bool:
+    return reason.startswith(f"{REASON_PREFIX}: run {run}:")
+
+
+def _stop(run: RunRecord, job: JobInfo, reason: str) -> tuple[Action, ...]:
+    if run.spec.restart_mode is RestartMode.REQUEUE and job.state is not JobState.SUSPENDED:
+        return ()  # Slurm requeues the job once its node is DOWN; nothing to cancel
+    return (Cancel(run.name, job.job_id, reason),)
+
+
+# ---------------------------------------------------------------- pending, requeued, finished
+
+
+def _pending(run: RunRecord, job: JobInfo, obs: Observation) -> Decision:
+    records: list = []
+    actions: list[Action] = []
+    if run.state in (RunState.REGISTERED, RunState.RUNNING, RunState.RECOVERING):
+        records.append(SetState(run.name, RunState.QUEUED))
+    want = set(run.excluded) | set(job.excluded_nodes)
+    if not set(run.excluded) <= set(job.excluded_nodes):
+        actions.append(SetExcluded(run.name, job.job_id, tuple(sorted(want))))
+    if job.held and job.state_reason in HELD_AFTER_LAUNCH_FAILURE:
+        actions.append(Release(run.name, job.job_id, f"Slurm held the job after a launch failure ({job.state_reason})"))
+    return Decision(tuple(records), tuple(actions))
+
+
+def _requeued_by_slurm(
+    run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy
+) -> Decision:
+    records: list = []
+    actions: list[Action] = []
+    if a.ended_at is None:
+        records.append(AttemptEnded(run.name, a.seq, obs.now, "REQUEUED", f"requeued by Slurm ({job.state_reason or 'no reason given'})"))
+    bad = faulty_nodes(run, a.nodes, obs)
+    drains_left = policy.drains_left
+    for node, why in sorted(bad.items()):
+        records += _fault_records(run, a, node, why, obs)
+        change, drains_left = _node_change(run, a, node, why, obs, policy, drains_left)
+        if isinstance(change, ChangeNode):
+            actions.append(change)
+        elif change is not None:
+            records.append(change)
+    excluded = tuple(sorted(set(run.excluded) | set(bad)))
+    records += [
+        AttemptRequeued(run.name, job.job_id, job.restart_count, obs.now, excluded),
+        SetState(run.name, RunState.QUEUED, spend_restart=True),
+        _event(run, a, EventKind.REQUEUED, f"Slurm requeued job {job.job_id} (restart {job.restart_count})", obs,
+               {"state_reason": job.state_reason, "bad_nodes": dict(bad)}),
+    ]
+    return Decision(tuple(records), tuple(actions))
+
+
+def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
+    records: list = []
+    if a.ended_at is None:
+        records.append(AttemptEnded(run.name, a.seq, job.end_time or obs.now, job.state.value,
+                                    job.state_reason or job.state.value, job.exit_code))
+    if run.state is RunState.RECOVERING:
+        records.append(_event(run, a, EventKind.STOPPED, f"{a.label} ended {job.state.value} after the fault", obs,
+                              {"state": job.state.value, "exit_code": job.exit_code}, str(job.job_id)))
+    done = Decision(tuple(records))
+    if run.state is RunState.RECOVERING:
+        return done + _restart(run, a, job, obs, policy, "replacing the incarnation stopped after a fault")
+    if job.state is JobState.COMPLETED and (job.exit_code or 0) == 0:
+        return done + _set_terminal(run, RunState.COMPLETED, EventKind.COMPLETED, f"job {job.job_id} completed", obs)
+    if job.exit_code is not None and job.exit_code in run.spec.do_not_restart_exit_codes:
+        why = f"job {job.job_id} exited with do-not-restart code {job.exit_code}; not restarting"
+        return done + _set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
+    if job.state is JobState.CANCELLED:
+        return done + _set_terminal(run, RunState.CANCELLED, EventKind.CANCELLED,
+                                    f"job {job.job_id} was cancelled outside the supervisor; not restarting", obs)
+    bad = faulty_nodes(run, a.nodes or job.nodes, obs)
+    if bad:
+        return done + _recover_finished(run, a, job, bad, obs, policy)
+    why = f"job {job.job_id} ended {job.state.value}" + (f" with exit code {job.exit_code}" if job.exit_code else "")
+    fault = _event(run, a, EventKind.FAULT, why, obs, {"state": job.state.value, "exit_code": job.exit_code,
+                                                      "state_reason": job.state_reason})
+    return done + Decision((fault, SetState(run.name, RunState.RECOVERING, reason=why)))
+
+
+def _recover_finished(
+    run: RunRecord, a: AttemptRecord, job: JobInfo, bad: Mapping[str, str], obs: Observation, policy: Policy
+) -> Decision:
+    decision = _recover(run, a, job, bad, obs, policy)
+    actions = tuple(x for x in decision.actions if not isinstance(x, Cancel))
+    return Decision(decision.records, actions)
+
+
+def _restart(run: RunRecord, a: AttemptRecord, job: JobInfo | None, obs: Observation, policy: Policy, reason: str) -> Decision:
+    if run.restarts_spent >= run.spec.max_restarts:
+        why = f"restart budget spent ({run.restarts_spent} of {run.spec.max_restarts}); giving up"
+        return _set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
+    actions: list[Action] = []
+    if policy.fence and job is not None:
+        actions += [Fence(run.name, n, job.job_id) for n in sorted(set(a.nodes) & set(run.excluded))]
+    actions.append(Submit(run.name, exclusions_for(run, obs.snapshot), restart=True, reason=reason))
+    return Decision(actions=tuple(actions))
+
+
+def _vanished(run: RunRecord, a: AttemptRecord, obs: Observation, policy: Policy) -> Decision:
+    ended = () if a.ended_at is not None else (AttemptEnded(run.name, a.seq, obs.now, "VANISHED", "job no longer known to Slurm"),)
+    if run.state is RunState.RECOVERING:
+        return Decision(ended) + _restart(run, a, None, obs, policy, "replacing the incarnation stopped after a fault")
+    why = (f"job {a.job_id} is no longer known to Slurm and its outcome is unknown (it ended longer than "
+           "MinJobAge ago); not restarting blindly. Check the job's output, then `slurm-supervisor submit` again")
+    return Decision(ended) + _set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
+
+
+def _cancel(run: RunRecord, a: AttemptRecord, job: JobInfo | None, obs: Observation) -> Decision:
+    if job is not None and not job.state.finished:
+        return Decision(actions=(Cancel(run.name, job.job_id, "cancel requested"),))
+    if job is not None and job.completing:
+        return Decision()
+    return _set_terminal(run, RunState.CANCELLED, EventKind.CANCELLED, "cancelled on request", obs)
+
+
+def _set_terminal(run: RunRecord, state: RunState, kind: EventKind, why: str, obs: Observation) -> Decision:
+    return Decision((SetState(run.name, state, reason=why), _event(run, run.attempt, kind, why, obs)))
+
+
+def _event(run: RunRecord, a: AttemptRecord | None, kind: EventKind, message: str, obs: Observation,
+           evidence: Mapping | None = None, suffix: str = "") -> Event:
+    seq = a.seq if a else None
+    key = f"{run.name}:{seq}:{kind.value}:{suffix}"
+    return Event(run.name, kind, message, key, obs.now, seq, a.job_id if a else None, "supervisor", dict(evidence or {}))
+
+
+def _fmt(nodes: tuple[str, ...]) -> str:
+    return ",".join(nodes) or "(no nodes)"

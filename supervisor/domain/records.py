@@ -1,0 +1,105 @@
+"""What the supervisor remembers: runs, attempts (incarnations), node verdicts, logbook events."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from supervisor.domain.run import RunSpec, RunState
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One incarnation of a run: a job id plus Slurm's restart count for it.
+
+    ``seq`` numbers a run's attempts 0, 1, 2, ... whatever the job ids; Slurm requeues keep the job
+    id and raise ``restart_count``, resubmissions get a new job id with restart_count 0.
+    """
+
+    run: str
+    seq: int
+    job_id: int
+    restart_count: int
+    submitted_at: float
+    nodes: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
+    started_at: float | None = None
+    ended_at: float | None = None
+    end_state: str | None = None
+    end_reason: str | None = None
+    exit_code: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"attempt {self.seq} (job {self.job_id}, restart {self.restart_count})"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    spec: RunSpec
+    state: RunState
+    restarts_spent: int = 0
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    cancel_requested: bool = False
+    end_reason: str | None = None
+    attempt: AttemptRecord | None = None  # the current (newest) attempt
+    excluded: Mapping[str, str] = field(default_factory=dict)  # node -> why it is kept out
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+class Verdict(StrEnum):
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"  # seen failing, not yet confirmed
+    BAD = "bad"  # confirmed: kept out of the run (and drained when the supervisor may)
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    node: str
+    verdict: Verdict
+    reason: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    run: str | None = None
+    action: str | None = None  # "down", "drain", "excluded" (no node rights), "blast-radius"
+    at: float = 0.0
+
+
+class EventKind(StrEnum):
+    REGISTERED = "registered"
+    SUBMITTED = "submitted"
+    STARTED = "started"
+    FAULT = "fault"
+    NODE_DRAINED = "node_drained"
+    NODE_EXCLUDED = "node_excluded"
+    FENCED = "fenced"
+    STOPPED = "stopped"  # the supervisor stopped a broken incarnation
+    REQUEUED = "requeued"  # Slurm requeued the job by itself
+    RESTARTED = "restarted"
+    RELEASED = "released"
+    COMPLETED = "completed"
+    GAVE_UP = "gave_up"
+    CANCELLED = "cancelled"
+    ADOPTED = "adopted"
+    NOTE = "note"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One logbook line. ``key`` makes recording idempotent: the same key is recorded once."""
+
+    run: str
+    kind: EventKind
+    message: str
+    key: str
+    at: float = 0.0
+    attempt: int | None = None
+    job_id: int | None = None
+    actor: str = "supervisor"
+    evidence: Mapping[str, Any] = field(default_factory=dict)

@@ -1,0 +1,110 @@
+"""Runs and their incarnations: the run state machine, the run spec, the restart budget."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class RunState(StrEnum):
+    """Where a supervised run stands.
+
+    REGISTERED  accepted by the supervisor, no job submitted yet
+    QUEUED      a job of the run is pending in Slurm
+    RUNNING     the run's job is running
+    RECOVERING  a fault was seen; the supervisor is fencing, draining and restarting
+    COMPLETED   the job finished with exit code 0 (terminal)
+    FAILED      the supervisor gave up: budget spent, a do-not-restart exit code (terminal)
+    CANCELLED   cancelled by a person, through the supervisor or Slurm (terminal)
+    """
+
+    REGISTERED = "registered"
+    QUEUED = "queued"
+    RUNNING = "running"
+    RECOVERING = "recovering"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
+
+
+_S = RunState
+TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
+    _S.REGISTERED: frozenset({_S.QUEUED, _S.RUNNING, _S.FAILED, _S.CANCELLED}),
+    _S.QUEUED: frozenset({_S.RUNNING, _S.RECOVERING, _S.COMPLETED, _S.FAILED, _S.CANCELLED}),
+    _S.RUNNING: frozenset({_S.QUEUED, _S.RECOVERING, _S.COMPLETED, _S.FAILED, _S.CANCELLED}),
+    _S.RECOVERING: frozenset({_S.QUEUED, _S.RUNNING, _S.FAILED, _S.CANCELLED}),
+    _S.COMPLETED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.CANCELLED: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    def __init__(self, run: str, source: RunState, target: RunState) -> None:
+        allowed = ", ".join(sorted(TRANSITIONS[source])) or "none (terminal)"
+        super().__init__(f"run {run!r}: illegal transition {source} -> {target}; allowed: {allowed}")
+        self.source = source
+        self.target = target
+
+
+def transition(run: str, source: RunState, target: RunState) -> RunState:
+    """Return ``target`` if the table allows ``source -> target`` (or it is no change), else raise."""
+    if source is target or target in TRANSITIONS[source]:
+        return target
+    raise IllegalTransition(run, source, target)
+
+
+class SparePolicy(StrEnum):
+    NAMED = "named"  # only the listed spare nodes stand in; the run avoids them until needed
+    PARTITION_IDLE = "partition-idle"  # any idle node of the partition may stand in
+
+
+class RestartMode(StrEnum):
+    RESUBMIT = "resubmit"  # cancel the broken job, submit a fresh one with --exclude (default)
+    REQUEUE = "requeue"  # let Slurm requeue the same job id, then fix its ExcNodeList
+
+
+DEFAULT_DO_NOT_RESTART = (93,)  # nvidia-resiliency-ext: "do not requeue"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a person asked for. Paths are absolute by the time they reach the domain."""
+
+    name: str
+    script: str
+    partition: str
+    nodes: int
+    sbatch_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    output: str | None = None
+    workdir: str | None = None
+    spare_policy: SparePolicy = SparePolicy.PARTITION_IDLE
+    spare_nodes: tuple[str, ...] = ()  # expanded hostlist
+    max_restarts: int = 10
+    do_not_restart_exit_codes: frozenset[int] = frozenset(DEFAULT_DO_NOT_RESTART)
+    restart_mode: RestartMode = RestartMode.RESUBMIT
+
+
+@dataclass(frozen=True)
+class RestartBudget:
+    """Restarts spent against the spec's limit."""
+
+    limit: int
+    spent: int = 0
+
+    @property
+    def left(self) -> int:
+        return max(0, self.limit - self.spent)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.spent >= self.limit
+
+    def spend(self) -> RestartBudget:
+        return RestartBudget(self.limit, self.spent + 1)

@@ -1,0 +1,109 @@
+"""Actions as journal entries: their parameters, how to perform them, and how to see they took effect.
+
+An intent is written before the action runs and completed after. After a crash, an intent still
+open is checked against a fresh snapshot: if Slurm shows the effect (the tagged job exists, the
+node is down with our reason, the job is gone), it is completed without running again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from supervisor.domain.actions import Action, ActionKind, Cancel, ChangeNode, Fence, Release, SetExcluded, Submit
+from supervisor.domain.cluster import ClusterSnapshot, JobState, NodeChange, SubmitRequest
+from supervisor.domain.policy import REASON_PREFIX
+from supervisor.domain.run import RestartMode, RunSpec
+
+_TYPES: Mapping[str, type] = {
+    ActionKind.SUBMIT: Submit,
+    ActionKind.CANCEL: Cancel,
+    ActionKind.NODE_STATE: ChangeNode,
+    ActionKind.SET_EXCLUDED: SetExcluded,
+    ActionKind.RELEASE: Release,
+    ActionKind.FENCE: Fence,
+}
+
+
+def params_of(action: Action) -> dict[str, Any]:
+    d = asdict(action)
+    d.pop("kind")
+    for k, v in d.items():
+        if isinstance(v, tuple):
+            d[k] = list(v)
+    return d
+
+
+def action_from(kind: str, params: Mapping[str, Any]) -> Action:
+    cls = _TYPES[ActionKind(kind)]
+    args = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+    if cls is ChangeNode:
+        args["change"] = NodeChange(args["change"])
+    return cls(**args)  # type: ignore[no-any-return]
+
+
+def submit_tag(run: str, intent_id: int) -> str:
+    """The comment every submitted job carries: finds the job again after a crash."""
+    return f"{REASON_PREFIX}:{run}:{intent_id}"
+
+
+def submit_request(spec: RunSpec, action: Submit, intent_id: int, seq_hint: int) -> SubmitRequest:
+    env = dict(spec.env)
+    env["SLURM_SUPERVISOR_RUN"] = spec.name
+    env["SLURM_SUPERVISOR_ATTEMPT"] = str(seq_hint)
+    return SubmitRequest(
+        run=spec.name,
+        script=spec.script,
+        job_name=spec.name,
+        partition=spec.partition,
+        nodes=spec.nodes,
+        comment=submit_tag(spec.name, intent_id),
+        exclude=action.exclude,
+        extra_args=spec.sbatch_args,
+        env=env,
+        output=spec.output,
+        workdir=spec.workdir,
+        requeue=spec.restart_mode is RestartMode.REQUEUE,
+    )
+
+
+def effect_present(kind: str, intent_id: int, params: Mapping[str, Any],
+                   snap: ClusterSnapshot) -> dict[str, Any] | None:
+    """The action's result if Slurm already shows its effect, else None."""
+    if kind == ActionKind.SUBMIT:
+        jobs = snap.jobs_with_comment(submit_tag(params["run"], intent_id))
+        return {"job_id": min(j.job_id for j in jobs), "found": True} if jobs else None
+    if kind in (ActionKind.CANCEL, ActionKind.SET_EXCLUDED, ActionKind.RELEASE):
+        job = snap.jobs.get(int(params["job_id"]))
+        return _job_effect(kind, params, job)
+    if kind == ActionKind.NODE_STATE:
+        node = snap.nodes.get(params["node"])
+        return _node_effect(params, node)
+    return None  # FENCE: nothing in Slurm shows it; the journal alone says it was done
+
+
+def _job_effect(kind: str, params: Mapping[str, Any], job: Any) -> dict[str, Any] | None:
+    if job is None:
+        return {"job_gone": True}
+    if kind == ActionKind.CANCEL:
+        return {"state": job.state.value} if job.state.finished or job.completing else None
+    if job.state is not JobState.PENDING:
+        return {"state": job.state.value}
+    if kind == ActionKind.SET_EXCLUDED:
+        return {"excluded": list(job.excluded_nodes)} if set(params["nodes"]) <= set(job.excluded_nodes) else None
+    return None if job.held else {"held": False}
+
+
+def _node_effect(params: Mapping[str, Any], node: Any) -> dict[str, Any] | None:
+    if node is None:
+        return None
+    ours = node.reason.startswith(REASON_PREFIX)
+    change = NodeChange(params["change"])
+    if change is NodeChange.DOWN and node.down and ours:
+        return {"state": node.state.value, "reason": node.reason}
+    if change is NodeChange.DRAIN and node.drained and ours:
+        return {"state": node.state.value, "reason": node.reason}
+    if change is NodeChange.RESUME and not node.down and not node.drained:
+        return {"state": node.state.value}
+    return None

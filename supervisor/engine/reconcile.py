@@ -1,0 +1,308 @@
+"""The reconcile tick: observe (one snapshot), decide (pure, per run), act (journaled), record.
+
+A crash between any two lines is recovered by the next tick: open intents are settled against a
+fresh snapshot before anything new is decided, and every record is idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from supervisor.domain.actions import (
+    Action,
+    AttemptEnded,
+    AttemptRequeued,
+    AttemptStarted,
+    Cancel,
+    ChangeNode,
+    Decision,
+    Exclude,
+    Fence,
+    Release,
+    SetExcluded,
+    SetState,
+    Submit,
+)
+from supervisor.domain.cluster import ClusterSnapshot
+from supervisor.domain.policy import Observation, Policy, decide
+from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
+from supervisor.domain.run import RunState
+from supervisor.engine.intents import action_from, effect_present, params_of, submit_request
+from supervisor.engine.probes import ProbeTracker
+from supervisor.ports import (
+    Clock,
+    Fencer,
+    NodeProbe,
+    PermanentError,
+    PermissionDenied,
+    PortError,
+    Scheduler,
+    Store,
+    TransientError,
+)
+
+log = structlog.get_logger("supervisor.engine")
+
+CrashHook = Callable[[str, str], None]  # (boundary, action kind) -> may raise or exit
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    may_change_nodes: bool = True
+    max_drains_per_hour: int = 8
+    probe_confirm_s: float = 1.0
+
+
+@dataclass
+class TickResult:
+    ok: bool
+    acted: bool = False
+    error: str | None = None
+    retry_in: float | None = None
+    decisions: dict[str, Decision] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        store: Store,
+        clock: Clock,
+        settings: EngineSettings = EngineSettings(),
+        probe: NodeProbe | None = None,
+        fencer: Fencer | None = None,
+        crash_hook: CrashHook | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.store = store
+        self.clock = clock
+        self.settings = settings
+        self.fencer = fencer
+        self.probes = ProbeTracker(probe, settings.probe_confirm_s)
+        self._crash = crash_hook or (lambda boundary, kind: None)
+        self._node_rights = settings.may_change_nodes
+
+    # ------------------------------------------------------------------ the tick
+
+    def tick(self) -> TickResult:
+        try:
+            snap = self.scheduler.snapshot()
+        except TransientError as exc:
+            log.warning("slurm_unreachable", error=str(exc), retry_in=exc.delay)
+            return TickResult(ok=False, error=str(exc), retry_in=exc.delay)
+        result = TickResult(ok=True)
+        try:
+            blocked = self._settle_open_intents(snap, result)
+            runs = self.store.runs(active_only=True)
+            dead = self.probes.update(self._running_nodes(runs, snap), snap, self.clock.now())
+            obs = Observation(snap, dead)
+            for run in runs:
+                if run.name in blocked:
+                    continue
+                self._reconcile_run(run, obs, result)
+        except TransientError as exc:
+            log.warning("tick_interrupted", error=str(exc), retry_in=exc.delay)
+            result.ok, result.error, result.retry_in = False, str(exc), exc.delay
+        return result
+
+    def adopt(self) -> list[RunRecord]:
+        """At daemon start: note in each active run's logbook that this daemon took it over."""
+        now = self.clock.now()
+        runs = self.store.runs(active_only=True)
+        for run in runs:
+            job = f"job {run.attempt.job_id}" if run.attempt else "no job yet"
+            self.store.record_event(Event(run.name, EventKind.ADOPTED, f"daemon re-adopted the run ({run.state}, {job})",
+                                          f"{run.name}:adopted:{now:.6f}", now,
+                                          run.attempt.seq if run.attempt else None,
+                                          run.attempt.job_id if run.attempt else None))
+        return runs
+
+    def _reconcile_run(self, run: RunRecord, obs: Observation, result: TickResult) -> None:
+        structlog.contextvars.bind_contextvars(run=run.name)
+        try:
+            policy = Policy(self._node_rights, self._drains_left(), self.fencer is not None)
+            decision = decide(run, obs, policy)
+            result.decisions[run.name] = decision
+            self._apply_records(decision.records)
+            fresh = self.store.get_run(run.name) or run
+            for action in decision.actions:
+                self._execute(fresh, action, obs.snapshot)
+                result.acted = True
+                fresh = self.store.get_run(run.name) or fresh
+        except PermanentError as exc:
+            log.error("run_reconcile_failed", error=str(exc))
+        finally:
+            structlog.contextvars.unbind_contextvars("run")
+
+    def _running_nodes(self, runs: list[RunRecord], snap: ClusterSnapshot) -> set[str]:
+        nodes: set[str] = set()
+        for run in runs:
+            job = snap.jobs.get(run.attempt.job_id) if run.attempt else None
+            if job is not None and not job.state.finished:
+                nodes.update(job.nodes)
+        return nodes
+
+    def _drains_left(self) -> int:
+        used = self.store.node_changes_since(self.clock.now() - 3600.0)
+        return max(0, self.settings.max_drains_per_hour - used)
+
+    # ------------------------------------------------------------------ records
+
+    def _apply_records(self, records: tuple[Any, ...]) -> None:
+        if not records:
+            return
+        now = self.clock.now()
+        with self.store.transaction():
+            for rec in records:
+                self._apply_record(rec, now)
+
+    def _apply_record(self, rec: Any, now: float) -> None:
+        s = self.store
+        if isinstance(rec, Event):
+            if s.record_event(rec):
+                log.info("logbook", kind=rec.kind.value, message=rec.message)
+        elif isinstance(rec, SetState):
+            current = s.get_run(rec.run)
+            if current is not None and current.state is not rec.state:
+                s.set_state(rec.run, rec.state, now, rec.reason, rec.spend_restart)
+        elif isinstance(rec, AttemptStarted):
+            s.attempt_started(rec.run, rec.seq, rec.nodes, rec.at)
+        elif isinstance(rec, AttemptEnded):
+            s.attempt_ended(rec.run, rec.seq, rec.at, rec.end_state, rec.reason, rec.exit_code)
+        elif isinstance(rec, AttemptRequeued):
+            s.add_attempt(rec.run, rec.job_id, rec.restart_count, rec.at, rec.excluded)
+        elif isinstance(rec, Exclude):
+            s.exclude(rec.run, rec.node, rec.reason, now)
+        elif isinstance(rec, NodeVerdict):
+            s.set_verdict(rec)
+        else:  # pragma: no cover - a new record type without a handler is a programming error
+            raise TypeError(f"no handler for record {rec!r}")
+
+    # ------------------------------------------------------------------ actions
+
+    def _execute(self, run: RunRecord, action: Action, snap: ClusterSnapshot) -> None:
+        params = params_of(action)
+        if isinstance(action, Fence) and self.store.action_done(run.name, action.kind, params):
+            return
+        self._crash("before_intent", action.kind)
+        intent = self.store.begin_action(run.name, action.kind, params, self.clock.now())
+        log.info("intent", intent=intent, action=action.kind.value, **_loggable(params))
+        self._crash("after_intent", action.kind)
+        self._perform_and_complete(run, intent, action)
+
+    def _perform_and_complete(self, run: RunRecord, intent: int, action: Action) -> None:
+        try:
+            outcome = self._perform(run, intent, action)
+        except PermissionDenied as exc:
+            self._fail(run, intent, action, exc)
+            if isinstance(action, ChangeNode):
+                self._node_rights = False
+            return
+        except TransientError:
+            raise  # the intent stays open; the next tick settles it against Slurm
+        except PermanentError as exc:
+            self._fail(run, intent, action, exc)
+            return
+        self._crash("after_execute", action.kind)
+        self._complete(run, intent, action, outcome)
+        self._crash("after_complete", action.kind)
+
+    def _perform(self, run: RunRecord, intent: int, action: Action) -> dict[str, Any]:
+        sched = self.scheduler
+        if isinstance(action, Submit):
+            seq = (run.attempt.seq + 1) if run.attempt else 0
+            job_id = sched.submit(submit_request(run.spec, action, intent, seq))
+            return {"job_id": job_id}
+        if isinstance(action, Cancel):
+            sched.cancel(action.job_id)
+        elif isinstance(action, ChangeNode):
+            sched.set_node_state(action.node, action.change, action.reason)
+        elif isinstance(action, SetExcluded):
+            sched.set_excluded(action.job_id, action.nodes)
+        elif isinstance(action, Release):
+            sched.release(action.job_id)
+        elif isinstance(action, Fence):
+            assert self.fencer is not None
+            self.fencer.fence(action.node)
+        return {}
+
+    def _complete(self, run: RunRecord, intent: int, action: Action, outcome: Mapping[str, Any]) -> None:
+        now = self.clock.now()
+        with self.store.transaction():
+            self.store.complete_action(intent, "done", outcome, now)
+            self._after(run, action, outcome, now)
+
+    def _after(self, run: RunRecord, action: Action, outcome: Mapping[str, Any], now: float) -> None:
+        s, a = self.store, run.attempt
+        seq, job = (a.seq, a.job_id) if a else (None, None)
+        if isinstance(action, Submit):
+            new = s.add_attempt(run.name, int(outcome["job_id"]), 0, now, action.exclude)
+            s.set_state(run.name, RunState.QUEUED, now, spend_restart=action.restart)
+            kind = EventKind.RESTARTED if action.restart else EventKind.SUBMITTED
+            verb = "restarted as" if action.restart else "submitted as"
+            excl = f", excluding {','.join(action.exclude)}" if action.exclude else ""
+            s.record_event(Event(run.name, kind, f"{new.label}: {verb} job {new.job_id}{excl} ({action.reason})",
+                                 f"{run.name}:{new.seq}:{kind.value}:", now, new.seq, new.job_id,
+                                 evidence={"exclude": list(action.exclude), "reason": action.reason,
+                                           "restarts_spent": run.restarts_spent + int(action.restart)}))
+        elif isinstance(action, ChangeNode):
+            s.set_node_action(action.node, action.change.value.lower(), now)
+            s.record_event(Event(run.name, EventKind.NODE_DRAINED,
+                                 f"{action.node} set {action.change.value} in Slurm: {action.reason}",
+                                 f"{run.name}:{seq}:node_drained:{action.node}", now, seq, job,
+                                 evidence={"node": action.node, "reason": action.reason}))
+        elif isinstance(action, Cancel) and run.state is RunState.RECOVERING:
+            s.record_event(Event(run.name, EventKind.STOPPED, f"stopped job {action.job_id}: {action.reason}",
+                                 f"{run.name}:{seq}:stopped:{action.job_id}", now, seq, job))
+        elif isinstance(action, Release):
+            s.record_event(Event(run.name, EventKind.RELEASED, f"released job {action.job_id}: {action.reason}",
+                                 f"{run.name}:{seq}:released:{now:.3f}", now, seq, job))
+        elif isinstance(action, Fence):
+            s.record_event(Event(run.name, EventKind.FENCED, f"fenced {action.node} (site fence command)",
+                                 f"{run.name}:{seq}:fenced:{action.node}", now, seq, job))
+
+    def _fail(self, run: RunRecord, intent: int, action: Action, exc: PortError) -> None:
+        now = self.clock.now()
+        a = run.attempt
+        log.warning("action_failed", action=action.kind.value, error=str(exc))
+        with self.store.transaction():
+            self.store.complete_action(intent, "failed", {"error": str(exc)}, now)
+            kind = EventKind.NODE_EXCLUDED if isinstance(action, ChangeNode) else EventKind.WARNING
+            what = f"could not {action.kind.value.replace('_', ' ')}"
+            if isinstance(action, ChangeNode):
+                what = f"{action.node} excluded from the run; could not set it {action.change.value}"
+            self.store.record_event(Event(run.name, kind, f"{what}: {exc}", f"{run.name}:failed-intent:{intent}", now,
+                                          a.seq if a else None, a.job_id if a else None, evidence=params_of(action)))
+
+    # ------------------------------------------------------------------ crash recovery
+
+    def _settle_open_intents(self, snap: ClusterSnapshot, result: TickResult) -> set[str]:
+        """Complete intents a previous daemon left open. Returns runs still waiting on one."""
+        blocked: set[str] = set()
+        for intent in self.store.open_actions():
+            run = self.store.get_run(intent["run"])
+            if run is None:
+                continue
+            action = action_from(intent["kind"], intent["params"])
+            outcome = effect_present(intent["kind"], intent["id"], intent["params"], snap)
+            if outcome is not None:
+                log.info("intent_settled", intent=intent["id"], action=intent["kind"], outcome=outcome)
+                self._complete(run, intent["id"], action, outcome)
+                continue
+            log.info("intent_retried", intent=intent["id"], action=intent["kind"])
+            blocked.add(run.name)  # this tick's snapshot predates the retried action: decide next tick
+            try:
+                self._perform_and_complete(run, intent["id"], action)
+                result.acted = True
+            except TransientError:
+                pass
+        return blocked
+
+
+def _loggable(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {f"p_{k}": v for k, v in params.items() if k != "run"}

@@ -1,0 +1,141 @@
+"""Ports: the small Protocols through which the engine reaches the outside world.
+
+Adapters implement them (Slurm CLI, SQLite, TCP probes, the system clock); the simulator and
+unit tests implement them with stateful fakes. Errors cross a port as ``TransientError`` (try
+again later; nothing is known to have changed) or ``PermanentError`` (retrying will not help).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
+
+from supervisor.domain.cluster import ClusterSnapshot, NodeChange, NodeInfo, SubmitRequest
+from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
+from supervisor.domain.run import RunSpec, RunState
+
+
+class PortError(Exception):
+    """Base of the errors that cross a port."""
+
+
+class TransientError(PortError):
+    """The outside world did not answer (timeout, controller down). Retry after ``delay``."""
+
+    def __init__(self, message: str, *, delay: float = 1.0) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class PermanentError(PortError):
+    """The request was refused and will be refused again (bad argument, unknown job)."""
+
+
+class PermissionDenied(PermanentError):
+    """The supervisor's user lacks the right (e.g. node state changes without SlurmUser/root)."""
+
+
+@runtime_checkable
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds since the epoch (UTC). Virtual in tests and in the simulator."""
+        ...
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds``; return True when woken early because the daemon must stop."""
+        ...
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """The batch system. One ``snapshot`` per tick serves every supervised run."""
+
+    def snapshot(self) -> ClusterSnapshot:
+        """All jobs and all nodes, now. Raises TransientError when the controller is unreachable."""
+        ...
+
+    def submit(self, request: SubmitRequest) -> int:
+        """Submit a batch job; return its job id."""
+        ...
+
+    def requeue(self, job_id: int, *, hold: bool = False) -> None: ...
+
+    def hold(self, job_id: int) -> None: ...
+
+    def release(self, job_id: int) -> None: ...
+
+    def cancel(self, job_id: int) -> None:
+        """Cancel the job. Cancelling a job that already ended is not an error."""
+        ...
+
+    def set_excluded(self, job_id: int, nodes: Sequence[str]) -> None:
+        """Replace a pending job's excluded-node list."""
+        ...
+
+    def set_node_state(self, node: str, change: NodeChange, reason: str) -> None:
+        """Drain, down or resume a node. Raises PermissionDenied without node rights."""
+        ...
+
+
+class NodeProbe(Protocol):
+    """A direct liveness check of nodes' slurmd, faster than Slurm's own SlurmdTimeout."""
+
+    def probe(self, nodes: Iterable[NodeInfo]) -> Mapping[str, str | None]:
+        """Per node name: None when alive, else a short description of the failure."""
+        ...
+
+
+class Store(Protocol):
+    """Runs, attempts, node verdicts, the intent journal and the logbook (SQLite in production)."""
+
+    def transaction(self) -> AbstractContextManager[object]: ...
+
+    def add_run(self, spec: RunSpec, now: float) -> None: ...
+
+    def get_run(self, name: str) -> RunRecord | None: ...
+
+    def runs(self, *, active_only: bool = False) -> list[RunRecord]: ...
+
+    def set_state(self, name: str, state: RunState, now: float, reason: str | None = None,
+                  spend_restart: bool = False) -> None: ...
+
+    def request_cancel(self, name: str, now: float) -> None: ...
+
+    def exclude(self, run: str, node: str, reason: str, now: float) -> None: ...
+
+    def add_attempt(self, run: str, job_id: int, restart_count: int, now: float,
+                    excluded: tuple[str, ...] = ()) -> AttemptRecord: ...
+
+    def attempt_started(self, run: str, seq: int, nodes: tuple[str, ...], at: float) -> None: ...
+
+    def attempt_ended(self, run: str, seq: int, at: float, end_state: str, reason: str,
+                      exit_code: int | None) -> None: ...
+
+    def attempts(self, run: str) -> list[AttemptRecord]: ...
+
+    def set_verdict(self, verdict: NodeVerdict) -> None: ...
+
+    def set_node_action(self, node: str, action: str, now: float) -> None: ...
+
+    def verdicts(self) -> list[NodeVerdict]: ...
+
+    def begin_action(self, run: str, kind: str, params: Mapping[str, Any], now: float) -> int: ...
+
+    def complete_action(self, action_id: int, status: str, result: Mapping[str, Any], now: float) -> None: ...
+
+    def open_actions(self) -> list[dict[str, Any]]: ...
+
+    def action_done(self, run: str, kind: str, params: Mapping[str, Any]) -> bool: ...
+
+    def node_changes_since(self, since: float) -> int: ...
+
+    def record_event(self, event: Event) -> bool: ...
+
+    def events(self, run: str | None = None) -> list[Event]: ...
+
+
+class Fencer(Protocol):
+    """Site-specific fencing of a dead node (e.g. power it off through its BMC)."""
+
+    def fence(self, node: str) -> None: ...

@@ -1,0 +1,239 @@
+"""The engine and store on the simulated cluster: recovery, crash safety, degraded modes.
+
+Everything runs on virtual time: no sleeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.domain.cluster import JobState, NodeChange
+from supervisor.domain.records import EventKind
+from supervisor.domain.run import RestartMode, RunSpec, RunState, SparePolicy
+from supervisor.engine.daemon import Pacing, run_loop
+from supervisor.engine.reconcile import Engine, EngineSettings
+from supervisor.sim.clock import VirtualClock
+from supervisor.sim.cluster import SimCluster
+from supervisor.sim.probe import SimProbe
+
+SPEC = RunSpec(name="llm", script="/train.sbatch", partition="main", nodes=2,
+               spare_policy=SparePolicy.NAMED, spare_nodes=("n004",), max_restarts=5)
+
+
+class SimulatedCrash(BaseException):
+    """The daemon process dying at an action boundary (BaseException: nothing may catch it)."""
+
+
+class World:
+    def __init__(self, tmp_path, spec=SPEC, nodes=4, node_rights=True, probe=True, settings=None):
+        self.clock = VirtualClock()
+        self.cluster = SimCluster(self.clock, nodes, "main", node_rights=node_rights)
+        self.dir = tmp_path
+        self.probe = probe
+        self.settings = settings or EngineSettings()
+        self.store = SqliteStore(tmp_path)
+        self.store.add_run(spec, self.clock.now())
+        self.engine = self.new_engine()
+
+    def new_engine(self, crash_hook=None):
+        self.store = SqliteStore(self.dir)  # a new daemon: a new connection, no memory
+        return Engine(scheduler=self.cluster, store=self.store, clock=self.clock, settings=self.settings,
+                      probe=SimProbe(self.cluster) if self.probe else None, crash_hook=crash_hook)
+
+    def ticks(self, n, interval=1.0):
+        for _ in range(n):
+            self.engine.tick()
+            self.clock.wait(interval)
+
+    def run(self, name="llm"):
+        return self.store.get_run(name)
+
+    def job(self):
+        return self.cluster.inspect().jobs[self.run().attempt.job_id]
+
+    def until(self, predicate, limit=200, interval=1.0):
+        for _ in range(limit):
+            if predicate():
+                return
+            self.engine.tick()
+            self.clock.wait(interval)
+        raise AssertionError("condition not reached")
+
+    def running(self):
+        r = self.run()
+        return r.state is RunState.RUNNING and r.attempt.started_at is not None
+
+    def event_keys(self):
+        return sorted(e.key for e in self.store.events("llm") if e.kind is not EventKind.ADOPTED)
+
+    def run_overlaps(self):
+        log = self.cluster.incarnation_log
+        return [(a, b) for i, a in enumerate(log) for b in log[i + 1:] if a.overlaps(b)]
+
+
+def test_node_crash_is_recovered_on_healthy_nodes(tmp_path):
+    w = World(tmp_path)
+    w.until(w.running)
+    first = w.job()
+    assert set(first.nodes) == {"n001", "n002"} and "n004" in first.excluded_nodes  # spare kept out
+    crashed_at = w.clock.now()
+    w.cluster.crash_node("n001")
+    w.until(lambda: w.running() and w.run().attempt.seq == 1)
+    job = w.job()
+    assert "n001" not in job.nodes and set(job.nodes) == {"n002", "n003"}
+    assert w.clock.now() - crashed_at < 10.0  # before Slurm's own SlurmdTimeout would even notice
+    node = w.cluster.node_info("n001")
+    assert node.down and node.reason.startswith("slurm-supervisor: run llm:")
+    kinds = [e.kind for e in w.store.events("llm")]
+    for k in (EventKind.FAULT, EventKind.NODE_DRAINED, EventKind.STOPPED, EventKind.RESTARTED):
+        assert k in kinds
+    assert w.run().restarts_spent == 1 and w.run().excluded.keys() == {"n001"}
+    assert w.run_overlaps() == []
+
+
+def test_spare_stands_in_when_no_other_node_is_idle(tmp_path):
+    w = World(tmp_path)
+    w.until(w.running)
+    w.cluster.crash_node("n001")
+    w.until(lambda: w.running() and w.run().attempt.seq == 1)
+    w.cluster.crash_node("n003")
+    w.until(lambda: w.running() and w.run().attempt.seq == 2)
+    assert set(w.job().nodes) == {"n002", "n004"}
+
+
+def test_without_probe_slurm_signals_are_enough(tmp_path):
+    w = World(tmp_path, probe=False)
+    w.until(w.running)
+    w.cluster.crash_node("n002")
+    w.until(lambda: w.running() and w.run().attempt.seq == 1, limit=100)
+    assert "n002" not in w.job().nodes
+
+
+def test_without_node_rights_the_node_is_excluded_not_drained(tmp_path):
+    w = World(tmp_path, node_rights=False)
+    w.until(w.running)
+    w.cluster.crash_node("n001")
+    w.until(lambda: w.running() and w.run().attempt.seq == 1, limit=100)
+    assert "n001" not in w.job().nodes
+    assert not w.cluster.node_info("n001").reason.startswith("slurm-supervisor")
+    msgs = [e.message for e in w.store.events("llm") if e.kind is EventKind.NODE_EXCLUDED]
+    assert msgs and "could not set it DOWN" in msgs[0]
+    assert w.cluster.count_calls("set_node_state", include_failed=True) == 1  # learned, not retried
+
+
+def test_budget_spent_gives_up(tmp_path):
+    w = World(tmp_path, spec=replace(SPEC, max_restarts=1), nodes=6)
+    w.until(w.running)
+    w.cluster.crash_node(w.job().nodes[0])
+    w.until(lambda: w.running() and w.run().attempt.seq == 1)
+    w.cluster.crash_node(w.job().nodes[0])
+    w.until(lambda: w.run().state is RunState.FAILED)
+    assert "restart budget spent" in w.run().end_reason
+    assert w.cluster.count_calls("submit") == 2
+
+
+def test_do_not_restart_exit_code_stops_the_run(tmp_path):
+    w = World(tmp_path)
+    w.until(w.running)
+    w.cluster.finish_job(w.run().attempt.job_id, exit_code=93)
+    w.until(lambda: w.run().state is RunState.FAILED)
+    assert w.cluster.count_calls("submit") == 1
+    assert "do-not-restart code 93" in w.run().end_reason
+
+
+def test_failed_job_is_restarted_and_completion_ends_the_run(tmp_path):
+    w = World(tmp_path)
+    w.until(w.running)
+    w.cluster.finish_job(w.run().attempt.job_id, exit_code=1)
+    w.until(lambda: w.running() and w.run().attempt.seq == 1)
+    w.cluster.finish_job(w.run().attempt.job_id, exit_code=0)
+    w.until(lambda: w.run().state is RunState.COMPLETED)
+    assert w.run().excluded == {}  # a script failure is no node's fault
+
+
+def test_requeue_mode_follows_slurms_requeue_and_excludes_the_node(tmp_path):
+    w = World(tmp_path, spec=replace(SPEC, restart_mode=RestartMode.REQUEUE))
+    w.until(w.running)
+    job_id = w.run().attempt.job_id
+    w.cluster.crash_node("n001")
+    w.until(lambda: w.running() and w.run().attempt.seq == 1)
+    job = w.job()
+    assert job.job_id == job_id and job.restart_count == 1 and "n001" not in job.nodes
+    assert w.cluster.count_calls("submit") == 1 and w.cluster.count_calls("cancel") == 0
+
+
+def test_controller_down_means_no_action_and_catch_up_after(tmp_path):
+    w = World(tmp_path, probe=False)
+    w.until(w.running)
+    w.cluster.controller_down(True)
+    w.cluster.crash_node("n001")
+    before = len(w.cluster.calls) - w.cluster.count_calls("snapshot", include_failed=True)
+    w.ticks(60)
+    after = len(w.cluster.calls) - w.cluster.count_calls("snapshot", include_failed=True)
+    assert before == after  # nothing but failed snapshots while Slurm was away
+    assert w.run().state is RunState.RUNNING
+    w.cluster.controller_down(False)
+    w.until(lambda: w.running() and w.run().attempt.seq == 1)
+
+
+def test_cancel_request(tmp_path):
+    w = World(tmp_path)
+    w.until(w.running)
+    w.store.request_cancel("llm", w.clock.now())
+    w.until(lambda: w.run().state is RunState.CANCELLED)
+    assert w.cluster.job_info(w.run().attempt.job_id).state is JobState.CANCELLED
+
+
+def test_daemon_loop_stops_cleanly_and_leaves_the_job_running(tmp_path):
+    w = World(tmp_path)
+    w.clock.call_at(w.clock.now() + 120, w.clock.stop)
+    ticks = run_loop(w.engine, Pacing(poll_interval_s=5.0))
+    assert 20 <= ticks <= 30
+    assert w.job().state is JobState.RUNNING
+    assert w.cluster.count_calls("cancel") == 0
+
+
+BOUNDARIES = ["before_intent", "after_intent", "after_execute", "after_complete"]
+KINDS = ["node_state", "cancel", "submit"]
+
+
+def _recover_with_crash(tmp_path, boundary=None, kind=None):
+    w = World(tmp_path)
+    w.until(w.running)
+    fired = []
+
+    def hook(at, action):
+        if at == boundary and action == kind and not fired:  # armed after the first job runs
+            fired.append((at, action))
+            raise SimulatedCrash(at)
+
+    w.engine = w.new_engine(crash_hook=hook if boundary else None)
+    w.cluster.crash_node("n001")
+    try:
+        w.until(lambda: w.running() and w.run().attempt.seq == 1)
+    except SimulatedCrash:
+        w.engine = w.new_engine()  # the daemon starts again on the same state directory
+        w.engine.adopt()
+        w.until(lambda: w.running() and w.run().attempt.seq == 1)
+    w.ticks(5)
+    return w, fired
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+def test_crash_at_every_action_boundary(tmp_path, boundary, kind):
+    base, _ = _recover_with_crash(tmp_path / "base")
+    w, fired = _recover_with_crash(tmp_path / "crash", boundary, kind)
+    assert fired == [(boundary, kind)]
+    assert w.cluster.count_calls("submit") == 2  # the first job and exactly one restart
+    assert w.cluster.count_calls("set_node_state") == 1  # one drain
+    assert w.cluster.count_calls("cancel") <= 1
+    assert w.cluster.count_calls("requeue") == 0
+    assert w.event_keys() == base.event_keys()  # no logbook event lost, none doubled
+    assert w.run().restarts_spent == 1
+    assert w.store.open_actions() == []
+    assert w.run_overlaps() == []
+    assert [c for c in w.cluster.calls if c[0] == "set_node_state"][0][2] is NodeChange.DOWN

@@ -1,0 +1,176 @@
+"""The pure decisions, on plain data: what the supervisor asks for in each situation."""
+
+from dataclasses import replace
+
+from supervisor.domain.actions import (
+    AttemptEnded, AttemptRequeued, Cancel, ChangeNode, Exclude, Release, SetExcluded, SetState, Submit,
+)
+from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange, NodeInfo, NodeState
+from supervisor.domain.policy import Observation, Policy, decide
+from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
+from supervisor.domain.run import RestartMode, RunSpec, RunState, SparePolicy
+
+SPEC = RunSpec(name="llm", script="/s.sh", partition="main", nodes=2,
+               spare_policy=SparePolicy.NAMED, spare_nodes=("n4",), max_restarts=3)
+
+
+def nodes(**states):
+    out = {}
+    for i in range(1, 5):
+        name = f"n{i}"
+        kind = states.get(name, "IDLE")
+        flags = frozenset({"NOT_RESPONDING"}) if kind == "NR" else frozenset()
+        base = NodeState.ALLOCATED if kind in ("ALLOC", "NR") else NodeState.parse(kind)
+        out[name] = NodeInfo(name, base, flags, "Not responding" if kind == "DOWN" else "", ("main",))
+    return out
+
+
+def snap(jobs=(), **states):
+    return ClusterSnapshot(100.0, {j.job_id: j for j in jobs}, nodes(**states))
+
+
+def run(state=RunState.RUNNING, attempt=None, **kw):
+    return RunRecord(spec=kw.pop("spec", SPEC), state=state, attempt=attempt, **kw)
+
+
+A0 = AttemptRecord("llm", 0, 7, 0, 10.0, nodes=("n1", "n2"), started_at=20.0)
+RUNNING_JOB = JobInfo(7, "llm", JobState.RUNNING, nodes=("n1", "n2"), partition="main")
+
+
+def kinds(decision, cls):
+    return [x for x in decision.records + decision.actions if isinstance(x, cls)]
+
+
+def test_first_submission_keeps_named_spares_out_while_others_are_idle():
+    d = decide(run(RunState.REGISTERED), Observation(snap()), Policy())
+    assert d.actions == (Submit("llm", ("n4",), restart=False, reason="first submission"),)
+
+
+def test_spare_is_allowed_when_the_partition_runs_short():
+    r = run(RunState.RECOVERING, A0, excluded={"n1": "dead"})
+    finished = replace(RUNNING_JOB, state=JobState.CANCELLED)
+    d = decide(r, Observation(snap([finished], n1="DOWN", n3="ALLOC")), Policy())
+    (submit,) = kinds(d, Submit)
+    assert submit.exclude == ("n1",) and submit.restart
+
+
+def test_dead_node_is_downed_with_reason_and_job_stopped():
+    d = decide(run(attempt=A0), Observation(snap([RUNNING_JOB], n1="NR", n2="ALLOC")), Policy())
+    (change,) = kinds(d, ChangeNode)
+    assert change.node == "n1" and change.change is NodeChange.DOWN
+    assert change.reason.startswith("slurm-supervisor: run llm:") and "NOT_RESPONDING" in change.reason
+    assert kinds(d, Cancel) == [Cancel("llm", 7, "node fault on n1")]
+    assert [e.kind for e in kinds(d, Event)] == [EventKind.FAULT]
+    assert kinds(d, Exclude)[0].node == "n1"
+    assert SetState("llm", RunState.RECOVERING, reason="n1: Slurm reports the node NOT_RESPONDING") in d.records
+
+
+def test_probe_evidence_counts_before_slurm_notices():
+    obs = Observation(snap([RUNNING_JOB], n1="ALLOC", n2="ALLOC"), dead={"n2": "connection refused"})
+    d = decide(run(attempt=A0), obs, Policy())
+    assert [c.node for c in kinds(d, ChangeNode)] == ["n2"]
+
+
+def test_without_node_rights_the_node_is_only_excluded():
+    d = decide(run(attempt=A0), Observation(snap([RUNNING_JOB], n1="NR", n2="ALLOC")), Policy(may_change_nodes=False))
+    assert kinds(d, ChangeNode) == []
+    assert any(e.kind is EventKind.NODE_EXCLUDED and "no node rights" in e.message for e in kinds(d, Event))
+    assert kinds(d, Cancel)
+
+
+def test_blast_radius_stops_draining():
+    job = replace(RUNNING_JOB, nodes=("n1", "n2"))
+    d = decide(run(attempt=A0), Observation(snap([job], n1="NR", n2="NR")), Policy(drains_left=1))
+    assert len(kinds(d, ChangeNode)) == 1
+    assert any("blast-radius" in e.message for e in kinds(d, Event))
+
+
+def test_healthy_running_job_asks_for_nothing():
+    d = decide(run(attempt=A0), Observation(snap([RUNNING_JOB], n1="ALLOC", n2="ALLOC")), Policy())
+    assert d.actions == () and d.records == ()
+
+
+def test_start_is_recorded_once():
+    a = replace(A0, started_at=None)
+    d = decide(run(RunState.QUEUED, a), Observation(snap([RUNNING_JOB], n1="ALLOC", n2="ALLOC")), Policy())
+    assert SetState("llm", RunState.RUNNING) in d.records
+    assert [e.kind for e in kinds(d, Event)] == [EventKind.STARTED]
+
+
+def test_budget_spent_gives_up():
+    r = run(RunState.RECOVERING, A0, restarts_spent=3, excluded={"n1": "dead"})
+    d = decide(r, Observation(snap([replace(RUNNING_JOB, state=JobState.CANCELLED)], n1="DOWN")), Policy())
+    assert kinds(d, Submit) == []
+    assert SetState("llm", RunState.FAILED, reason="restart budget spent (3 of 3); giving up") in d.records
+
+
+def test_do_not_restart_exit_code():
+    job = replace(RUNNING_JOB, state=JobState.FAILED, exit_code=93)
+    d = decide(run(attempt=A0), Observation(snap([job])), Policy())
+    assert kinds(d, Submit) == []
+    assert any(isinstance(s, SetState) and s.state is RunState.FAILED for s in d.records)
+    assert "do-not-restart code 93" in kinds(d, Event)[0].message
+
+
+def test_plain_failure_goes_to_recovery_then_restart():
+    job = replace(RUNNING_JOB, state=JobState.FAILED, exit_code=1)
+    d = decide(run(attempt=A0), Observation(snap([job])), Policy())
+    assert any(isinstance(s, SetState) and s.state is RunState.RECOVERING for s in d.records)
+    ended = replace(A0, ended_at=100.0)
+    d2 = decide(run(RunState.RECOVERING, ended), Observation(snap([job])), Policy())
+    assert kinds(d2, Submit)[0].restart
+
+
+def test_completed_and_externally_cancelled_are_final():
+    done = replace(RUNNING_JOB, state=JobState.COMPLETED, exit_code=0)
+    d = decide(run(attempt=A0), Observation(snap([done])), Policy())
+    assert any(isinstance(s, SetState) and s.state is RunState.COMPLETED for s in d.records)
+    cancelled = replace(RUNNING_JOB, state=JobState.CANCELLED)
+    d = decide(run(attempt=A0), Observation(snap([cancelled])), Policy())
+    assert any(isinstance(s, SetState) and s.state is RunState.CANCELLED for s in d.records)
+    assert kinds(d, Submit) == []
+
+
+def test_slurm_requeue_opens_a_new_attempt_and_spends_budget():
+    requeued = replace(RUNNING_JOB, state=JobState.PENDING, restart_count=1, nodes=())
+    d = decide(run(attempt=A0), Observation(snap([requeued], n1="DOWN")), Policy())
+    assert kinds(d, AttemptEnded)[0].end_state == "REQUEUED"
+    assert kinds(d, AttemptRequeued)[0].excluded == ("n1",)
+    assert SetState("llm", RunState.QUEUED, spend_restart=True) in d.records
+
+
+def test_pending_job_gets_run_exclusions_and_is_released_after_prolog_failure():
+    pending = JobInfo(7, "llm", JobState.PENDING, excluded_nodes=("n4",), held=True,
+                      state_reason="launch_failed_requeued_held")
+    r = run(RunState.QUEUED, replace(A0, started_at=None), excluded={"n1": "dead"})
+    d = decide(r, Observation(snap([pending])), Policy())
+    assert SetExcluded("llm", 7, ("n1", "n4")) in d.actions
+    assert any(isinstance(a, Release) for a in d.actions)
+
+
+def test_vanished_job_is_not_restarted_blindly():
+    d = decide(run(attempt=A0), Observation(snap([])), Policy())
+    assert kinds(d, Submit) == []
+    assert any(isinstance(s, SetState) and s.state is RunState.FAILED for s in d.records)
+
+
+def test_requeue_mode_lets_slurm_requeue():
+    spec = replace(SPEC, restart_mode=RestartMode.REQUEUE)
+    d = decide(run(attempt=A0, spec=spec), Observation(snap([RUNNING_JOB], n1="NR", n2="ALLOC")), Policy())
+    assert kinds(d, Cancel) == [] and kinds(d, ChangeNode)
+
+
+def test_cancel_request():
+    r = run(attempt=A0, cancel_requested=True)
+    d = decide(r, Observation(snap([RUNNING_JOB], n1="ALLOC", n2="ALLOC")), Policy())
+    assert d.actions == (Cancel("llm", 7, "cancel requested"),)
+    d = decide(r, Observation(snap([replace(RUNNING_JOB, state=JobState.CANCELLED)])), Policy())
+    assert any(isinstance(s, SetState) and s.state is RunState.CANCELLED for s in d.records)
+
+
+def test_deciding_is_idempotent_once_node_is_ours():
+    n = nodes(n2="ALLOC")
+    n["n1"] = NodeInfo("n1", NodeState.DOWN, frozenset(), "slurm-supervisor: run llm: dead", ("main",))
+    obs = Observation(ClusterSnapshot(100.0, {7: RUNNING_JOB}, n))
+    d = decide(run(RunState.RECOVERING, A0, excluded={"n1": "dead"}), obs, Policy())
+    assert kinds(d, ChangeNode) == []
