@@ -103,7 +103,7 @@ def submit(ctx: click.Context, spec_path: str, no_slurm_check: bool) -> None:
         spec = load_run_spec(spec_path)
         if not no_slurm_check:
             snap = wiring.scheduler(cfg).snapshot()
-            check_partition(spec, {p for n in snap.nodes.values() for p in n.partitions}, spec_path)
+            check_partition(spec, {p for n in snap.nodes.values() for p in n.partitions})
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except PortError as exc:
@@ -200,8 +200,10 @@ def cancel(ctx: click.Context, run: str) -> None:
 def demo(total_nodes: int, run_nodes: int, spares: int, hours: float, crashes: int, seed: int,
          demo_dir: str | None) -> None:
     """The daemon supervising a run on a simulated cluster with injected node crashes."""
+    from supervisor.adapters.logging import configure_logging
     from supervisor.sim.demo import DemoSettings, run_demo
 
+    configure_logging("warning", "auto")
     o = run_demo(DemoSettings(total_nodes, run_nodes, spares, hours, crashes, seed), demo_dir)
     s = o.settings
     click.echo(f"simulated {s.hours:g} h of a {s.run_nodes}-node run with {s.spares} named spares on "

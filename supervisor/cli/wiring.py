@@ -13,7 +13,11 @@ from supervisor.engine.reconcile import EngineSettings
 
 
 def scheduler(cfg: DaemonConfig) -> SlurmCli:
-    return SlurmCli(bin_dir=cfg.slurm.bin_dir, slurm_conf=cfg.slurm.slurm_conf, timeout=cfg.slurm.command_timeout_s)
+    return SlurmCli(
+        bin_dir=str(cfg.slurm.bin_dir) if cfg.slurm.bin_dir else None,
+        slurm_conf=str(cfg.slurm.slurm_conf) if cfg.slurm.slurm_conf else None,
+        timeout=cfg.slurm.command_timeout_s,
+    )
 
 
 def store(cfg: DaemonConfig) -> SqliteStore:

@@ -81,6 +81,10 @@ class JobInfo:
     submit_time: float | None = None
     start_time: float | None = None
     end_time: float | None = None
+    # Slurm's free-text detail for the reason, e.g. "launch failed requeued held" while
+    # state_reason says JobHeldUser: the only way to tell a prolog/launch-failure hold from a
+    # human's hold in 22.05. Empty when Slurm gives none.
+    state_description: str = ""
 
     @property
     def completing(self) -> bool:

@@ -32,7 +32,7 @@ from supervisor.domain.run import RestartMode, RunState
 from supervisor.domain.spares import exclusions_for
 
 REASON_PREFIX = "slurm-supervisor"
-HELD_AFTER_LAUNCH_FAILURE = ("launch_failed_requeued_held", "JobHeldAdmin")
+LAUNCH_FAILED = "launch failed requeued held"  # 22.05 state_description after a prolog failure
 
 
 @dataclass(frozen=True)
@@ -194,9 +194,15 @@ def _pending(run: RunRecord, job: JobInfo, obs: Observation) -> Decision:
     want = set(run.excluded) | set(job.excluded_nodes)
     if not set(run.excluded) <= set(job.excluded_nodes):
         actions.append(SetExcluded(run.name, job.job_id, tuple(sorted(want))))
-    if job.held and job.state_reason in HELD_AFTER_LAUNCH_FAILURE:
+    if job.held and _held_after_launch_failure(job):
         actions.append(Release(run.name, job.job_id, f"Slurm held the job after a launch failure ({job.state_reason})"))
     return Decision(tuple(records), tuple(actions))
+
+
+def _held_after_launch_failure(job: JobInfo) -> bool:
+    """Slurm holds a job whose prolog failed; a person's hold (same state_reason in 22.05) is kept."""
+    text = f"{job.state_description} {job.state_reason}".lower().replace("_", " ")
+    return LAUNCH_FAILED in text
 
 
 def _requeued_by_slurm(

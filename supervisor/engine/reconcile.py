@@ -95,6 +95,9 @@ class Engine:
         except TransientError as exc:
             log.warning("slurm_unreachable", error=str(exc), retry_in=exc.delay)
             return TickResult(ok=False, error=str(exc), retry_in=exc.delay)
+        except PermanentError as exc:  # an answer we cannot read: observe nothing, act on nothing
+            log.error("slurm_snapshot_unreadable", error=str(exc))
+            return TickResult(ok=False, error=str(exc), retry_in=30.0)
         result = TickResult(ok=True)
         try:
             blocked = self._settle_open_intents(snap, result)

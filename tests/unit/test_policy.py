@@ -174,3 +174,12 @@ def test_deciding_is_idempotent_once_node_is_ours():
     obs = Observation(ClusterSnapshot(100.0, {7: RUNNING_JOB}, n))
     d = decide(run(RunState.RECOVERING, A0, excluded={"n1": "dead"}), obs, Policy())
     assert kinds(d, ChangeNode) == []
+
+
+def test_a_persons_hold_is_never_released():
+    held = JobInfo(7, "llm", JobState.PENDING, excluded_nodes=("n4",), held=True, state_reason="JobHeldUser")
+    d = decide(run(RunState.QUEUED, replace(A0, started_at=None)), Observation(snap([held])), Policy())
+    assert not any(isinstance(a, Release) for a in d.actions)
+    after_prolog = replace(held, state_description="launch failed requeued held")
+    d = decide(run(RunState.QUEUED, replace(A0, started_at=None)), Observation(snap([after_prolog])), Policy())
+    assert any(isinstance(a, Release) for a in d.actions)

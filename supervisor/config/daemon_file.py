@@ -1,0 +1,122 @@
+"""The daemon's own config, ``supervisor.toml``. Every section and key has a default."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator
+
+from supervisor.config._shared import FloatField, Section, absolute, not_empty
+from supervisor.config.errors import fail, fix_hint
+
+
+def _resolve_path(value: Any, info: ValidationInfo) -> Any:
+    value = not_empty(value)
+    return absolute(value, info) if isinstance(value, str) else value
+
+
+class DaemonSection(Section):
+    state_dir: Path = Path("/var/lib/slurm-supervisor")
+    poll_interval_s: FloatField = Field(
+        default=5.0, ge=0.2, le=600, json_schema_extra=fix_hint("set seconds between 0.2 and 600, e.g. 5.0")
+    )
+    may_change_nodes: StrictBool = True
+    max_drains_per_hour: StrictInt = Field(
+        default=8, ge=0, json_schema_extra=fix_hint("set a non-negative number; 0 means never drain")
+    )
+
+    @field_validator("state_dir", mode="before")
+    @classmethod
+    def _resolve(cls, value: Any, info: ValidationInfo) -> Any:
+        return _resolve_path(value, info)
+
+
+class SlurmSection(Section):
+    slurm_conf: Path | None = None
+    bin_dir: Path | None = None
+    command_timeout_s: FloatField = Field(
+        default=20.0, gt=0, le=600, json_schema_extra=fix_hint("set seconds above 0 and at most 600, e.g. 20.0")
+    )
+
+    @field_validator("slurm_conf", "bin_dir", mode="before")
+    @classmethod
+    def _resolve(cls, value: Any, info: ValidationInfo) -> Any:
+        return _resolve_path(value, info)
+
+    @field_validator("slurm_conf")
+    @classmethod
+    def _conf_is_a_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise fail(f"{value} is not a file", "point it at slurm.conf, or remove it to use Slurm's default")
+        return value
+
+    @field_validator("bin_dir")
+    @classmethod
+    def _bin_dir_is_a_folder(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise fail(f"{value} is not a folder", "point it at the folder holding sbatch, or remove it to use PATH")
+        return value
+
+    def command(self, name: str) -> str:
+        """The executable for a Slurm client such as ``sbatch``: in bin_dir, else found on PATH."""
+        return str(self.bin_dir / name) if self.bin_dir else name
+
+    def environment(self) -> dict[str, str]:
+        """Variables to add to the Slurm clients' environment."""
+        return {"SLURM_CONF": str(self.slurm_conf)} if self.slurm_conf else {}
+
+
+class ProbeSection(Section):
+    enabled: StrictBool = True
+    timeout_s: FloatField = Field(
+        default=1.0, gt=0, le=60, json_schema_extra=fix_hint("set seconds above 0 and at most 60, e.g. 1.0")
+    )
+    confirm_after_s: FloatField = Field(
+        default=1.0, ge=0, le=3600, json_schema_extra=fix_hint("set seconds from 0 to 3600, e.g. 1.0")
+    )
+
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class FenceSection(Section):
+    command: tuple[StrictStr, ...] = Field(
+        default=(),
+        json_schema_extra=fix_hint('write an argv array, e.g. ["ipmitool", "-H", "{node}-bmc", "power", "off"]'),
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _template(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if value and not value[0].strip():
+            raise fail("the program name is empty", 'start with the program, e.g. ["ipmitool", ...]')
+        unknown = sorted({name for arg in value for name in _PLACEHOLDER.findall(arg)} - {"node"})
+        if unknown:
+            raise fail(f"{{{unknown[0]}}} would be passed as is; only {{node}} is substituted", "use {node}")
+        return value
+
+    def argv(self, node: str) -> tuple[str, ...]:
+        """The fence command for one node, ``{node}`` replaced; empty when none is configured."""
+        return tuple(arg.replace("{node}", node) for arg in self.command)
+
+
+class LoggingSection(Section):
+    level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+    @field_validator("level", "format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+
+class DaemonConfig(Section):
+    """The whole ``supervisor.toml``."""
+
+    daemon: DaemonSection = Field(default_factory=DaemonSection)
+    slurm: SlurmSection = Field(default_factory=SlurmSection)
+    probe: ProbeSection = Field(default_factory=ProbeSection)
+    fence: FenceSection = Field(default_factory=FenceSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)

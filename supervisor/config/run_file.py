@@ -1,0 +1,268 @@
+"""The run spec file, ``RUN.toml``: what to run, where spares come from, how to restart."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import hostlist  # type: ignore[import-untyped]
+from pydantic import AfterValidator, Field, StrictInt, StrictStr, ValidationInfo, field_validator
+
+from supervisor.config._shared import Section, absolute, base_dir, missing_path_fix, not_empty
+from supervisor.config.errors import fail, fix_hint
+from supervisor.domain.run import DEFAULT_DO_NOT_RESTART, RestartMode, RunSpec, SparePolicy
+
+# --------------------------------------------------------------------------- sbatch options the supervisor owns
+
+
+@dataclass(frozen=True)
+class OwnedOption:
+    longs: tuple[str, ...]
+    shorts: str
+    why: str
+    fix: str
+
+
+PINNING = OwnedOption(
+    ("nodelist", "nodefile"),
+    "wF",
+    "pins the job to named nodes, so a restart could never move off a failed node (pinning breaks requeue)",
+    "remove it; select node types with --constraint, and name stand-in nodes under [spares]",
+)
+OWNED_OPTIONS = (
+    OwnedOption(("nodes",), "N", "sets the node count, which the supervisor owns", "remove it and set run.nodes"),
+    OwnedOption(
+        ("partition",), "p", "sets the partition, which the supervisor owns", "remove it and set run.partition"
+    ),
+    OwnedOption(
+        ("exclude",),
+        "x",
+        "the supervisor builds --exclude from the nodes it found faulty and would overwrite yours",
+        "remove it; to keep a node out of every job, drain it in Slurm",
+    ),
+    OwnedOption(
+        ("job-name",),
+        "J",
+        "the supervisor names each job after run.name so it can find its jobs again",
+        "remove it and set run.name",
+    ),
+    OwnedOption(
+        ("comment",),
+        "",
+        "the supervisor tags its jobs with --comment to re-adopt them after a daemon restart",
+        "remove it",
+    ),
+    OwnedOption(
+        ("requeue", "no-requeue"),
+        "",
+        "the supervisor chooses requeue or resubmit from restart.mode",
+        'remove it and set restart.mode = "requeue" or "resubmit"',
+    ),
+    PINNING,
+)
+# sbatch options sharing a prefix with an owned one: such an abbreviation is ambiguous to sbatch
+# itself (it refuses it), so it is not ours to reject.
+_NEIGHBOURS = ("exclusive", "no-kill")
+
+
+def owned_option(arg: str, owned: Sequence[OwnedOption] = OWNED_OPTIONS) -> OwnedOption | None:
+    """The owned option that ``arg`` sets, if any. sbatch accepts unique prefixes of long names."""
+    if arg.startswith("--"):
+        name = arg[2:].split("=", 1)[0]
+        return next((o for o in owned if _abbreviates(name, o.longs)), None)
+    if len(arg) >= 2 and arg[0] == "-":
+        return next((o for o in owned if arg[1] in o.shorts), None)
+    return None
+
+
+def _abbreviates(name: str, longs: tuple[str, ...]) -> bool:
+    if name in longs:
+        return True
+    prefix_of_ours = len(name) >= 3 and any(o.startswith(name) for o in longs)
+    return prefix_of_ours and not any(n.startswith(name) for n in _NEIGHBOURS)
+
+
+def _check_sbatch_arg(arg: str) -> str:
+    option = owned_option(arg)
+    if option is not None:
+        raise fail(option.why, option.fix)
+    return arg
+
+
+def sbatch_directives(script: Path) -> list[tuple[int, str]]:
+    """The script's ``#SBATCH`` lines and their numbers; sbatch stops at the first command."""
+    found: list[tuple[int, str]] = []
+    with script.open(encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, start=1):
+            text = line.strip()
+            if text.startswith("#SBATCH"):
+                found.append((number, text))
+            elif text and not text.startswith("#"):
+                break
+    return found
+
+
+def _check_script_pinning(script: Path) -> None:
+    """``--exclude`` and friends on the command line beat the script's; pinning does not."""
+    for number, line in sbatch_directives(script):
+        if any(owned_option(word, (PINNING,)) for word in line.split()[1:]):
+            raise fail(
+                f'line {number} of the script, "{line}", {PINNING.why}',
+                f"delete that line from {script.name}; select node types with --constraint instead",
+            )
+
+
+# --------------------------------------------------------------------------- sections
+
+_NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class RunSection(Section):
+    name: StrictStr = Field(
+        pattern=_NAME,
+        json_schema_extra=fix_hint(
+            'use 1-63 characters: lowercase letters, digits, ".", "_", "-", starting with a letter or digit,'
+            ' e.g. name = "llama-70b"'
+        ),
+    )
+    script: StrictStr = Field(json_schema_extra=fix_hint('name the batch script, e.g. script = "train.sbatch"'))
+    partition: StrictStr = Field(
+        min_length=1,
+        json_schema_extra=fix_hint('name a Slurm partition, e.g. partition = "gpu" (sinfo -s lists them)'),
+    )
+    nodes: StrictInt = Field(ge=1, json_schema_extra=fix_hint("set the number of nodes the job needs, e.g. nodes = 16"))
+    sbatch_args: tuple[Annotated[StrictStr, AfterValidator(_check_sbatch_arg)], ...] = Field(
+        default=(), json_schema_extra=fix_hint('write an array of strings, e.g. ["--time=48:00:00"]')
+    )
+    env: dict[StrictStr, StrictStr] = Field(
+        default_factory=dict, json_schema_extra=fix_hint('write a table of strings, e.g. { NCCL_DEBUG = "WARN" }')
+    )
+    output: StrictStr | None = None
+    workdir: StrictStr | None = Field(default=None, validate_default=True)
+
+    @field_validator("script", "output", "workdir", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        return not_empty(value)
+
+    @field_validator("script")
+    @classmethod
+    def _script_is_a_file(cls, value: str, info: ValidationInfo) -> str:
+        path = absolute(value, info)
+        if not path.exists():
+            raise fail(f"the batch script {path} does not exist", missing_path_fix(value, "script"))
+        if not path.is_file():
+            raise fail(f"{path} is not a file", "point script at the batch script itself")
+        try:
+            _check_script_pinning(path)
+        except OSError as error:
+            raise fail(f"cannot read {path} ({error.strerror})", "let the supervisor's user read it") from None
+        return str(path)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in value if not _ENV_NAME.match(name)]
+        if bad:
+            raise fail(f"{bad[0]!r} is not a valid environment variable name", "use letters, digits and '_' only")
+        return value
+
+    @field_validator("output")
+    @classmethod
+    def _output_folder_exists(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        path = absolute(value, info)
+        if "%" not in str(path.parent) and not path.parent.is_dir():
+            raise fail(
+                f"the folder {path.parent} does not exist; Slurm will not create it and the job would fail",
+                f"create it (mkdir -p {path.parent}) or change output",
+            )
+        return str(path)
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_is_a_folder(cls, value: str | None, info: ValidationInfo) -> str:
+        path = base_dir(info) if value is None else absolute(value, info)
+        if not path.is_dir():
+            raise fail(f"the folder {path} does not exist", missing_path_fix(value or ".", "folder"))
+        return str(path)
+
+
+class SparesSection(Section):
+    policy: SparePolicy = SparePolicy.PARTITION_IDLE
+    nodes: StrictStr | None = Field(default=None, validate_default=True)
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes_match_policy(cls, value: str | None, info: ValidationInfo) -> str | None:
+        policy = info.data.get("policy")
+        if policy is SparePolicy.NAMED and value is None:
+            raise fail('policy = "named" needs the spare nodes', 'add nodes = "gpu-[120-127]" under [spares]')
+        if policy is SparePolicy.PARTITION_IDLE and value is not None:
+            raise fail(
+                'nodes is only used with policy = "named"',
+                'remove nodes, or set policy = "named" to use exactly these spares',
+            )
+        if value is not None:
+            expand_hostlist(value)
+        return value
+
+    def expanded(self) -> tuple[str, ...]:
+        """The spare nodes, one name each."""
+        return tuple(expand_hostlist(self.nodes)) if self.nodes else ()
+
+
+def expand_hostlist(nodes: str) -> list[str]:
+    """A Slurm hostlist such as ``gpu-[1-4,9]`` as names; raises a config error when malformed."""
+    try:
+        names: list[str] = hostlist.expand_hostlist(nodes)
+    except hostlist.BadHostlist as error:
+        raise fail(
+            f"not a valid Slurm hostlist ({error})",
+            'write it as Slurm does, e.g. "gpu-[120-127]" or "gpu-[1-4,9],gpu-12" (check: scontrol show hostnames)',
+        ) from None
+    if not names:
+        raise fail("names no nodes", 'list at least one node, e.g. "gpu-[120-127]"')
+    return names
+
+
+class RestartSection(Section):
+    max_restarts: StrictInt = Field(
+        default=10, ge=0, json_schema_extra=fix_hint("set a non-negative number of restarts")
+    )
+    do_not_restart_exit_codes: tuple[Annotated[StrictInt, Field(ge=1, le=255)], ...] = Field(
+        default=DEFAULT_DO_NOT_RESTART,
+        json_schema_extra=fix_hint("list exit codes from 1 to 255, e.g. do_not_restart_exit_codes = [93]"),
+    )
+    mode: RestartMode = RestartMode.RESUBMIT
+
+
+class RunFile(Section):
+    """The whole ``RUN.toml``; its paths are absolute once validated."""
+
+    run: RunSection
+    spares: SparesSection = Field(default_factory=SparesSection)
+    restart: RestartSection = Field(default_factory=RestartSection)
+
+    def to_run_spec(self) -> RunSpec:
+        run, restart = self.run, self.restart
+        return RunSpec(
+            name=run.name,
+            script=run.script,
+            partition=run.partition,
+            nodes=run.nodes,
+            sbatch_args=run.sbatch_args,
+            env=dict(run.env),
+            output=run.output,
+            workdir=run.workdir,
+            spare_policy=self.spares.policy,
+            spare_nodes=self.spares.expanded(),
+            max_restarts=restart.max_restarts,
+            do_not_restart_exit_codes=frozenset(restart.do_not_restart_exit_codes),
+            restart_mode=restart.mode,
+        )

@@ -1,0 +1,112 @@
+"""Shared fixtures. The Slurm ones start a private cluster (supervisor.testing.LocalSlurm).
+
+* ``slurm_cluster``: one cluster for the whole session (started on first use, ~0.2 s), reset
+  before every test: controller up, crashed/frozen nodes restarted, every job cancelled, every
+  node idle (down/drained ones resumed). Finished jobs stay visible in squeue for MinJobAge
+  (300 s): look only at your own job ids.
+* ``fresh_slurm``: a cluster of its own for one test (also ~0.2 s), for tests that need an
+  untouched controller state.
+* ``make_slurm``: a factory for clusters with other settings (``make_slurm(2, extra_conf={...})``),
+  each stopped after the test.
+
+When a cluster cannot start here (binaries missing, not root, no writable cgroup2), the test is
+skipped, except under ``CI=true``, where it fails with the reason. Tests that use these fixtures
+are marked ``slurm`` automatically; mark them explicitly too (``pytestmark = pytest.mark.slurm``).
+Set ``LOCALSLURM_KEEP=1`` to keep the clusters' directories (logs) after the run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from supervisor.testing import LocalSlurm, LocalSlurmError, unavailable_reason
+
+SLURM_FIXTURES = frozenset({"slurm_cluster", "fresh_slurm", "make_slurm"})
+
+
+def _under_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() == "true"
+
+
+def _cannot_run(reason: str) -> None:
+    if _under_ci():
+        pytest.fail(f"real Slurm is required under CI=true but cannot run: {reason}", pytrace=False)
+    pytest.skip(f"real Slurm not available: {reason}")
+
+
+def _keep() -> bool:
+    return os.environ.get("LOCALSLURM_KEEP") == "1"
+
+
+def _start(*args: Any, **kwargs: Any) -> LocalSlurm:
+    reason = unavailable_reason()
+    if reason:
+        _cannot_run(reason)
+    kwargs.setdefault("keep_dir", _keep())
+    try:
+        return LocalSlurm(*args, **kwargs).start()
+    except LocalSlurmError as exc:
+        _cannot_run(f"LocalSlurm failed to start: {exc}")
+        raise  # not reached
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slurm)
+
+
+@pytest.fixture(scope="session")
+def _slurm_session() -> Iterator[LocalSlurm | str]:
+    """The shared cluster, or the reason it could not start (so each test skips/fails alike)."""
+    reason = unavailable_reason()
+    if reason:
+        yield reason
+        return
+    try:
+        cluster = LocalSlurm(keep_dir=_keep()).start()
+    except LocalSlurmError as exc:
+        yield f"LocalSlurm failed to start: {exc}"
+        return
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def slurm_cluster(_slurm_session: LocalSlurm | str) -> LocalSlurm:
+    if isinstance(_slurm_session, str):
+        _cannot_run(_slurm_session)
+    assert isinstance(_slurm_session, LocalSlurm)
+    _slurm_session.reset()
+    return _slurm_session
+
+
+@pytest.fixture
+def fresh_slurm() -> Iterator[LocalSlurm]:
+    cluster = _start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def make_slurm() -> Iterator[Callable[..., LocalSlurm]]:
+    started: list[LocalSlurm] = []
+
+    def make(*args: Any, **kwargs: Any) -> LocalSlurm:
+        cluster = _start(*args, **kwargs)
+        started.append(cluster)
+        return cluster
+
+    try:
+        yield make
+    finally:
+        for cluster in started:
+            cluster.stop()

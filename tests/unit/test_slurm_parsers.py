@@ -1,0 +1,345 @@
+"""Parsers, argv builders and error mapping of the Slurm CLI adapter. No Slurm needed: real 22.05
+captures and hand-written 23.02+/24.x documents in tests/data/slurm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from supervisor.adapters.slurm_cli import (
+    classify,
+    client_env,
+    exclude_argv,
+    node_state_argv,
+    parse_sbatch_output,
+    requeue_argv,
+    sbatch_argv,
+)
+from supervisor.adapters.slurm_json import (
+    decode_exit_code,
+    decode_wait_status,
+    document_errors,
+    expand_nodes,
+    number,
+    parse_sinfo,
+    parse_squeue,
+    split_job_state,
+    split_node_state,
+)
+from supervisor.domain.cluster import JobInfo, JobState, NodeChange, NodeState, SubmitRequest
+from supervisor.ports import PermanentError, PermissionDenied, TransientError
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
+
+
+def load(name: str) -> dict:
+    return json.loads((DATA / name).read_text())
+
+
+def jobs_by_name(name: str) -> dict[str, JobInfo]:
+    return {j.name: j for j in parse_squeue(load(name)).values()}
+
+
+# ---------------------------------------------------------------------------- scalars
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (5, 5),
+        (0, 0),
+        (None, None),
+        ({"set": True, "infinite": False, "number": 7}, 7),
+        ({"set": False, "infinite": False, "number": 0}, None),
+        ({"set": True, "infinite": True, "number": 0}, None),
+        (4294967294, None),  # NO_VAL
+        ("12", 12),
+        (True, None),
+    ],
+)
+def test_number(value: object, expected: int | None) -> None:
+    assert number(value) == expected
+
+
+def test_expand_nodes() -> None:
+    assert expand_nodes("n[1-3],m2") == ("n1", "n2", "n3", "m2")
+    assert expand_nodes(["gpu[01-02]", "gpu02"]) == ("gpu01", "gpu02")
+    assert expand_nodes("") == ()
+    assert expand_nodes(None) == ()
+    assert expand_nodes("bad[1-") == ("bad[1-",)
+
+
+# ---------------------------------------------------------------------------- exit codes
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (0, (0, None)),
+        (768, (3, None)),  # exit 3 as 22.05's squeue shows it
+        (256 * 255, (255, None)),
+        (9, (None, 9)),  # SIGKILL
+        (15, (None, 15)),  # SIGTERM (scancel)
+        (0x80 | 11, (None, 11)),  # SIGSEGV with core dump
+        (None, (None, None)),
+    ],
+)
+def test_decode_wait_status(status: int | None, expected: tuple) -> None:
+    assert decode_wait_status(status) == expected
+
+
+def _verbose(status: list[str], rc: int | None, sig: int | None) -> dict:
+    def num(n: int | None) -> dict:
+        return {"set": n is not None, "infinite": False, "number": n or 0}
+
+    return {"status": status, "return_code": num(rc), "signal": {"id": num(sig), "name": ""}}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (768, (3, None)),
+        (_verbose(["SUCCESS"], 0, None), (0, None)),
+        (_verbose(["ERROR"], 3, None), (3, None)),
+        (_verbose(["SIGNALED"], None, 9), (None, 9)),
+        (_verbose(["CORE_DUMPED", "SIGNALED"], None, 11), (None, 11)),
+        (_verbose(["PENDING"], None, None), (None, None)),
+        ({"status": "ERROR", "return_code": 2, "signal": {"signal_id": 0, "name": ""}}, (2, None)),
+    ],
+)
+def test_decode_exit_code(value: object, expected: tuple) -> None:
+    assert decode_exit_code(value) == expected
+
+
+# ---------------------------------------------------------------------------- states
+
+
+@pytest.mark.parametrize(
+    ("value", "state", "flags"),
+    [
+        ("RUNNING", JobState.RUNNING, set()),
+        ("COMPLETING", JobState.COMPLETING, {"COMPLETING"}),
+        ("REQUEUE_HOLD", JobState.PENDING, {"REQUEUE_HOLD"}),
+        (["PENDING", "REQUEUED"], JobState.PENDING, {"REQUEUED"}),
+        (["CANCELLED", "COMPLETING"], JobState.CANCELLED, {"COMPLETING"}),
+        (["node_fail"], JobState.NODE_FAIL, set()),
+        ("WHATEVER", JobState.UNKNOWN, {"WHATEVER"}),
+        (None, JobState.UNKNOWN, set()),
+    ],
+)
+def test_split_job_state(value: object, state: JobState, flags: set[str]) -> None:
+    assert split_job_state(value) == (state, frozenset(flags))
+
+
+@pytest.mark.parametrize(
+    ("state", "flags", "base", "expected_flags"),
+    [
+        ("idle", [], NodeState.IDLE, set()),
+        ("down", ["DRAIN", "NOT_RESPONDING"], NodeState.DOWN, {"DRAIN", "NOT_RESPONDING"}),
+        (["IDLE", "DRAIN"], None, NodeState.IDLE, {"DRAIN"}),
+        ("IDLE+DRAIN", None, NodeState.IDLE, {"DRAIN"}),
+        (["PLANNED"], None, NodeState.UNKNOWN, {"PLANNED"}),
+    ],
+)
+def test_split_node_state(state: object, flags: object, base: NodeState, expected_flags: set[str]) -> None:
+    assert split_node_state(state, flags) == (base, frozenset(expected_flags))
+
+
+# ---------------------------------------------------------------------------- 22.05 captures
+
+
+def test_2205_mixed_jobs() -> None:
+    jobs = jobs_by_name("squeue_2205_mixed.json")
+    assert jobs["completed"].state is JobState.COMPLETED and jobs["completed"].exit_code == 0
+    failed = jobs["failed_exit3"]
+    assert (failed.state, failed.exit_code, failed.term_signal) == (JobState.FAILED, 3, None)
+    assert failed.state_reason == "NonZeroExitCode"
+    killed = jobs["killed_sig9"]
+    assert (killed.exit_code, killed.term_signal) == (None, 9)
+    assert jobs["cancelled_running"].state is JobState.CANCELLED
+    assert jobs["cancelled_running"].term_signal == 15
+
+
+def test_2205_running_job_fields() -> None:
+    job = jobs_by_name("squeue_2205_mixed.json")["running"]
+    assert job.state is JobState.RUNNING and not job.held and not job.completing
+    assert job.comment == "run=r1,intent=7 tag:x"
+    assert job.excluded_nodes == ("n4",)
+    assert len(job.nodes) == 1 and job.partition == "main"
+    assert job.exit_code is None and job.end_time is None  # 22.05 shows start + time limit
+    assert job.start_time is not None and job.submit_time is not None
+    assert job.state_reason == ""  # Slurm's "None"
+
+
+def test_2205_pending_held_and_requeued() -> None:
+    jobs = jobs_by_name("squeue_2205_mixed.json")
+    requeued = jobs["requeued"]
+    assert (requeued.state, requeued.restart_count, requeued.state_reason) == (JobState.PENDING, 1, "BeginTime")
+    assert not requeued.held and requeued.start_time is None and requeued.nodes == ()
+    assert jobs["held_user"].held and jobs["held_user"].state_reason == "JobHeldUser"
+    assert jobs["held_admin"].held and jobs["held_admin"].state_reason == "JobHeldAdmin"
+    assert not jobs["pending_resources"].held
+
+
+def test_2205_prolog_failure_is_held_with_description() -> None:
+    job = jobs_by_name("squeue_2205_prolog_held.json")["prolog_failed"]
+    assert job.state is JobState.PENDING and job.held and job.restart_count == 1
+    assert job.state_reason == "JobHeldUser"
+    assert job.state_description == "launch failed requeued held"
+
+
+def test_2205_completing_then_node_fail() -> None:
+    completing = jobs_by_name("squeue_2205_completing.json")["two_node_no_requeue"]
+    assert completing.completing and completing.state is JobState.COMPLETING
+    assert completing.state_reason == "NodeDown" and len(completing.nodes) == 1
+    failed = jobs_by_name("squeue_2205_node_fail.json")["two_node_no_requeue"]
+    assert failed.state is JobState.NODE_FAIL and failed.state.finished and not failed.completing
+    assert len(failed.nodes) == 2 and failed.term_signal == 15
+
+
+def test_2205_nodes_down_drain() -> None:
+    nodes = parse_sinfo(load("sinfo_2205_down_drain.json"))
+    assert nodes["n1"].idle and nodes["n1"].address == "127.0.0.1" and nodes["n1"].port
+    crashed = nodes["n2"]
+    assert crashed.down and crashed.drained and not crashed.responding
+    assert crashed.reason == "supervisor: crashed, drained"
+    assert nodes["n3"].drained and nodes["n3"].state is NodeState.IDLE and not nodes["n3"].schedulable
+    assert not nodes["n4"].responding and nodes["n4"].state is NodeState.IDLE
+    assert all(n.partitions == ("main",) for n in nodes.values())
+
+
+def test_2205_mixed_and_prolog_nodes() -> None:
+    nodes = parse_sinfo(load("sinfo_2205_mixed.json"))
+    assert sorted(n.state.value for n in nodes.values()) == ["ALLOCATED", "IDLE", "IDLE", "IDLE"]
+    prolog = parse_sinfo(load("sinfo_2205_prolog_drain.json"))
+    assert [n.reason for n in prolog.values() if n.drained] == ["Prolog error"]
+
+
+@pytest.mark.parametrize("name", ["squeue_2205_controller_down.json", "sinfo_2205_controller_down.json"])
+def test_2205_controller_down_documents_carry_errors(name: str) -> None:
+    assert document_errors(load(name))
+
+
+# ---------------------------------------------------------------------------- newer shapes
+
+
+def test_2411_jobs() -> None:
+    jobs = jobs_by_name("squeue_2411_handwritten.json")
+    train = jobs["train-r1"]
+    assert train.state is JobState.RUNNING and train.nodes == ("gpu01", "gpu02")
+    assert train.excluded_nodes == ("gpu07", "gpu09") and train.comment == "run=r1 intent=3"
+    assert train.start_time == 1755290200 and train.end_time is None and train.exit_code is None
+    assert (jobs["failed-exit3"].exit_code, jobs["failed-exit3"].term_signal) == (3, None)
+    assert (jobs["killed-sig9"].exit_code, jobs["killed-sig9"].term_signal) == (None, 9)
+    completing = jobs["cancelled-completing"]
+    assert completing.state is JobState.CANCELLED and completing.completing
+    assert jobs["requeued"].flags == {"REQUEUED"} and jobs["requeued"].restart_count == 1
+    assert jobs["held-user"].held
+    launch = jobs["launch-failed-held"]
+    assert launch.held and launch.state_description == "launch failed requeued held"
+    assert jobs["node-fail"].state is JobState.NODE_FAIL
+    assert jobs["completed"].exit_code == 0 and jobs["completed"].end_time == 1755290250
+
+
+def test_2411_sinfo_entries() -> None:
+    nodes = parse_sinfo(load("sinfo_2411_handwritten.json"))
+    assert nodes["gpu01"].partitions == ("gpu", "debug") and nodes["gpu01"].idle
+    assert nodes["gpu01"].address == "10.1.0.1" and nodes["gpu01"].port == 6818
+    assert nodes["gpu03"].state is NodeState.MIXED and "COMPLETING" in nodes["gpu03"].flags
+    dead = nodes["gpu04"]
+    assert dead.down and dead.drained and not dead.responding and dead.reason == "supervisor: crashed"
+    assert nodes["gpu05"].reason == "supervisor: bad gpu" and nodes["gpu05"].drained
+    assert not nodes["gpu06"].responding
+    assert nodes["cpu01"].address == "10.2.0.1" and nodes["cpu02"].port is None
+
+
+def test_2302_node_list() -> None:
+    nodes = parse_sinfo(load("sinfo_2302_handwritten.json"))
+    assert nodes["a1"].partitions == ("main", "long") and nodes["a1"].idle
+    assert nodes["a2"].down and not nodes["a2"].responding and nodes["a2"].reason == "Not responding"
+    assert nodes["a3"].state is NodeState.ALLOCATED and nodes["a3"].drained
+    assert nodes["a3"].address == "10.3.0.3" and nodes["a3"].port == 6818
+
+
+# ---------------------------------------------------------------------------- error mapping
+
+
+@pytest.mark.parametrize(
+    ("rc", "stderr", "kind"),
+    [
+        (0, "", None),
+        (1, "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)", TransientError),
+        (1, "slurm_load_jobs error: Socket timed out on send/recv operation", TransientError),
+        (1, "Unexpected message received for job 1\nslurm_suspend error: Unexpected message received", TransientError),
+        (1, "error: Munge encode failed: Failed to connect to \"/run/munge/munge.socket.2\"", TransientError),
+        (-9, "", TransientError),
+        (1, "Invalid job id specified for job 99999\nslurm_suspend error: Invalid job id specified", PermanentError),
+        (1, "slurm_update error: Invalid node name specified", PermanentError),
+        (255, "sbatch: unrecognized option '--bogus'", PermanentError),
+        (1, "sbatch: error: Batch job submission failed: Invalid partition name specified", PermanentError),
+        (1, "slurm_update error: Access/permission denied", PermissionDenied),
+        (1, "scancel: error: Kill job error on job id 5: Access/permission denied", PermissionDenied),
+    ],
+)
+def test_classify(rc: int, stderr: str, kind: type | None) -> None:
+    error = classify(rc, stderr, "scontrol")
+    if kind is None:
+        assert error is None
+    else:
+        assert type(error) is kind
+        assert "scontrol" in str(error)
+
+
+# ---------------------------------------------------------------------------- argv builders
+
+
+def _request(**overrides: object) -> SubmitRequest:
+    fields: dict = dict(run="r1", script="/srv/run.sh", job_name="train", partition="gpu", nodes=4,
+                        comment="sup:r1:i7")
+    fields.update(overrides)
+    return SubmitRequest(**fields)
+
+
+def test_sbatch_argv_minimal() -> None:
+    argv = sbatch_argv(_request())
+    assert argv[:2] == ["sbatch", "--parsable"]
+    assert {"--job-name=train", "--partition=gpu", "--nodes=4", "--comment=sup:r1:i7",
+            "--no-requeue", "--export=ALL"} <= set(argv)
+    assert argv[-1] == "/srv/run.sh"
+    assert not any(a.startswith(("--exclude", "--output", "--chdir")) for a in argv)
+
+
+def test_sbatch_argv_full() -> None:
+    argv = sbatch_argv(_request(exclude=("n3", "n1", "n2", "n7"), output="/logs/%j.out", workdir="/srv",
+                                requeue=True, extra_args=("--time=10", "--gres=gpu:8")))
+    assert "--exclude=n[1-3,7]" in argv and "--requeue" in argv
+    assert "--output=/logs/%j.out" in argv and "--open-mode=append" in argv and "--chdir=/srv" in argv
+    assert argv[-3:] == ["--time=10", "--gres=gpu:8", "/srv/run.sh"]
+
+
+def test_other_argv() -> None:
+    assert requeue_argv(5) == ["scontrol", "requeue", "5"]
+    assert requeue_argv(5, hold=True) == ["scontrol", "requeuehold", "5"]
+    assert exclude_argv(5, ["n2", "n1"]) == ["scontrol", "update", "jobid=5", "excnodelist=n[1-2]"]
+    assert exclude_argv(5, []) == ["scontrol", "update", "jobid=5", "excnodelist="]
+    assert node_state_argv("n1", NodeChange.DRAIN, "bad gpu,\nsee log") == [
+        "scontrol", "update", "nodename=n1", "state=DRAIN", "reason=bad gpu, see log"]
+    assert node_state_argv("n1", NodeChange.DOWN, "")[-1] == "reason=slurm-supervisor"
+    assert node_state_argv("n1", NodeChange.RESUME, "x") == ["scontrol", "update", "nodename=n1", "state=RESUME"]
+
+
+@pytest.mark.parametrize(("out", "job_id"), [("123\n", 123), ("124;cluster\n", 124), ("warn\n125\n", 125)])
+def test_parse_sbatch_output(out: str, job_id: int) -> None:
+    assert parse_sbatch_output(out) == job_id
+
+
+def test_parse_sbatch_output_garbage() -> None:
+    with pytest.raises(PermanentError):
+        parse_sbatch_output("Submitted batch job\n")
+
+
+def test_client_env_drops_inherited_job_variables() -> None:
+    env = client_env({"PATH": "/bin", "SLURM_JOB_ID": "7", "SLURM_CONF": "/a"}, {"FOO": "1"}, "/b")
+    assert env == {"PATH": "/bin", "FOO": "1", "SLURM_CONF": "/b"}
