@@ -87,7 +87,13 @@ class NodeProbe(Protocol):
 
 
 class Store(Protocol):
-    """Runs, attempts, node verdicts, the intent journal and the logbook (SQLite in production)."""
+    """Runs, attempts, node verdicts, the intent journal and the logbook (SQLite in production).
+
+    ``instance_id`` is random per store: it goes into every submitted job's tag, so a new store
+    (or another daemon) never mistakes an older store's job for its own.
+    """
+
+    instance_id: str
 
     def transaction(self) -> AbstractContextManager[object]: ...
 

@@ -7,6 +7,11 @@ import sqlite3
 MIGRATIONS: tuple[str, ...] = (
     # 1: runs, attempts, nodes, exclusions, the intent journal, the logbook
     """
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    INSERT INTO meta(key, value) VALUES ('instance', lower(hex(randomblob(4))));
     CREATE TABLE runs (
         name TEXT PRIMARY KEY,
         spec TEXT NOT NULL,

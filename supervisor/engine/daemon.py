@@ -41,7 +41,7 @@ class NullServiceManager:
 @dataclass(frozen=True)
 class Pacing:
     poll_interval_s: float = 5.0
-    max_backoff_s: float = 60.0
+    max_backoff_s: float = 15.0  # short enough to catch up soon after slurmctld returns
     max_busy_ticks: int = 5  # ticks run back to back while actions keep happening
 
 

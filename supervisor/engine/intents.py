@@ -43,12 +43,12 @@ def action_from(kind: str, params: Mapping[str, Any]) -> Action:
     return cls(**args)  # type: ignore[no-any-return]
 
 
-def submit_tag(run: str, intent_id: int) -> str:
+def submit_tag(run: str, store_id: str, intent_id: int) -> str:
     """The comment every submitted job carries: finds the job again after a crash."""
-    return f"{REASON_PREFIX}:{run}:{intent_id}"
+    return f"{REASON_PREFIX}:{run}:{store_id}:{intent_id}"
 
 
-def submit_request(spec: RunSpec, action: Submit, intent_id: int, seq_hint: int) -> SubmitRequest:
+def submit_request(spec: RunSpec, action: Submit, tag: str, seq_hint: int) -> SubmitRequest:
     env = dict(spec.env)
     env["SLURM_SUPERVISOR_RUN"] = spec.name
     env["SLURM_SUPERVISOR_ATTEMPT"] = str(seq_hint)
@@ -58,7 +58,7 @@ def submit_request(spec: RunSpec, action: Submit, intent_id: int, seq_hint: int)
         job_name=spec.name,
         partition=spec.partition,
         nodes=spec.nodes,
-        comment=submit_tag(spec.name, intent_id),
+        comment=tag,
         exclude=action.exclude,
         extra_args=spec.sbatch_args,
         env=env,
@@ -68,11 +68,11 @@ def submit_request(spec: RunSpec, action: Submit, intent_id: int, seq_hint: int)
     )
 
 
-def effect_present(kind: str, intent_id: int, params: Mapping[str, Any],
+def effect_present(kind: str, tag: str, params: Mapping[str, Any],
                    snap: ClusterSnapshot) -> dict[str, Any] | None:
-    """The action's result if Slurm already shows its effect, else None."""
+    """The action's result if Slurm already shows its effect, else None. ``tag``: see submit_tag."""
     if kind == ActionKind.SUBMIT:
-        jobs = snap.jobs_with_comment(submit_tag(params["run"], intent_id))
+        jobs = snap.jobs_with_comment(tag)
         return {"job_id": min(j.job_id for j in jobs), "found": True} if jobs else None
     if kind in (ActionKind.CANCEL, ActionKind.SET_EXCLUDED, ActionKind.RELEASE):
         job = snap.jobs.get(int(params["job_id"]))

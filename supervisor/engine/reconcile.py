@@ -31,7 +31,7 @@ from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.policy import Observation, Policy, decide
 from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.run import RunState
-from supervisor.engine.intents import action_from, effect_present, params_of, submit_request
+from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
 from supervisor.engine.probes import ProbeTracker
 from supervisor.ports import (
     Clock,
@@ -219,7 +219,8 @@ class Engine:
         sched = self.scheduler
         if isinstance(action, Submit):
             seq = (run.attempt.seq + 1) if run.attempt else 0
-            job_id = sched.submit(submit_request(run.spec, action, intent, seq))
+            tag = submit_tag(run.name, self.store.instance_id, intent)
+            job_id = sched.submit(submit_request(run.spec, action, tag, seq))
             return {"job_id": job_id}
         if isinstance(action, Cancel):
             sched.cancel(action.job_id)
@@ -292,7 +293,8 @@ class Engine:
             if run is None:
                 continue
             action = action_from(intent["kind"], intent["params"])
-            outcome = effect_present(intent["kind"], intent["id"], intent["params"], snap)
+            tag = submit_tag(run.name, self.store.instance_id, intent["id"])
+            outcome = effect_present(intent["kind"], tag, intent["params"], snap)
             if outcome is not None:
                 log.info("intent_settled", intent=intent["id"], action=intent["kind"], outcome=outcome)
                 self._complete(run, intent["id"], action, outcome)

@@ -1,0 +1,149 @@
+"""The real daemon process supervising a run on a real Slurm (4 nodes on this host).
+
+A 2-node run with one named spare; a node of the run is crashed (its slurmd and job processes
+killed through its cgroup). Each task of the job appends heartbeats to a marks file, so the test
+can check that no two incarnations ever ran at the same time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.domain.cluster import JobState
+from supervisor.testing.daemon import SupervisorProcess, write_run
+
+pytestmark = pytest.mark.slurm
+
+HEARTBEAT = """\
+srun bash -c 'while true; do echo "beat $SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} $SLURMD_NODENAME $(date +%s.%N)" >> "$MARKS"; sleep 0.2; done'
+"""
+
+
+def incarnation_spans(marks: Path) -> dict[tuple[str, str], tuple[float, float]]:
+    spans: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for line in marks.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 5 and parts[0] == "beat":
+            spans[(parts[1], parts[2])].append(float(parts[4]))
+    return {k: (min(v), max(v)) for k, v in spans.items()}
+
+
+def assert_no_overlap(marks: Path) -> None:
+    spans = sorted(incarnation_spans(marks).items(), key=lambda kv: kv[1][0])
+    assert len(spans) >= 2, spans
+    for (a, (_, a_end)), (b, (b_start, _)) in zip(spans, spans[1:]):
+        assert a_end < b_start, f"incarnations {a} and {b} ran at the same time: {spans}"
+
+
+def snapshot(cluster):
+    return SlurmCli(slurm_conf=str(cluster.slurm_conf)).snapshot()
+
+
+def start_run(cluster, tmp_path, name="llm", **kw):
+    marks = tmp_path / "marks.txt"
+    marks.touch()
+    spec = write_run(tmp_path, name, nodes=2, partition=cluster.partition, spares=cluster.nodes[-1],
+                     script_body=HEARTBEAT, env={"MARKS": str(marks)}, **kw)
+    return spec, marks
+
+
+def test_node_crash_is_recovered_by_the_daemon(slurm_cluster, tmp_path):
+    sup = SupervisorProcess(slurm_cluster, tmp_path)
+    spec, marks = start_run(slurm_cluster, tmp_path)
+    sup.start()
+    try:
+        sup.cli("submit", str(spec))
+        first = sup.wait_running("llm", attempt=0)
+        assert slurm_cluster.nodes[-1] not in first["running_on"]  # the spare is kept out
+        victim = first["running_on"][0]
+        time.sleep(1.0)  # some heartbeats from the first incarnation
+        slurm_cluster.crash_node(victim)
+        crashed = time.monotonic()
+        second = sup.wait_running("llm", attempt=1, avoid=[victim], timeout=60)
+        recovery = time.monotonic() - crashed
+        time.sleep(1.0)
+    finally:
+        rc = sup.stop()
+    assert rc == 0
+    assert recovery < 20.0, f"recovery took {recovery:.1f} s"
+    assert second["restarts"]["spent"] == 1 and victim in second["excluded"]
+    snap = snapshot(slurm_cluster)
+    assert snap.nodes[victim].down and snap.nodes[victim].reason.startswith("slurm-supervisor: run llm:")
+    kinds = [e["kind"] for e in sup.logbook("llm")]
+    for kind in ("submitted", "started", "fault", "node_drained", "restarted"):
+        assert kind in kinds, kinds
+    assert_no_overlap(marks)
+    # SIGTERM stopped the daemon; the job it supervised is still running.
+    assert snap.jobs[second["job_id"]].state is JobState.RUNNING
+
+
+@pytest.mark.parametrize(
+    "crash_at",
+    ["after_intent:node_state", "after_execute:node_state", "after_intent:submit", "after_execute:submit"],
+)
+def test_daemon_killed_mid_recovery_resumes_without_duplicates(slurm_cluster, tmp_path, crash_at):
+    sup = SupervisorProcess(slurm_cluster, tmp_path)
+    spec, marks = start_run(slurm_cluster, tmp_path)
+    sup.cli("submit", str(spec))
+    sup.start()  # a plain daemon for the first submission (the crash point names a recovery step)
+    first = sup.wait_running("llm", attempt=0)
+    assert sup.stop() == 0
+    sup.start(f"--crash-at={crash_at}")
+    victim = first["running_on"][0]
+    time.sleep(1.0)
+    slurm_cluster.crash_node(victim)
+    assert sup.wait_exit(timeout=30) == 137  # died at the boundary
+    sup.start()
+    try:
+        second = sup.wait_running("llm", attempt=1, avoid=[victim], timeout=60)
+        time.sleep(2.0)  # a few more ticks: nothing more may happen
+    finally:
+        sup.stop()
+    tag = f"slurm-supervisor:llm:{SqliteStore(sup.state_dir).instance_id}:"
+    tagged = [j for j in snapshot(slurm_cluster).jobs.values() if j.comment.startswith(tag)]
+    assert len(tagged) == 2, tagged  # no double submission
+    assert second["restarts"]["spent"] == 1
+    book = sup.logbook("llm")
+    drained = [e for e in book if e["kind"] == "node_drained"]
+    assert len(drained) == 1 and drained[0]["evidence"]["node"] == victim  # no double drain
+    for kind in ("fault", "node_drained", "restarted"):
+        assert sum(e["kind"] == kind for e in book) == 1, (kind, book)
+    assert_no_overlap(marks)
+
+
+def test_controller_down_for_a_minute(slurm_cluster, tmp_path):
+    sup = SupervisorProcess(slurm_cluster, tmp_path)
+    spec, marks = start_run(slurm_cluster, tmp_path)
+    sup.start()
+    try:
+        sup.cli("submit", str(spec))
+        first = sup.wait_running("llm", attempt=0)
+        slurm_cluster.stop_controller()
+        victim = first["running_on"][0]
+        slurm_cluster.crash_node(victim)  # a fault while Slurm cannot be asked or told
+        time.sleep(60)
+        assert sup.proc is not None and sup.proc.poll() is None, "the daemon must keep running"
+        assert sup.status("llm")["attempt"] == 0  # no action on stale data
+        slurm_cluster.start_controller()
+        second = sup.wait_running("llm", attempt=1, avoid=[victim], timeout=60)
+    finally:
+        sup.stop()
+    assert second["restarts"]["spent"] == 1
+    waits = [line for line in sup.log_lines() if line.get("event") == "slurm_unreachable"]
+    assert 3 <= len(waits) <= 20, f"expected a backoff, saw {len(waits)} retries in a minute"
+    assert_no_overlap(marks)
+
+
+def test_submit_to_a_partition_that_does_not_exist(slurm_cluster, tmp_path):
+    sup = SupervisorProcess(slurm_cluster, tmp_path)
+    spec = write_run(tmp_path, "llm", nodes=2, partition="nosuch", script_body="true\n")
+    done = sup.cli("submit", str(spec), check=False)
+    assert done.returncode == 1
+    assert "nosuch" in done.stderr and slurm_cluster.partition in done.stderr and "Fix" in done.stderr
+    assert "no run" in sup.cli("status").stdout or "llm" not in sup.cli("status").stdout
