@@ -7,14 +7,16 @@ imported from ``tests/``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +118,39 @@ def user_prefix(user: str | None) -> list[str]:
     return ["setpriv", "--reuid", user, "--regid", user, "--init-groups", "--"]
 
 
+# The venv's interpreter may live where another user cannot reach it (here: under /root, mode
+# 0700). Another user then runs the same installed package with a system interpreter of the same
+# Python version, the venv's site-packages added (its .pth files make the editable install work).
+_LAUNCHER = (
+    "import site,sys\n"
+    "site.addsitedir(sys.argv.pop(1))\n"
+    "sys.argv[0]='slurm-supervisor'\n"
+    "from supervisor.cli import main\n"
+    "main()\n"
+)
+
+
+def _reachable_by(user: str, path: str) -> bool:
+    result = subprocess.run([*user_prefix(user), "test", "-x", path], check=False)  # noqa: S603
+    return result.returncode == 0
+
+
+@functools.cache
+def supervisor_argv(user: str | None = None) -> list[str]:
+    """argv that runs the ``slurm-supervisor`` CLI, as ``user`` when given."""
+    if user is None:
+        return [SUPERVISOR]
+    if _reachable_by(user, sys.executable) and _reachable_by(user, SUPERVISOR):
+        return [*user_prefix(user), SUPERVISOR]
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    system_python = next((p for p in (f"/usr/bin/{version}", f"/usr/local/bin/{version}")
+                          if os.path.exists(p) and _reachable_by(user, p)), None)
+    if system_python is None:
+        raise RuntimeError(f"user {user} can reach neither {sys.executable} nor a system {version}")
+    site_packages = sysconfig.get_paths()["purelib"]
+    return [*user_prefix(user), system_python, "-I", "-c", _LAUNCHER, site_packages]
+
+
 @dataclass
 class DaemonProc:
     proc: subprocess.Popen[bytes]
@@ -153,7 +188,7 @@ class DaemonProc:
 def start_daemon(config: Path, cluster: LocalSlurm, log_path: Path, *, user: str | None = None) -> DaemonProc:
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(  # noqa: S603 - fixed argv
-            [*user_prefix(user), SUPERVISOR, "--config", str(config), "daemon"],
+            [*supervisor_argv(user), "--config", str(config), "daemon"],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             env=client_env(cluster), start_new_session=True,
         )
@@ -163,7 +198,7 @@ def start_daemon(config: Path, cluster: LocalSlurm, log_path: Path, *, user: str
 def supervisor_cli(config: Path, cluster: LocalSlurm, *args: str, user: str | None = None,
                    timeout: float = 60.0) -> str:
     result = subprocess.run(  # noqa: S603 - fixed argv
-        [*user_prefix(user), SUPERVISOR, "--config", str(config), *args],
+        [*supervisor_argv(user), "--config", str(config), *args],
         capture_output=True, text=True, env=client_env(cluster), timeout=timeout, check=False,
     )
     if result.returncode != 0:
@@ -247,7 +282,3 @@ def quiet_logs() -> None:
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-
-
-def env_mapping(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    return dict(extra or {})

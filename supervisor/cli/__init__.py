@@ -47,12 +47,16 @@ def main(ctx: click.Context, config_path: str | None, state_dir: str | None) -> 
 
 
 @main.command()
+@click.option("--config", "daemon_config", type=click.Path(dir_okay=False), default=None,
+              help="Daemon configuration (same as the global --config).")
 @click.option("--once", is_flag=True, help="Run one reconcile tick and exit.")
 @click.option("--crash-at", hidden=True, default=None,
               help="Fault injection for tests: BOUNDARY[:ACTION] — exit abruptly there.")
 @click.pass_context
-def daemon(ctx: click.Context, once: bool, crash_at: str | None) -> None:
+def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: str | None) -> None:
     """Run the supervisor daemon (systemd: Type=notify)."""
+    if daemon_config:
+        ctx.ensure_object(dict)["config_path"] = daemon_config
     from supervisor.adapters.lock import AlreadyRunning, StateDirLock
     from supervisor.adapters.logging import configure_logging
     from supervisor.adapters.sdnotify import SystemdNotifier

@@ -126,7 +126,7 @@ class Engine:
         return runs
 
     def _reconcile_run(self, run: RunRecord, obs: Observation, result: TickResult) -> None:
-        structlog.contextvars.bind_contextvars(run=run.name)
+        structlog.contextvars.bind_contextvars(run=run.name, job_id=run.attempt.job_id if run.attempt else None)
         try:
             policy = Policy(self._node_rights, self._drains_left(), self.fencer is not None)
             decision = decide(run, obs, policy)
@@ -140,7 +140,7 @@ class Engine:
         except PermanentError as exc:
             log.error("run_reconcile_failed", error=str(exc))
         finally:
-            structlog.contextvars.unbind_contextvars("run")
+            structlog.contextvars.unbind_contextvars("run", "job_id")
 
     def _running_nodes(self, runs: list[RunRecord], snap: ClusterSnapshot) -> set[str]:
         nodes: set[str] = set()

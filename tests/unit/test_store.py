@@ -89,3 +89,21 @@ def test_data_survives_reopen(tmp_path):
     store.close()
     again = SqliteStore(tmp_path)
     assert again.get_run("r1").excluded == {"n1": "dead"}
+
+
+def test_one_daemon_per_state_directory(tmp_path):
+    from supervisor.adapters.lock import AlreadyRunning, StateDirLock
+
+    with StateDirLock(tmp_path):
+        with pytest.raises(AlreadyRunning, match="another slurm-supervisor daemon"):
+            with StateDirLock(tmp_path):
+                pass
+    with StateDirLock(tmp_path):  # released on exit
+        pass
+
+
+def test_instance_id_is_stable_and_distinct(tmp_path):
+    a = SqliteStore(tmp_path / "a")
+    b = SqliteStore(tmp_path / "b")
+    assert len(a.instance_id) == 8 and a.instance_id != b.instance_id
+    assert SqliteStore(tmp_path / "a").instance_id == a.instance_id
