@@ -190,8 +190,10 @@ class SqliteStore:
         return row is not None
 
     def node_changes_since(self, since: float) -> int:
+        """Distinct nodes the supervisor set DOWN since ``since`` (the blast-radius count)."""
         row = self._db.execute(
-            "SELECT COUNT(*) FROM actions WHERE kind = 'node_state' AND status = 'done' AND completed_at >= ?",
+            "SELECT COUNT(DISTINCT json_extract(params, '$.node')) FROM actions WHERE kind = 'node_state'"
+            " AND json_extract(params, '$.change') = 'DOWN' AND status = 'done' AND completed_at >= ?",
             (since,),
         ).fetchone()
         return int(row[0])

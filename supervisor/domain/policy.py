@@ -59,6 +59,27 @@ def node_reason(run: str, why: str) -> str:
 
 
 def decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
+    decision = _decide(run, obs, policy)
+    drains = _finish_drains(run, obs)
+    if not drains:
+        return decision
+    actions = drains + tuple(a for a in decision.actions if a not in drains)
+    return Decision(decision.records, actions, decision.notes)
+
+
+def _finish_drains(run: RunRecord, obs: Observation) -> tuple[ChangeNode, ...]:
+    """Nodes this run downed but did not get to drain (a crash between the two): drain them now."""
+    if run.state.terminal:
+        return ()
+    out = []
+    for name in sorted(run.excluded):
+        info = obs.snapshot.nodes.get(name)
+        if info is not None and info.down and not info.drained and _marked_by_us(info.reason, run.name):
+            out.append(ChangeNode(run.name, name, NodeChange.DRAIN, info.reason))
+    return tuple(out)
+
+
+def _decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
     if run.state.terminal:
         return Decision()
     attempt = run.attempt
@@ -126,19 +147,25 @@ def _running(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, p
 def _recover(
     run: RunRecord, a: AttemptRecord, job: JobInfo, bad: Mapping[str, str], obs: Observation, policy: Policy
 ) -> Decision:
+    records, actions = _contain(run, a, bad, obs, policy)
+    records.append(SetState(run.name, RunState.RECOVERING, reason="; ".join(f"{n}: {w}" for n, w in sorted(bad.items()))))
+    actions += _stop(run, job, f"node fault on {_fmt(tuple(bad))}")
+    return Decision(tuple(records), tuple(actions))
+
+
+def _contain(
+    run: RunRecord, a: AttemptRecord, bad: Mapping[str, str], obs: Observation, policy: Policy
+) -> tuple[list, list[Action]]:
+    """Fault records for each bad node, and the node changes that keep it out of the cluster."""
     records: list = []
     actions: list[Action] = []
     drains_left = policy.drains_left
     for node, why in sorted(bad.items()):
         records += _fault_records(run, a, node, why, obs)
-        change, drains_left = _node_change(run, a, node, why, obs, policy, drains_left)
-        if isinstance(change, ChangeNode):
-            actions.append(change)
-        elif change is not None:
-            records.append(change)
-    records.append(SetState(run.name, RunState.RECOVERING, reason="; ".join(f"{n}: {w}" for n, w in sorted(bad.items()))))
-    actions += _stop(run, job, f"node fault on {_fmt(tuple(bad))}")
-    return Decision(tuple(records), tuple(actions))
+        items, drains_left = _node_change(run, a, node, why, obs, policy, drains_left)
+        actions += [x for x in items if isinstance(x, ChangeNode)]
+        records += [x for x in items if not isinstance(x, ChangeNode)]
+    return records, actions
 
 
 def _fault_records(run: RunRecord, a: AttemptRecord, node: str, why: str, obs: Observation) -> list:
@@ -160,17 +187,21 @@ def _fault_records(run: RunRecord, a: AttemptRecord, node: str, why: str, obs: O
 
 def _node_change(
     run: RunRecord, a: AttemptRecord, node: str, why: str, obs: Observation, policy: Policy, drains_left: int
-) -> tuple[ChangeNode | Event | None, int]:
+) -> tuple[list[ChangeNode | Event], int]:
+    """DOWN (Slurm ends or requeues the job at once), then DRAIN (stays out until an admin resumes it)."""
     info = obs.snapshot.nodes.get(node)
-    if info is not None and _marked_by_us(info.reason, run.name) and (info.down or info.drained):
-        return None, drains_left
+    reason = node_reason(run.name, why)
+    if info is not None and _marked_by_us(info.reason, run.name) and info.down:
+        done = info.drained
+        return ([] if done else [ChangeNode(run.name, node, NodeChange.DRAIN, info.reason)]), drains_left
     if not policy.may_change_nodes:
         msg = f"{node} excluded from run {run.name}; not drained: the supervisor has no node rights (may_change_nodes = false)"
-        return _event(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:norights"), drains_left
+        return [_event(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:norights")], drains_left
     if drains_left <= 0:
         msg = f"{node} excluded from run {run.name}; not drained: blast-radius limit reached (daemon.max_drains_per_hour)"
-        return _event(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:blast"), drains_left
-    return ChangeNode(run.name, node, NodeChange.DOWN, node_reason(run.name, why)), drains_left - 1
+        return [_event(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:blast")], drains_left
+    changes = [ChangeNode(run.name, node, c, reason) for c in (NodeChange.DOWN, NodeChange.DRAIN)]
+    return list(changes), drains_left - 1
 
 
 def _marked_by_us(reason: str, run: str) -> bool:
@@ -209,18 +240,11 @@ def _requeued_by_slurm(
     run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy
 ) -> Decision:
     records: list = []
-    actions: list[Action] = []
     if a.ended_at is None:
         records.append(AttemptEnded(run.name, a.seq, obs.now, "REQUEUED", f"requeued by Slurm ({job.state_reason or 'no reason given'})"))
     bad = faulty_nodes(run, a.nodes, obs)
-    drains_left = policy.drains_left
-    for node, why in sorted(bad.items()):
-        records += _fault_records(run, a, node, why, obs)
-        change, drains_left = _node_change(run, a, node, why, obs, policy, drains_left)
-        if isinstance(change, ChangeNode):
-            actions.append(change)
-        elif change is not None:
-            records.append(change)
+    contained, actions = _contain(run, a, bad, obs, policy)
+    records += contained
     excluded = tuple(sorted(set(run.excluded) | set(bad)))
     records += [
         AttemptRequeued(run.name, job.job_id, job.restart_count, obs.now, excluded),

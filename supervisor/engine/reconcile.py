@@ -27,7 +27,7 @@ from supervisor.domain.actions import (
     SetState,
     Submit,
 )
-from supervisor.domain.cluster import ClusterSnapshot
+from supervisor.domain.cluster import ClusterSnapshot, NodeChange
 from supervisor.domain.policy import Observation, Policy, decide
 from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.run import RunState
@@ -134,6 +134,8 @@ class Engine:
             self._apply_records(decision.records)
             fresh = self.store.get_run(run.name) or run
             for action in decision.actions:
+                if isinstance(action, ChangeNode) and not self._node_rights:
+                    continue  # refused once already in this daemon's life; the node stays excluded
                 self._execute(fresh, action, obs.snapshot)
                 result.acted = True
                 fresh = self.store.get_run(run.name) or fresh
@@ -255,11 +257,12 @@ class Engine:
                                  evidence={"exclude": list(action.exclude), "reason": action.reason,
                                            "restarts_spent": run.restarts_spent + int(action.restart)}))
         elif isinstance(action, ChangeNode):
-            s.set_node_action(action.node, action.change.value.lower(), now)
-            s.record_event(Event(run.name, EventKind.NODE_DRAINED,
-                                 f"{action.node} set {action.change.value} in Slurm: {action.reason}",
-                                 f"{run.name}:{seq}:node_drained:{action.node}", now, seq, job,
-                                 evidence={"node": action.node, "reason": action.reason}))
+            s.set_node_action(action.node, "drained" if action.change is NodeChange.DRAIN else "down", now)
+            if action.change is NodeChange.DRAIN:
+                s.record_event(Event(run.name, EventKind.NODE_DRAINED,
+                                     f"{action.node} downed and drained in Slurm: {action.reason}",
+                                     f"{run.name}:node_drained:{action.node}", now, seq, job,
+                                     evidence={"node": action.node, "reason": action.reason}))
         elif isinstance(action, Cancel) and run.state is RunState.RECOVERING:
             s.record_event(Event(run.name, EventKind.STOPPED, f"stopped job {action.job_id}: {action.reason}",
                                  f"{run.name}:{seq}:stopped:{action.job_id}", now, seq, job))

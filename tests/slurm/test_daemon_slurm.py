@@ -74,7 +74,7 @@ def test_node_crash_is_recovered_by_the_daemon(slurm_cluster, tmp_path):
     assert recovery < 20.0, f"recovery took {recovery:.1f} s"
     assert second["restarts"]["spent"] == 1 and victim in second["excluded"]
     snap = snapshot(slurm_cluster)
-    assert snap.nodes[victim].down and snap.nodes[victim].reason.startswith("slurm-supervisor: run llm:")
+    assert snap.nodes[victim].down and snap.nodes[victim].drained and snap.nodes[victim].reason.startswith("slurm-supervisor: run llm:")
     kinds = [e["kind"] for e in sup.logbook("llm")]
     for kind in ("submitted", "started", "fault", "node_drained", "restarted"):
         assert kind in kinds, kinds
@@ -112,6 +112,8 @@ def test_daemon_killed_mid_recovery_resumes_without_duplicates(slurm_cluster, tm
     book = sup.logbook("llm")
     drained = [e for e in book if e["kind"] == "node_drained"]
     assert len(drained) == 1 and drained[0]["evidence"]["node"] == victim  # no double drain
+    downs = [a for a in SqliteStore(sup.state_dir).actions("llm") if a["kind"] == "node_state"]
+    assert [(a["params"]["change"], a["status"]) for a in downs] == [("DOWN", "done"), ("DRAIN", "done")]
     for kind in ("fault", "node_drained", "restarted"):
         assert sum(e["kind"] == kind for e in book) == 1, (kind, book)
     assert_no_overlap(marks)

@@ -89,5 +89,5 @@ def test_demo_recovers_and_prints_the_logbook():
     result = invoke({}, "demo", "--hours", "6", "--crashes", "2")
     assert result.exit_code == 0, result.output
     assert "LOGBOOK" in result.output and "restarted as job" in result.output
-    assert "set DOWN in Slurm" in result.output
+    assert "downed and drained in Slurm" in result.output
     assert "overlapping incarnations: 0" in result.output

@@ -86,7 +86,7 @@ def test_node_crash_is_recovered_on_healthy_nodes(tmp_path):
     assert "n001" not in job.nodes and set(job.nodes) == {"n002", "n003"}
     assert w.clock.now() - crashed_at < 10.0  # before Slurm's own SlurmdTimeout would even notice
     node = w.cluster.node_info("n001")
-    assert node.down and node.reason.startswith("slurm-supervisor: run llm:")
+    assert node.down and node.drained and node.reason.startswith("slurm-supervisor: run llm:")
     kinds = [e.kind for e in w.store.events("llm")]
     for k in (EventKind.FAULT, EventKind.NODE_DRAINED, EventKind.STOPPED, EventKind.RESTARTED):
         assert k in kinds
@@ -229,11 +229,11 @@ def test_crash_at_every_action_boundary(tmp_path, boundary, kind):
     w, fired = _recover_with_crash(tmp_path / "crash", boundary, kind)
     assert fired == [(boundary, kind)]
     assert w.cluster.count_calls("submit") == 2  # the first job and exactly one restart
-    assert w.cluster.count_calls("set_node_state") == 1  # one drain
+    changes = [c[2] for c in w.cluster.calls if c[0] == "set_node_state"]
+    assert changes == [NodeChange.DOWN, NodeChange.DRAIN]  # one down, one drain
     assert w.cluster.count_calls("cancel") <= 1
     assert w.cluster.count_calls("requeue") == 0
     assert w.event_keys() == base.event_keys()  # no logbook event lost, none doubled
     assert w.run().restarts_spent == 1
     assert w.store.open_actions() == []
     assert w.run_overlaps() == []
-    assert [c for c in w.cluster.calls if c[0] == "set_node_state"][0][2] is NodeChange.DOWN

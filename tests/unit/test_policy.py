@@ -56,10 +56,11 @@ def test_spare_is_allowed_when_the_partition_runs_short():
 
 def test_dead_node_is_downed_with_reason_and_job_stopped():
     d = decide(run(attempt=A0), Observation(snap([RUNNING_JOB], n1="NR", n2="ALLOC")), Policy())
-    (change,) = kinds(d, ChangeNode)
-    assert change.node == "n1" and change.change is NodeChange.DOWN
-    assert change.reason.startswith("slurm-supervisor: run llm:") and "NOT_RESPONDING" in change.reason
+    down, drain = kinds(d, ChangeNode)
+    assert (down.node, down.change, drain.change) == ("n1", NodeChange.DOWN, NodeChange.DRAIN)
+    assert down.reason == drain.reason and down.reason.startswith("slurm-supervisor: run llm:") and "NOT_RESPONDING" in down.reason
     assert kinds(d, Cancel) == [Cancel("llm", 7, "node fault on n1")]
+    assert d.actions.index(drain) < d.actions.index(kinds(d, Cancel)[0])
     assert [e.kind for e in kinds(d, Event)] == [EventKind.FAULT]
     assert kinds(d, Exclude)[0].node == "n1"
     assert SetState("llm", RunState.RECOVERING, reason="n1: Slurm reports the node NOT_RESPONDING") in d.records
@@ -68,7 +69,7 @@ def test_dead_node_is_downed_with_reason_and_job_stopped():
 def test_probe_evidence_counts_before_slurm_notices():
     obs = Observation(snap([RUNNING_JOB], n1="ALLOC", n2="ALLOC"), dead={"n2": "connection refused"})
     d = decide(run(attempt=A0), obs, Policy())
-    assert [c.node for c in kinds(d, ChangeNode)] == ["n2"]
+    assert {c.node for c in kinds(d, ChangeNode)} == {"n2"}
 
 
 def test_without_node_rights_the_node_is_only_excluded():
@@ -81,7 +82,7 @@ def test_without_node_rights_the_node_is_only_excluded():
 def test_blast_radius_stops_draining():
     job = replace(RUNNING_JOB, nodes=("n1", "n2"))
     d = decide(run(attempt=A0), Observation(snap([job], n1="NR", n2="NR")), Policy(drains_left=1))
-    assert len(kinds(d, ChangeNode)) == 1
+    assert {c.node for c in kinds(d, ChangeNode)} == {"n1"}
     assert any("blast-radius" in e.message for e in kinds(d, Event))
 
 
@@ -170,10 +171,19 @@ def test_cancel_request():
 
 def test_deciding_is_idempotent_once_node_is_ours():
     n = nodes(n2="ALLOC")
-    n["n1"] = NodeInfo("n1", NodeState.DOWN, frozenset(), "slurm-supervisor: run llm: dead", ("main",))
+    n["n1"] = NodeInfo("n1", NodeState.DOWN, frozenset({"DRAIN"}), "slurm-supervisor: run llm: dead", ("main",))
     obs = Observation(ClusterSnapshot(100.0, {7: RUNNING_JOB}, n))
     d = decide(run(RunState.RECOVERING, A0, excluded={"n1": "dead"}), obs, Policy())
     assert kinds(d, ChangeNode) == []
+
+
+def test_a_node_downed_but_not_drained_is_drained_once():
+    n = nodes(n2="ALLOC")
+    n["n1"] = NodeInfo("n1", NodeState.DOWN, frozenset(), "slurm-supervisor: run llm: dead", ("main",))
+    finished = replace(RUNNING_JOB, state=JobState.NODE_FAIL)
+    obs = Observation(ClusterSnapshot(100.0, {7: finished}, n))
+    d = decide(run(RunState.RECOVERING, replace(A0, ended_at=90.0), excluded={"n1": "dead"}), obs, Policy())
+    assert kinds(d, ChangeNode) == [ChangeNode("llm", "n1", NodeChange.DRAIN, "slurm-supervisor: run llm: dead")]
 
 
 def test_a_persons_hold_is_never_released():
