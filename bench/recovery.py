@@ -1,10 +1,12 @@
 """Recovery time after a node crash: the supervisor versus Slurm alone, on the same real cluster.
 
 A private Slurm 22.05 (LocalSlurm, 4 nodes, SlurmdTimeout=10, cred_expire=10) runs a 2-node job
-whose batch script runs ``srun sleep``. Once the job and its step run, the job's batch host is
-crashed (``LocalSlurm.crash_node``: slurmd and every job process on the node get SIGKILL at once)
-and the clock starts (t0). Recovery ends (t1) when the job, or the run's replacement job, is
-RUNNING on two nodes none of which is the crashed one. Polled with ``squeue`` every 0.1 s.
+whose batch script runs ``srun sleep``. Once the job and its step run (and, with the supervisor,
+the daemon reports the run running), and after a random wait of 0 to one poll interval (so the
+crash falls anywhere in the daemon's tick cycle), the job's batch host is crashed
+(``LocalSlurm.crash_node``: slurmd and every job process on the node get SIGKILL at once) and the
+clock starts (t0). Recovery ends (t1) when the job, or the run's replacement job, is RUNNING on
+two nodes none of which is the crashed one. Polled with ``squeue`` every 0.1 s.
 
 * supervisor: the real daemon (``slurm-supervisor --config X daemon``) supervises a run registered
   with ``slurm-supervisor submit RUN.toml`` (2 nodes, one named spare, restart.mode = resubmit).
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import sys
 import tempfile
@@ -73,6 +76,7 @@ class Trial:
     job_before: int = 0
     nodes_before: tuple[str, ...] = ()
     crashed: str = ""
+    phase_s: float = 0.0  # random wait before the crash, so it falls anywhere in a poll interval
     recovery_s: float | None = None
     detected_s: float | None = None  # supervisor: logbook 'fault' event; Slurm alone: node DOWN
     old_job_left_running_s: float | None = None
@@ -164,6 +168,7 @@ def supervisor_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interva
             return bool(status) and status[0]["state"] == "running" and status[0]["job_id"] == job.job_id
 
         wait_for(daemon_sees_running, 30, "daemon reports the run running", interval=0.3)
+        time.sleep(trial.phase_s)
         trial.job_before, trial.nodes_before, trial.crashed = job.job_id, job.nodes, job.batch_host
         cluster.crash_node(trial.crashed)
         t0, t0_wall = time.monotonic(), time.time()
@@ -199,6 +204,7 @@ def slurm_alone_trial(cluster: LocalSlurm, work: Path, trial: Trial) -> None:
         return j.job_id == job_id
 
     job = wait_running(cluster, is_ours, f"job {job_id}")
+    time.sleep(trial.phase_s)
     trial.job_before, trial.nodes_before, trial.crashed = job.job_id, job.nodes, job.batch_host
     cluster.crash_node(trial.crashed)
     t0 = time.monotonic()
@@ -229,6 +235,8 @@ def main() -> int:
     parser.add_argument("--scheduler", choices=[*SCHEDULERS, "both"], default="harness",
                         help="harness: LocalSlurm's slurm.conf (bf_interval=1, a test setting); "
                              "slurm-default: Slurm's default bf_interval=30; both: one cluster each")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="seed of the random wait (0 to one poll interval) before each crash (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep the work and cluster directories")
     args = parser.parse_args()
     quiet_logs()
@@ -237,6 +245,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ssv-recovery-"))
     work.chmod(0o755)
     trials: list[Trial] = []
+    rng = random.Random(args.seed)
     started = time.monotonic()
     try:
         for sched in schedulers:
@@ -245,7 +254,7 @@ def main() -> int:
                       f"SchedulerParameters={_sched_params(cluster)}; conf {cluster.slurm_conf}", flush=True)
                 for n in range(1, args.trials + 1):
                     for mode in ("supervisor", "slurm alone"):
-                        trial = Trial(mode, sched, n)
+                        trial = Trial(mode, sched, n, phase_s=rng.uniform(0.0, args.poll_interval))
                         run_trial(cluster, work, trial, args.poll_interval)
                         trials.append(trial)
                         print(f"#   {sched} {mode} trial {n}: recovery {fmt_s(trial.recovery_s)} s"
@@ -255,14 +264,16 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     wall = time.monotonic() - started
 
-    rows = [(t.scheduler, t.mode, t.n, t.job_before, ",".join(t.nodes_before), t.crashed,
+    rows = [(t.scheduler, t.mode, t.n, t.job_before, ",".join(t.nodes_before), t.crashed, f"{t.phase_s:.2f}",
              fmt_s(t.detected_s), fmt_s(t.old_job_left_running_s), fmt_s(t.replacement_seen_s),
              fmt_s(t.recovery_s), t.job_after, ",".join(t.nodes_after), t.error or "")
             for t in trials]
     print()
-    print(table(rows, ["sched", "mode", "trial", "job", "nodes", "crashed", "detected_s", "old_off_s",
+    print(table(rows, ["sched", "mode", "trial", "job", "nodes", "crashed", "wait_s", "detected_s", "old_off_s",
                        "new/requeued_s", "RECOVERY_s", "job_after", "nodes_after", "error"]))
-    print("\ndetected_s: supervisor = logbook 'fault' event; Slurm alone = node DOWN in sinfo.")
+    print("\nwait_s: random wait (0 to one poll interval) between the steady state and the crash, so that the\n"
+          "crash falls at a random point of the daemon's tick cycle (Slurm alone trials wait likewise).")
+    print("detected_s: supervisor = logbook 'fault' event; Slurm alone = node DOWN in sinfo.")
     print("old_off_s: the crashed job left RUNNING; new/requeued_s: a replacement job id appeared "
           "(supervisor) or the job went back to PENDING (Slurm alone).")
     for t in trials:
@@ -294,6 +305,7 @@ def main() -> int:
         "trials": args.trials,
         "scheduler": schedulers[0],
         "poll_interval_s": args.poll_interval,
+        "seed": args.seed,
         "failed_trials": failed,
         "by_scheduler": figures,
         "wall_s": round(wall, 1),

@@ -94,23 +94,27 @@ class SchemaTooNew(RuntimeError):
 
 
 def migrate(db: sqlite3.Connection) -> int:
-    """Bring the database to SCHEMA_VERSION; return the version it had before."""
-    before = int(db.execute("PRAGMA user_version").fetchone()[0])
-    if before > SCHEMA_VERSION:
-        raise SchemaTooNew(
-            f"the state database has schema version {before}, newer than this slurm-supervisor "
-            f"understands ({SCHEMA_VERSION}); run the newer version, or restore a backup"
-        )
-    for version in range(before, SCHEMA_VERSION):
-        db.execute("BEGIN IMMEDIATE")
-        try:
+    """Bring the database to SCHEMA_VERSION; return the version it had before.
+
+    The version is read inside the write transaction, so two processes opening a new state
+    directory at once (the daemon and a CLI command) migrate it once, one after the other.
+    """
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        before = int(db.execute("PRAGMA user_version").fetchone()[0])
+        if before > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"the state database has schema version {before}, newer than this slurm-supervisor "
+                f"understands ({SCHEMA_VERSION}); run the newer version, or restore a backup"
+            )
+        for version in range(before, SCHEMA_VERSION):
             for statement in _statements(MIGRATIONS[version]):
                 db.execute(statement)
             db.execute(f"PRAGMA user_version = {version + 1}")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
     return before
 
 

@@ -101,7 +101,22 @@ def _decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
         return _running(run, attempt, job, obs, policy)
     if job.state.finished and not job.completing:
         return _finished(run, attempt, job, obs, policy)
+    if run.state is RunState.RECOVERING and _only_fenced_nodes_left(run, job, obs):
+        return _finished(run, attempt, job, obs, policy)
     return Decision()  # COMPLETING or an unknown state: wait for the next snapshot
+
+
+def _only_fenced_nodes_left(run: RunRecord, job: JobInfo, obs: Observation) -> bool:
+    """Slurm is still completing the job, but only on nodes this run downed: nothing of the old
+    incarnation can run anywhere else, and those nodes take no new job (a hung slurmd keeps a job
+    COMPLETING for tens of seconds while slurmctld's RPCs to it time out)."""
+    if not job.completing or not job.nodes:
+        return False
+    for name in job.nodes:
+        info = obs.snapshot.nodes.get(name)
+        if name not in run.excluded or info is None or not info.down or not _marked_by_us(info.reason, run.name):
+            return False
+    return True
 
 
 # ---------------------------------------------------------------- running and faults
@@ -261,8 +276,11 @@ def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, 
         records.append(AttemptEnded(run.name, a.seq, job.end_time or obs.now, job.state.value,
                                     job.state_reason or job.state.value, job.exit_code))
     if run.state is RunState.RECOVERING:
-        records.append(_event(run, a, EventKind.STOPPED, f"{a.label} ended {job.state.value} after the fault", obs,
-                              {"state": job.state.value, "exit_code": job.exit_code}, str(job.job_id)))
+        how = (f"is left only on fenced-off {_fmt(job.nodes)} (Slurm still completing it there)" if job.completing
+               else f"ended {job.state.value} after the fault")
+        records.append(_event(run, a, EventKind.STOPPED, f"{a.label} {how}", obs,
+                              {"state": job.state.value, "exit_code": job.exit_code, "nodes": list(job.nodes)},
+                              str(job.job_id)))
     done = Decision(tuple(records))
     if run.state is RunState.RECOVERING:
         return done + _restart(run, a, job, obs, policy, "replacing the incarnation stopped after a fault")
@@ -296,10 +314,16 @@ def _restart(run: RunRecord, a: AttemptRecord, job: JobInfo | None, obs: Observa
         why = f"restart budget spent ({run.restarts_spent} of {run.spec.max_restarts}); giving up"
         return _set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
     actions: list[Action] = []
+    records: list = []
+    dead = sorted(set(a.nodes) & set(run.excluded))
     if policy.fence and job is not None:
-        actions += [Fence(run.name, n, job.job_id) for n in sorted(set(a.nodes) & set(run.excluded))]
+        actions += [Fence(run.name, n, a.job_id) for n in dead]
+    elif dead:
+        msg = (f"no fence command: cannot confirm that nothing of {a.label} still runs on {_fmt(tuple(dead))}; "
+               "Slurm kills leftovers when the node's slurmd returns (set fence.command to power it off)")
+        records.append(_event(run, a, EventKind.WARNING, msg, obs, {"nodes": dead}, "unfenced"))
     actions.append(Submit(run.name, exclusions_for(run, obs.snapshot), restart=True, reason=reason))
-    return Decision(actions=tuple(actions))
+    return Decision(tuple(records), tuple(actions))
 
 
 def _vanished(run: RunRecord, a: AttemptRecord, obs: Observation, policy: Policy) -> Decision:

@@ -1,5 +1,8 @@
-"""The direct slurmd probe, simulated: it sees the simulated node's real state, as a TCP connect
-to a real slurmd would (refused when slurmd is dead, no answer when the node is frozen)."""
+"""The direct slurmd probe, simulated: it sees what a TCP connect to a real slurmd sees.
+
+A dead slurmd refuses the connection. A hung (frozen) slurmd still completes the handshake — the
+kernel accepts into the listening socket's backlog — so the probe calls it alive, exactly like the
+real probe; Slurm's own NOT_RESPONDING catches that case."""
 
 from __future__ import annotations
 
@@ -16,10 +19,8 @@ class SimProbe:
     def probe(self, nodes: Iterable[NodeInfo]) -> Mapping[str, str | None]:
         out: dict[str, str | None] = {}
         for info in nodes:
-            alive, frozen = self.cluster.slurmd_status(info.name)
-            if frozen:
-                out[info.name] = f"connect to {info.name}:6818: no answer within 1.0 s (simulated)"
-            elif not alive:
+            alive, _frozen = self.cluster.slurmd_status(info.name)
+            if not alive:
                 out[info.name] = f"connect to {info.name}:6818: ECONNREFUSED (simulated)"
             else:
                 out[info.name] = None

@@ -149,3 +149,35 @@ def test_submit_to_a_partition_that_does_not_exist(slurm_cluster, tmp_path):
     assert done.returncode == 1
     assert "nosuch" in done.stderr and slurm_cluster.partition in done.stderr and "Fix" in done.stderr
     assert "no run" in sup.cli("status").stdout or "llm" not in sup.cli("status").stdout
+
+
+def test_hung_node_is_recovered_and_its_leftovers_die_when_it_returns(slurm_cluster, tmp_path):
+    """A frozen node (slurmd and the job's processes stopped, not dead): the TCP probe still gets a
+    handshake from the kernel, so Slurm's NOT_RESPONDING is the evidence. Without a fence command
+    the logbook says the old copy could not be confirmed gone; Slurm kills it once slurmd is back.
+    The restart waits until Slurm has finished completing the old job on the healthy node (its step
+    teardown waits on the hung node, ~30 s here): that wait is the fence, and it is Slurm's."""
+    sup = SupervisorProcess(slurm_cluster, tmp_path)
+    spec, marks = start_run(slurm_cluster, tmp_path)
+    sup.start()
+    try:
+        sup.cli("submit", str(spec))
+        first = sup.wait_running("llm", attempt=0)
+        victim = first["running_on"][0]
+        time.sleep(1.0)
+        slurm_cluster.freeze_node(victim)
+        frozen = time.monotonic()
+        sup.wait_running("llm", attempt=1, avoid=[victim], timeout=60)
+        recovery = time.monotonic() - frozen
+        slurm_cluster.thaw_node(victim)
+        time.sleep(5.0)
+    finally:
+        sup.stop()
+    assert recovery < 60.0, "\n".join([str(recovery)] + [f"{e['at'] % 1000:.1f} {e['kind']} {e['message'][:120]}" for e in sup.logbook("llm")])
+    book = sup.logbook("llm")
+    fault = next(e for e in book if e["kind"] == "fault")
+    assert "NOT_RESPONDING" in fault["message"] or "DOWN" in fault["message"], fault
+    assert any(e["kind"] == "warning" and "cannot confirm" in e["message"] for e in book)
+    spans = incarnation_spans(marks)
+    stale = [k for k in spans if k[0] == str(first["job_id"])]
+    assert stale and all(spans[k][1] < time.time() - 2.0 for k in stale)  # the leftovers are gone

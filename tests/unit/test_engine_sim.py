@@ -17,6 +17,7 @@ from supervisor.engine.daemon import Pacing, run_loop
 from supervisor.engine.reconcile import Engine, EngineSettings
 from supervisor.sim.clock import VirtualClock
 from supervisor.sim.cluster import SimCluster
+from supervisor.sim.fence import SimFencer
 from supervisor.sim.probe import SimProbe
 
 SPEC = RunSpec(name="llm", script="/train.sbatch", partition="main", nodes=2,
@@ -38,10 +39,10 @@ class World:
         self.store.add_run(spec, self.clock.now())
         self.engine = self.new_engine()
 
-    def new_engine(self, crash_hook=None):
+    def new_engine(self, crash_hook=None, fencer=None):
         self.store = SqliteStore(self.dir)  # a new daemon: a new connection, no memory
         return Engine(scheduler=self.cluster, store=self.store, clock=self.clock, settings=self.settings,
-                      probe=SimProbe(self.cluster) if self.probe else None, crash_hook=crash_hook)
+                      probe=SimProbe(self.cluster) if self.probe else None, crash_hook=crash_hook, fencer=fencer)
 
     def ticks(self, n, interval=1.0):
         for _ in range(n):
@@ -92,6 +93,30 @@ def test_node_crash_is_recovered_on_healthy_nodes(tmp_path):
         assert k in kinds
     assert w.run().restarts_spent == 1 and w.run().excluded.keys() == {"n001"}
     assert w.run_overlaps() == []
+
+
+def test_hung_slurmd_is_caught_by_slurm_and_fenced_when_a_fence_is_configured(tmp_path):
+    w = World(tmp_path)
+    fencer = SimFencer(w.cluster)
+    w.engine = w.new_engine(fencer=fencer)
+    w.until(w.running)
+    w.cluster.freeze_node("n001")  # slurmd hangs, the job's processes keep running
+    w.until(lambda: w.running() and w.run().attempt.seq == 1, limit=100)
+    assert fencer.fenced == ["n001"]
+    assert w.run_overlaps() == []  # the stale copy was killed before the next incarnation started
+    assert EventKind.FENCED in [e.kind for e in w.store.events("llm")]
+
+
+def test_without_a_fence_the_logbook_says_what_could_not_be_confirmed(tmp_path):
+    w = World(tmp_path)
+    w.until(w.running)
+    w.cluster.freeze_node("n001")
+    w.until(lambda: w.running() and w.run().attempt.seq == 1, limit=100)
+    warnings = [e.message for e in w.store.events("llm") if e.kind is EventKind.WARNING]
+    assert any("cannot confirm that nothing of attempt 0" in m and "n001" in m for m in warnings)
+    assert w.run_overlaps()  # honest: the frozen copy still exists ...
+    w.cluster.restore_node("n001")  # ... until the node's slurmd returns and Slurm kills it
+    assert all(inc.end is not None for inc in w.cluster.incarnation_log[:1])
 
 
 def test_spare_stands_in_when_no_other_node_is_idle(tmp_path):

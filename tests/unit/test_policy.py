@@ -193,3 +193,15 @@ def test_a_persons_hold_is_never_released():
     after_prolog = replace(held, state_description="launch failed requeued held")
     d = decide(run(RunState.QUEUED, replace(A0, started_at=None)), Observation(snap([after_prolog])), Policy())
     assert any(isinstance(a, Release) for a in d.actions)
+
+
+def test_completing_only_on_fenced_nodes_counts_as_gone():
+    n = nodes(n2="IDLE")
+    n["n1"] = NodeInfo("n1", NodeState.DOWN, frozenset({"DRAIN", "NOT_RESPONDING"}), "slurm-supervisor: run llm: hung", ("main",))
+    completing = replace(RUNNING_JOB, state=JobState.COMPLETING, nodes=("n1",))
+    r = run(RunState.RECOVERING, A0, excluded={"n1": "hung"})
+    d = decide(r, Observation(ClusterSnapshot(100.0, {7: completing}, n)), Policy())
+    assert kinds(d, Submit) and "fenced-off n1" in kinds(d, Event)[0].message
+    still_on_n2 = replace(completing, nodes=("n1", "n2"))
+    d = decide(r, Observation(ClusterSnapshot(100.0, {7: still_on_n2}, n)), Policy())
+    assert kinds(d, Submit) == []

@@ -107,3 +107,16 @@ def test_instance_id_is_stable_and_distinct(tmp_path):
     b = SqliteStore(tmp_path / "b")
     assert len(a.instance_id) == 8 and a.instance_id != b.instance_id
     assert SqliteStore(tmp_path / "a").instance_id == a.instance_id
+
+
+def test_concurrent_first_opens_migrate_once(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        ids = pool.map(_open_store, [str(tmp_path)] * 8)
+    assert len(set(ids)) == 1
+
+
+def _open_store(path):
+    return SqliteStore(path).instance_id
