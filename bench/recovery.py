@@ -185,9 +185,11 @@ def supervisor_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interva
         if not daemon.alive():
             trial.notes.append(f"daemon exited early ({daemon.proc.returncode})")
     finally:
+        early = not daemon.alive()
         rc = daemon.stop()
-        if rc not in (0, None):
-            trial.notes.append(f"daemon exit status {rc}")
+        if rc not in (0, None) or early:
+            trial.notes.append(f"daemon exit status {rc}{' before it was stopped' if early else ''}; "
+                               f"its log ends:\n{daemon.log_tail(40)}")
 
 
 def slurm_alone_trial(cluster: LocalSlurm, work: Path, trial: Trial) -> None:

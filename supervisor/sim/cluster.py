@@ -107,15 +107,15 @@ class SimCluster:
 
     def cancel(self, job_id: int) -> None:
         with self._call("cancel", job_id):
-            job = self._job(job_id)
-            if job.state.finished:
-                return
+            job = self._state.jobs.get(job_id)
+            if job is None or job.state.finished:
+                return  # like scancel: an unknown, purged or finished job is not an error
             signal = 15 if job.state is JobState.RUNNING else None
             self._state.finish(job, JobState.CANCELLED, term_signal=signal)
             self._state.schedule()
 
     def set_excluded(self, job_id: int, nodes: Sequence[str]) -> None:
-        excluded = tuple(nodes)
+        excluded = self._in_node_order(nodes)
         with self._call("set_excluded", job_id, excluded):
             job = self._job(job_id)
             if job.state is not JobState.PENDING:
@@ -277,6 +277,11 @@ class SimCluster:
         if node is None:
             raise PermanentError(f"node {name}: Invalid node name specified")
         return node
+
+    def _in_node_order(self, names: Sequence[str]) -> tuple[str, ...]:
+        """Slurm reports node lists as hostlists: in the partition's node order."""
+        order = {name: i for i, name in enumerate(self._state.nodes)}
+        return tuple(sorted(set(names), key=lambda n: order.get(n, len(order))))
 
     def _check_names(self, names: Sequence[str]) -> None:
         for name in names:

@@ -55,7 +55,9 @@ class ClusterState:
     # -- jobs -----------------------------------------------------------------------------------
 
     def submit(self, request: SubmitRequest) -> SimJob:
-        job = SimJob(next(self._ids), request, self.clock.now(), tuple(request.exclude))
+        order = {name: i for i, name in enumerate(self.nodes)}
+        excluded = tuple(sorted(set(request.exclude), key=lambda n: order.get(n, len(order))))
+        job = SimJob(next(self._ids), request, self.clock.now(), excluded)
         self.jobs[job.job_id] = job
         self.pending[job.job_id] = job
         return job

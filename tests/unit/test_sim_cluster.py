@@ -320,8 +320,7 @@ def test_cancel(cluster: SimCluster) -> None:
     assert info.state is JobState.CANCELLED and info.term_signal == 15
     cluster.cancel(job)  # already ended: no error
     assert cluster.node_info("n001").state is NodeState.IDLE
-    with pytest.raises(PermanentError):
-        cluster.cancel(4242)
+    cluster.cancel(4242)  # unknown: not an error, like scancel
     with pytest.raises(PermanentError):
         cluster.hold(job)
 
@@ -332,8 +331,9 @@ def test_finished_jobs_vanish_after_min_job_age(cluster: SimCluster, clock: Virt
     assert cluster.snapshot().jobs[job].state is JobState.COMPLETED
     clock.advance(1)
     assert job not in cluster.snapshot().jobs
+    cluster.cancel(job)  # purged: not an error (it has ended)
     with pytest.raises(PermanentError):
-        cluster.cancel(job)
+        cluster.release(job)
 
 
 # -- freeze: the stale copy -----------------------------------------------------------------------
