@@ -52,10 +52,11 @@ class SupervisorProcess:
             raise AssertionError(f"slurm-supervisor {' '.join(args)} failed: {done.stdout}{done.stderr}")
         return done
 
-    def start(self, *extra_args: str) -> SupervisorProcess:
+    def start(self, *extra_args: str, env: Mapping[str, str] | None = None) -> SupervisorProcess:
         self.starts += 1
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen([*CLI, "--config", str(self.config), "daemon", *extra_args], env=self.env,
+        self.proc = subprocess.Popen([*CLI, "--config", str(self.config), "daemon", *extra_args],
+                                     env={**self.env, **(env or {})},
                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         return self

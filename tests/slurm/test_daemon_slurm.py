@@ -181,3 +181,29 @@ def test_hung_node_is_recovered_and_its_leftovers_die_when_it_returns(slurm_clus
     spans = incarnation_spans(marks)
     stale = [k for k in spans if k[0] == str(first["job_id"])]
     assert stale and all(spans[k][1] < time.time() - 2.0 for k in stale)  # the leftovers are gone
+
+
+def test_daemon_speaks_systemd_notify_and_stops_on_sigterm(slurm_cluster, tmp_path):
+    import socket
+
+    sock_path = tmp_path / "notify.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(sock_path))
+    server.settimeout(20)
+    sup = SupervisorProcess(slurm_cluster, tmp_path)
+    sup.start(env={"NOTIFY_SOCKET": str(sock_path)})
+    messages: list[str] = []
+    try:
+        while not any("READY=1" in m for m in messages):
+            messages.append(server.recv(4096).decode())
+        while not any("WATCHDOG=1" in m for m in messages):
+            messages.append(server.recv(4096).decode())
+        assert sup.stop() == 0
+        server.settimeout(2)
+        while not any("STOPPING=1" in m for m in messages):
+            messages.append(server.recv(4096).decode())
+    finally:
+        sup.stop()
+        server.close()
+    lock = sup.state_dir / "daemon.lock"
+    assert lock.exists()
