@@ -51,8 +51,10 @@ class Clock(Protocol):
 class Scheduler(Protocol):
     """The batch system. One ``snapshot`` per tick serves every supervised run."""
 
-    def snapshot(self) -> ClusterSnapshot:
-        """All jobs and all nodes, now. Raises TransientError when the controller is unreachable."""
+    def snapshot(self, include_nodes: bool = True) -> ClusterSnapshot:
+        """All jobs and (unless ``include_nodes`` is False) all nodes, now.
+
+        Raises TransientError when the controller is unreachable."""
         ...
 
     def submit(self, request: SubmitRequest) -> int:

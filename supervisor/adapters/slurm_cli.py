@@ -2,9 +2,10 @@
 
 Three layers, each small: argv builders (pure, below), parsers (pure, ``slurm_json``), and one
 runner (``SlurmCli._run``) that executes an argv with a timeout and maps failures onto the port's
-errors through ``classify``. One ``snapshot`` costs exactly two controller RPCs: one
-``squeue --json`` and one ``sinfo --json``. Slurm 22.05 ignores ``-j``/``-u``/``-t`` with
-``--json``, so the snapshot holds every job and the engine filters.
+errors through ``classify``. One ``snapshot`` runs one ``squeue --json`` (one controller RPC,
+REQUEST_JOB_INFO) and, unless ``include_nodes`` is False, one ``sinfo --json`` (two RPCs in 22.05:
+REQUEST_NODE_INFO and REQUEST_PARTITION_INFO, measured with sdiag). Slurm 22.05 ignores
+``-j``/``-u``/``-t`` with ``--json``, so the snapshot holds every job and the engine filters.
 """
 
 from __future__ import annotations
@@ -237,12 +238,13 @@ class SlurmCli:
 
     # -- Scheduler
 
-    def snapshot(self) -> ClusterSnapshot:
+    def snapshot(self, include_nodes: bool = True) -> ClusterSnapshot:
         taken_at = time.time()
         jobs_doc = self._json(squeue_argv())
-        nodes_doc = self._json(sinfo_argv())
+        nodes_doc = self._json(sinfo_argv()) if include_nodes else None
         try:
-            jobs, nodes = parse_squeue(jobs_doc), parse_sinfo(nodes_doc)
+            jobs = parse_squeue(jobs_doc)
+            nodes = parse_sinfo(nodes_doc) if nodes_doc is not None else {}
         except (ParseError, TypeError, ValueError, AttributeError) as exc:
             raise PermanentError(f"unexpected squeue/sinfo JSON: {exc}") from exc
         return ClusterSnapshot(taken_at=taken_at, jobs=jobs, nodes=nodes)

@@ -43,6 +43,7 @@ class Pacing:
     poll_interval_s: float = 5.0
     max_backoff_s: float = 15.0  # short enough to catch up soon after slurmctld returns
     max_busy_ticks: int = 5  # ticks run back to back while actions keep happening
+    urgent_interval_s: float = 0.5  # while a recovery or a suspect node is in progress
 
 
 def run_loop(engine: Engine, pacing: Pacing, service: ServiceManager | None = None,
@@ -63,6 +64,8 @@ def run_loop(engine: Engine, pacing: Pacing, service: ServiceManager | None = No
             busy = busy + 1 if result.acted else 0
             service.status(f"ok; {len(result.decisions)} active runs")
             delay = 0.0 if 0 < busy < pacing.max_busy_ticks else pacing.poll_interval_s
+            if result.urgent and delay:
+                delay = min(delay, pacing.urgent_interval_s)
         else:
             backoff = min(pacing.max_backoff_s, max(backoff * 2, result.retry_in or 0.0))
             service.status(f"waiting for Slurm: {result.error}; retry in {backoff:.0f} s")

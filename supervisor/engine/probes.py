@@ -20,6 +20,11 @@ class ProbeTracker:
         self.confirm_s = confirm_s
         self._failing: dict[str, tuple[float, int]] = {}  # node -> (first failure, failures seen)
 
+    @property
+    def suspects(self) -> frozenset[str]:
+        """Nodes with failed probes not yet confirmed dead."""
+        return frozenset(self._failing)
+
     def update(self, nodes: Iterable[str], snap: ClusterSnapshot, now: float) -> dict[str, str]:
         """Probe ``nodes``; return the confirmed dead ones with their evidence."""
         if self.probe is None:

@@ -55,6 +55,9 @@ class EngineSettings:
     may_change_nodes: bool = True
     max_drains_per_hour: int = 8
     probe_confirm_s: float = 1.0
+    # Node info (sinfo: 2 controller RPCs) is read every tick while anything is in motion, else
+    # every n-th tick; job info (squeue: 1 RPC) every tick. 3 → 1.67 RPCs per quiet tick.
+    node_refresh_ticks: int = 3
 
 
 @dataclass
@@ -64,6 +67,7 @@ class TickResult:
     error: str | None = None
     retry_in: float | None = None
     decisions: dict[str, Decision] = field(default_factory=dict)
+    urgent: bool = False  # a recovery or a suspect node is in progress: tick again soon
 
 
 class Engine:
@@ -86,12 +90,15 @@ class Engine:
         self.probes = ProbeTracker(probe, settings.probe_confirm_s)
         self._crash = crash_hook or (lambda boundary, kind: None)
         self._node_rights = settings.may_change_nodes
+        self._nodes: Mapping[str, Any] | None = None  # the last node info read from Slurm
+        self._ticks = 0
+        self._urgent = True
 
     # ------------------------------------------------------------------ the tick
 
     def tick(self) -> TickResult:
         try:
-            snap = self.scheduler.snapshot()
+            snap = self._observe()
         except TransientError as exc:
             log.warning("slurm_unreachable", error=str(exc), retry_in=exc.delay)
             return TickResult(ok=False, error=str(exc), retry_in=exc.delay)
@@ -111,7 +118,26 @@ class Engine:
         except TransientError as exc:
             log.warning("tick_interrupted", error=str(exc), retry_in=exc.delay)
             result.ok, result.error, result.retry_in = False, str(exc), exc.delay
+        result.urgent = result.acted or bool(self.probes.suspects) or self._in_motion()
+        self._urgent = result.urgent
         return result
+
+    def _observe(self) -> ClusterSnapshot:
+        """Jobs every tick; nodes when anything is in motion or every ``node_refresh_ticks``."""
+        self._ticks += 1
+        fresh = (self._nodes is None or self._urgent or self._in_motion()
+                 or self._ticks % max(1, self.settings.node_refresh_ticks) == 0)
+        snap = self.scheduler.snapshot(include_nodes=fresh)
+        if fresh:
+            self._nodes = snap.nodes
+            return snap
+        return ClusterSnapshot(snap.taken_at, snap.jobs, self._nodes or {})
+
+    def _in_motion(self) -> bool:
+        if self.store.open_actions():
+            return True
+        motion = (RunState.REGISTERED, RunState.RECOVERING)
+        return any(r.state in motion or r.cancel_requested for r in self.store.runs(active_only=True))
 
     def adopt(self) -> list[RunRecord]:
         """At daemon start: note in each active run's logbook that this daemon took it over."""

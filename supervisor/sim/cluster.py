@@ -75,9 +75,10 @@ class SimCluster:
 
     # -- Scheduler port -------------------------------------------------------------------------
 
-    def snapshot(self) -> ClusterSnapshot:
-        with self._call("snapshot"):
-            return self.inspect()
+    def snapshot(self, include_nodes: bool = True) -> ClusterSnapshot:
+        with self._call("snapshot", include_nodes):
+            snap = self.inspect()
+            return snap if include_nodes else ClusterSnapshot(snap.taken_at, snap.jobs, {})
 
     def submit(self, request: SubmitRequest) -> int:
         with self._call("submit", request):

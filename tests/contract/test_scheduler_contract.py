@@ -441,3 +441,10 @@ def test_crashed_node_not_responding_then_down_and_job_requeued(world: World) ->
                               "requeued", timeout=5)
     assert requeued.state in (JobState.PENDING, JobState.RUNNING) and not requeued.held
     assert node not in requeued.nodes
+
+
+def test_snapshot_without_nodes_still_has_every_job(world: World) -> None:
+    job_id = world.scheduler.submit(world.request("contract-jobs-only", 1))
+    snap = world.scheduler.snapshot(include_nodes=False)
+    assert job_id in snap.jobs and snap.jobs[job_id].name == "contract-jobs-only"
+    assert dict(snap.nodes) == {}

@@ -262,3 +262,31 @@ def test_crash_at_every_action_boundary(tmp_path, boundary, kind):
     assert w.run().restarts_spent == 1
     assert w.store.open_actions() == []
     assert w.run_overlaps() == []
+
+
+def test_node_info_is_read_every_third_quiet_tick_and_every_tick_in_motion(tmp_path):
+    w = World(tmp_path)
+    w.until(w.running)
+    w.ticks(3)
+    start = len(w.cluster.calls)
+    w.ticks(30)
+    snaps = [c for c in w.cluster.calls[start:] if c[0] == "snapshot"]
+    assert len(snaps) == 30 and sum(1 for c in snaps if c[1]) == 10  # 1 + 2/3 RPCs per quiet tick
+    w.cluster.crash_node("n001")
+    start = len(w.cluster.calls)
+    w.until(lambda: w.running() and w.run().attempt.seq == 1)
+    snaps = [c for c in w.cluster.calls[start:] if c[0] == "snapshot"]
+    in_motion = snaps[2:]  # from the first failed probe on, every tick reads the nodes
+    assert in_motion and all(c[1] for c in in_motion)
+
+
+def test_daemon_ticks_fast_while_recovering(tmp_path):
+    w = World(tmp_path)
+    w.until(w.running)
+    crash_at = w.clock.now() + 12.0
+    w.clock.call_at(crash_at, w.cluster.crash_node, "n001")
+    w.clock.call_at(crash_at + 30.0, w.clock.stop)
+    run_loop(w.engine, Pacing(poll_interval_s=5.0, urgent_interval_s=0.5))
+    events = w.store.events("llm")
+    restarted = next(e for e in events if e.kind is EventKind.RESTARTED)
+    assert restarted.at - crash_at <= 5.0 + 1.0 + 0.5  # one regular tick to notice, then fast ticks
