@@ -18,7 +18,7 @@ Trials alternate (supervisor, Slurm alone, supervisor, ...). Between trials the 
 (SIGTERM), jobs are cancelled, the crashed node is restarted and every node is idle again
 (``LocalSlurm.reset``); each supervisor trial has a fresh state directory.
 
-Usage: .venv/bin/python bench/recovery.py [--trials 3] [--poll-interval 1.0]
+Usage: .venv/bin/python bench/recovery.py [--trials 3] [--poll-interval 5.0]
                                           [--scheduler harness|slurm-default|both]
 The last line of stdout is one JSON object with the figures.
 """
@@ -232,8 +232,8 @@ def run_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interval: floa
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=3, help="trials per mode (default 3)")
-    parser.add_argument("--poll-interval", type=float, default=1.0,
-                        help="daemon.poll_interval_s for the supervisor (default 1.0)")
+    parser.add_argument("--poll-interval", type=float, default=5.0,
+                        help="daemon.poll_interval_s for the supervisor (default 5.0, the daemon's default)")
     parser.add_argument("--scheduler", choices=[*SCHEDULERS, "both"], default="harness",
                         help="harness: LocalSlurm's slurm.conf (bf_interval=1, a test setting); "
                              "slurm-default: Slurm's default bf_interval=30; both: one cluster each")
