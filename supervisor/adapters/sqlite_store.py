@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import RestartMode, RunSpec, RunState, SparePolicy, transition
@@ -177,7 +177,7 @@ class SqliteStore:
         return [_action_row(r) for r in rows]
 
     def actions(self, run: str | None = None) -> list[dict[str, Any]]:
-        sql, args = "SELECT * FROM actions ORDER BY id", ()
+        sql, args = "SELECT * FROM actions ORDER BY id", cast(tuple[Any, ...], ())
         if run is not None:
             sql, args = "SELECT * FROM actions WHERE run = ? ORDER BY id", (run,)
         return [_action_row(r) for r in self._db.execute(sql, args).fetchall()]
@@ -211,7 +211,7 @@ class SqliteStore:
         return cur.rowcount == 1
 
     def events(self, run: str | None = None) -> list[Event]:
-        sql, args = "SELECT * FROM events ORDER BY id", ()
+        sql, args = "SELECT * FROM events ORDER BY id", cast(tuple[Any, ...], ())
         if run is not None:
             sql, args = "SELECT * FROM events WHERE run = ? ORDER BY id", (run,)
         return [

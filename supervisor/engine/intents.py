@@ -39,7 +39,7 @@ def action_from(kind: str, params: Mapping[str, Any]) -> Action:
     cls = _TYPES[ActionKind(kind)]
     args = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
     if cls is ChangeNode:
-        args["change"] = NodeChange(args["change"])
+        args["change"] = NodeChange(str(args["change"]))
     return cls(**args)  # type: ignore[no-any-return]
 
 
