@@ -7,7 +7,7 @@ again later; nothing is known to have changed) or ``PermanentError`` (retrying w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -147,3 +147,14 @@ class Fencer(Protocol):
     """Site-specific fencing of a dead node (e.g. power it off through its BMC)."""
 
     def fence(self, node: str) -> None: ...
+
+
+class LogSource(Protocol):
+    """A job's output file, followed like ``tail -F``: complete lines appended since the last call."""
+
+    def read_lines(self) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+LogOpener = Callable[[str, bool], LogSource]  # (path, start at the end) -> source

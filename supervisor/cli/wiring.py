@@ -6,9 +6,12 @@ from pathlib import Path
 
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.fence import CommandFencer
+from supervisor.adapters.logtail import LogTail
 from supervisor.adapters.slurm_cli import SlurmCli
 from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.config import DaemonConfig
+from supervisor.domain.progress.hang import HangSettings
+from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.reconcile import EngineSettings
 
 
@@ -38,3 +41,12 @@ def clock() -> SystemClock:
 
 def fencer(cfg: DaemonConfig) -> CommandFencer | None:
     return CommandFencer(cfg.fence.command) if cfg.fence.command else None
+
+
+def progress(cfg: DaemonConfig) -> ProgressWatch | None:
+    """Hang detection from each running attempt's output file (``[hang]``)."""
+    if not cfg.hang.enabled:
+        return None
+    settings = HangSettings(multiple=cfg.hang.multiple, floor_s=cfg.hang.floor_s, cap_s=cfg.hang.cap_s,
+                            startup_grace_s=cfg.hang.startup_grace_s)
+    return ProgressWatch(lambda path, at_end: LogTail(path, start_at_end=at_end), settings)

@@ -78,6 +78,24 @@ class ProbeSection(Section):
     )
 
 
+class HangSection(Section):
+    """Hang detection from the job's training log (issue 4): no new step for too long."""
+
+    enabled: StrictBool = True
+    multiple: FloatField = Field(
+        default=5.0, ge=1.5, le=100, json_schema_extra=fix_hint("set a multiple of the step interval, e.g. 5")
+    )
+    floor_s: FloatField = Field(
+        default=120.0, ge=1, le=86400, json_schema_extra=fix_hint("set seconds from 1 to 86400, e.g. 120")
+    )
+    cap_s: FloatField = Field(
+        default=1800.0, ge=1, le=86400, json_schema_extra=fix_hint("set seconds from 1 to 86400, e.g. 1800")
+    )
+    startup_grace_s: FloatField = Field(
+        default=1800.0, ge=1, le=86400, json_schema_extra=fix_hint("set seconds from 1 to 86400, e.g. 1800")
+    )
+
+
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -119,4 +137,5 @@ class DaemonConfig(Section):
     slurm: SlurmSection = Field(default_factory=SlurmSection)
     probe: ProbeSection = Field(default_factory=ProbeSection)
     fence: FenceSection = Field(default_factory=FenceSection)
+    hang: HangSection = Field(default_factory=HangSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)

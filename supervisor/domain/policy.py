@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from supervisor.domain.actions import (
     Action,
@@ -41,6 +42,7 @@ class Observation:
 
     snapshot: ClusterSnapshot
     dead: Mapping[str, str] = field(default_factory=dict)  # node -> evidence
+    hangs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # run -> hang evidence
 
     @property
     def now(self) -> float:
@@ -153,6 +155,8 @@ def _running(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, p
     bad = faulty_nodes(run, job.nodes, obs)
     if bad:
         return Decision(tuple(records)) + _recover(run, a, job, bad, obs, policy)
+    if run.name in obs.hangs and run.state is not RunState.RECOVERING:
+        return Decision(tuple(records)) + _recover_hang(run, a, job, obs.hangs[run.name], obs)
     if run.state is RunState.RECOVERING:
         # A fault was recorded earlier; finish stopping this incarnation.
         return Decision(tuple(records), _stop(run, job, "finishing recovery started earlier"))
@@ -181,6 +185,18 @@ def _contain(
         actions += [x for x in items if isinstance(x, ChangeNode)]
         records += [x for x in items if not isinstance(x, ChangeNode)]
     return records, actions
+
+
+def _recover_hang(run: RunRecord, a: AttemptRecord, job: JobInfo, hang: Mapping[str, Any],
+                  obs: Observation) -> Decision:
+    """The job runs but its log shows no progress: stop it and restart (no node is blamed)."""
+    why = f"hang: {hang.get('reason', 'no progress')}"
+    evidence = {**hang, "nodes": list(job.nodes)}
+    records = (
+        _event(run, a, EventKind.FAULT, f"{a.label}: {why}", obs, evidence, "hang"),
+        SetState(run.name, RunState.RECOVERING, reason=why),
+    )
+    return Decision(records, (Cancel(run.name, job.job_id, "hang: no training progress"),))
 
 
 def _fault_records(run: RunRecord, a: AttemptRecord, node: str, why: str, obs: Observation) -> list:

@@ -33,6 +33,7 @@ from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.run import RunState
 from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
 from supervisor.engine.probes import ProbeTracker
+from supervisor.engine.progress import ProgressWatch
 from supervisor.ports import (
     Clock,
     Fencer,
@@ -81,12 +82,14 @@ class Engine:
         probe: NodeProbe | None = None,
         fencer: Fencer | None = None,
         crash_hook: CrashHook | None = None,
+        progress: ProgressWatch | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.store = store
         self.clock = clock
         self.settings = settings
         self.fencer = fencer
+        self.progress = progress
         self.probes = ProbeTracker(probe, settings.probe_confirm_s)
         self._crash = crash_hook or (lambda boundary, kind: None)
         self._node_rights = settings.may_change_nodes
@@ -110,7 +113,8 @@ class Engine:
             blocked = self._settle_open_intents(snap, result)
             runs = self.store.runs(active_only=True)
             dead = self.probes.update(self._running_nodes(runs, snap), snap, self.clock.now())
-            obs = Observation(snap, dead)
+            hangs = self.progress.update(runs, snap, self.clock.now()) if self.progress else {}
+            obs = Observation(snap, dead, hangs)
             for run in runs:
                 if run.name in blocked:
                     continue

@@ -207,3 +207,31 @@ def test_daemon_speaks_systemd_notify_and_stops_on_sigterm(slurm_cluster, tmp_pa
         server.close()
     lock = sup.state_dir / "daemon.lock"
     assert lock.exists()
+
+
+FREEZES = """\
+for i in $(seq 1 20); do
+  echo " iteration $((i + ${SLURM_RESTART_COUNT:-0} * 100))/ 1000 | consumed samples: $((i * 8)) | elapsed time per iteration (ms): 400.0 | learning rate: 1.0E-04 | global batch size: 8 | lm loss: 2.5 | loss scale: 1.0 | grad norm: 1.0 | number of skipped iterations: 0 | number of nan iterations: 0 |"
+  sleep 0.4
+done
+kill -STOP $$   # the trainer freezes: the job stays RUNNING in Slurm, its log goes silent
+"""
+
+
+def test_a_frozen_trainer_is_detected_as_hung_and_restarted(slurm_cluster, tmp_path):
+    hang = "[hang]\nmultiple = 2.0\nfloor_s = 4.0\ncap_s = 60.0\nstartup_grace_s = 60.0\n"
+    sup = SupervisorProcess(slurm_cluster, tmp_path, extra=hang)
+    spec = write_run(tmp_path, "llm", nodes=1, partition=slurm_cluster.partition, script_body=FREEZES)
+    sup.start()
+    try:
+        sup.cli("submit", str(spec))
+        first = sup.wait_running("llm", attempt=0)
+        second = sup.wait_running("llm", attempt=1, timeout=60)
+    finally:
+        sup.stop()
+    book = sup.logbook("llm")
+    fault = next(e for e in book if e["kind"] == "fault")
+    assert "hang" in fault["message"] and fault["evidence"]["last_step"] == 20, fault
+    assert fault["evidence"]["log"].endswith(f"llm-{first['job_id']}.out")
+    assert 4.0 <= fault["evidence"]["silent_s"] <= 12.0
+    assert second["restarts"]["spent"] == 1 and second["excluded"] == {}

@@ -1,0 +1,96 @@
+"""Following each running attempt's training log: records in, hang verdicts out.
+
+One watch per run, bound to the attempt (job id, restart count) it reads: a new attempt gets a new
+parser and a new hang detector. A requeued attempt writing to the same file (``--open-mode=append``)
+is followed from the file's end, so the old attempt's steps are not taken for new progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from supervisor.domain.cluster import ClusterSnapshot, JobState
+from supervisor.domain.progress import ProgressParser, parser_for
+from supervisor.domain.progress.hang import HangDetector, HangSettings
+from supervisor.domain.progress.outputs import output_path
+from supervisor.domain.records import RunRecord
+from supervisor.ports import LogOpener, LogSource
+
+log = structlog.get_logger("supervisor.progress")
+
+
+@dataclass
+class _Watch:
+    key: tuple[int, int]
+    path: str
+    source: LogSource
+    parser: ProgressParser
+    detector: HangDetector
+    last_step: int | None = None
+    records: int = 0
+    recent: list[str] = field(default_factory=list)
+
+
+class ProgressWatch:
+    def __init__(self, opener: LogOpener, settings: HangSettings) -> None:
+        self.opener = opener
+        self.settings = settings
+        self._watches: dict[str, _Watch] = {}
+
+    def update(self, runs: Iterable[RunRecord], snap: ClusterSnapshot, now: float) -> dict[str, dict[str, Any]]:
+        """Read new log lines of every running attempt; return hang evidence per run name."""
+        hangs: dict[str, dict[str, Any]] = {}
+        seen: set[str] = set()
+        for run in runs:
+            a = run.attempt
+            job = snap.jobs.get(a.job_id) if a else None
+            if a is None or job is None or job.state is not JobState.RUNNING or a.started_at is None:
+                continue
+            seen.add(run.name)
+            watch = self._watch(run, (a.job_id, a.restart_count), a.started_at)
+            if watch is None:
+                continue
+            self._read(watch, now)
+            verdict = watch.detector.check(now)
+            if verdict is not None:
+                hangs[run.name] = {
+                    "reason": verdict.reason, "last_step": verdict.last_step, "silent_s": round(verdict.since_s, 1),
+                    "step_interval_s": verdict.interval_s, "threshold_s": verdict.threshold_s,
+                    "log": watch.path, "records_read": watch.records, "last_lines": list(watch.recent),
+                }
+        for name in set(self._watches) - seen:
+            self._watches.pop(name).source.close()
+        return hangs
+
+    def _watch(self, run: RunRecord, key: tuple[int, int], started_at: float) -> _Watch | None:
+        current = self._watches.get(run.name)
+        if current is not None and current.key == key:
+            return current
+        path = output_path(run.spec, key[0])
+        if path is None:
+            return None
+        same_file = current is not None and current.path == path
+        if current is not None:
+            current.source.close()
+        watch = _Watch(key, path, self.opener(path, same_file), parser_for(None),
+                       HangDetector(self.settings, started_at=started_at))
+        self._watches[run.name] = watch
+        log.info("progress_following", run=run.name, log=path, attempt_key=list(key))
+        return watch
+
+    def _read(self, watch: _Watch, now: float) -> None:
+        try:
+            lines = watch.source.read_lines()
+        except OSError as exc:
+            log.warning("progress_unreadable", log=watch.path, error=str(exc))
+            return
+        if lines:
+            watch.recent = (watch.recent + [ln[:200] for ln in lines])[-3:]
+        for record in watch.parser.feed_all(lines):
+            watch.records += 1
+            if record.step is not None:
+                watch.detector.observe(record.step, now)

@@ -1,0 +1,94 @@
+"""Hang detection wired into the engine: a trainer on the simulated cluster that stops logging."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.domain.progress.hang import HangSettings
+from supervisor.domain.progress.outputs import output_path
+from supervisor.domain.records import EventKind
+from supervisor.domain.run import RunSpec, RunState
+from supervisor.engine.progress import ProgressWatch
+from supervisor.engine.reconcile import Engine
+from supervisor.sim.clock import VirtualClock
+from supervisor.sim.cluster import SimCluster
+
+SPEC = RunSpec(name="llm", script="/w/train.sbatch", partition="main", nodes=2, workdir="/w",
+               output="/logs/%x-%j.out", max_restarts=3)
+
+
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        (None, "/w/slurm-1234.out"),
+        ("/logs/%x-%j.out", "/logs/llm-1234.out"),
+        ("rel/%8j.log", "/w/rel/00001234.log"),
+        ("/logs/100%%-%A.out", "/logs/100%-1234.out"),
+        ("/logs/%x-%N.out", None),  # one file per node: nothing single to follow
+    ],
+)
+def test_output_path(output, expected):
+    assert output_path(replace(SPEC, output=output), 1234) == expected
+
+
+class MemoryLog:
+    """A stateful fake of a followed file: the test appends, the engine reads what is new."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.read_upto = 0
+        self.closed = False
+
+    def read_lines(self):
+        new = self.lines[self.read_upto:]
+        self.read_upto = len(self.lines)
+        return new
+
+    def close(self):
+        self.closed = True
+
+
+def megatron(step):
+    return (f" iteration {step:8d}/ 1000000 | consumed samples: {step * 64} | elapsed time per iteration (ms): "
+            f"1000.0 | learning rate: 1.0E-04 | global batch size: 64 | lm loss: 2.5 | loss scale: 1.0 | "
+            f"grad norm: 1.0 | number of skipped iterations: 0 | number of nan iterations: 0 |")
+
+
+def test_a_trainer_that_stops_logging_is_restarted(tmp_path):
+    clock = VirtualClock()
+    cluster = SimCluster(clock, 4, "main")
+    store = SqliteStore(tmp_path)
+    store.add_run(SPEC, clock.now())
+    files: dict[str, MemoryLog] = {}
+
+    def opener(path, at_end):
+        files[path] = MemoryLog()
+        return files[path]
+
+    settings = HangSettings(multiple=3, floor_s=5, cap_s=600, startup_grace_s=60)
+    engine = Engine(scheduler=cluster, store=store, clock=clock, progress=ProgressWatch(opener, settings))
+    step = 0
+    hung_at = None
+    for _ in range(400):
+        engine.tick()
+        run = store.get_run("llm")
+        if run.attempt and run.attempt.seq == 1 and run.state is RunState.RUNNING:
+            break
+        if run.attempt and run.attempt.started_at and run.attempt.seq == 0:
+            path = f"/logs/llm-{run.attempt.job_id}.out"
+            if path in files and step < 40:
+                step += 1
+                files[path].lines.append(megatron(step))
+            elif step >= 40 and hung_at is None:
+                hung_at = clock.now()
+        clock.wait(1.0)
+    run = store.get_run("llm")
+    assert run.attempt.seq == 1 and run.state is RunState.RUNNING
+    fault = next(e for e in store.events("llm") if e.kind is EventKind.FAULT)
+    assert "hang" in fault.message and fault.evidence["last_step"] == 40
+    assert fault.at - hung_at <= 3 * 1.0 + 5 + 2  # within the threshold (floor 5 s) plus ticks
+    assert run.excluded == {}  # a hang blames no node
+    assert files["/logs/llm-1000.out"].closed
