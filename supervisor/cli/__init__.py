@@ -149,15 +149,23 @@ def status(ctx: click.Context, run: str | None, as_json: bool) -> None:
 @main.command()
 @click.argument("run")
 @click.option("--evidence", is_flag=True, help="Show each event's evidence.")
-@click.option("--json", "as_json", is_flag=True, help="Export the events as JSON lines.")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text",
+              show_default=True, help="text: one line per event; markdown: the OPT-style chronicle; json: JSON lines.")
+@click.option("--json", "as_json", is_flag=True, help="Export the events as JSON lines (same as --format json).")
 @click.pass_context
-def logbook(ctx: click.Context, run: str, evidence: bool, as_json: bool) -> None:
+def logbook(ctx: click.Context, run: str, evidence: bool, fmt: str, as_json: bool) -> None:
     """Print a run's logbook."""
     store = wiring.store(_config(ctx))
-    if store.get_run(run) is None:
+    record = store.get_run(run)
+    if record is None:
         raise click.ClickException(f"unknown run {run!r}; `slurm-supervisor status` lists the runs")
     events = store.events(run)
-    if as_json:
+    if fmt == "markdown" and not as_json:
+        from supervisor.domain.chronicle import render_markdown
+
+        click.echo(render_markdown(record, store.attempts(run), events), nl=False)
+        return
+    if as_json or fmt == "json":
         for e in events:
             click.echo(json.dumps({"at": e.at, "run": e.run, "attempt": e.attempt, "job_id": e.job_id,
                                    "kind": e.kind.value, "message": e.message, "actor": e.actor,
