@@ -146,15 +146,29 @@ def status(ctx: click.Context, run: str | None, as_json: bool) -> None:
         click.echo(line)
 
 
-@main.command()
+class _LogbookGroup(click.Group):
+    """`logbook RUN [options]` shows a logbook; `logbook note RUN TEXT` adds a signed note."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] in self.commands:
+            return super().resolve_command(ctx, args)
+        return "show", self.commands["show"], args
+
+
+@main.group(cls=_LogbookGroup)
+def logbook() -> None:
+    """A run's logbook: `logbook RUN` prints it, `logbook note RUN TEXT` adds a note."""
+
+
+@logbook.command("show")
 @click.argument("run")
 @click.option("--evidence", is_flag=True, help="Show each event's evidence.")
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text",
               show_default=True, help="text: one line per event; markdown: the OPT-style chronicle; json: JSON lines.")
 @click.option("--json", "as_json", is_flag=True, help="Export the events as JSON lines (same as --format json).")
 @click.pass_context
-def logbook(ctx: click.Context, run: str, evidence: bool, fmt: str, as_json: bool) -> None:
-    """Print a run's logbook."""
+def logbook_show(ctx: click.Context, run: str, evidence: bool, fmt: str, as_json: bool) -> None:
+    """Print a run's logbook (`logbook RUN` is short for `logbook show RUN`)."""
     store = wiring.store(_config(ctx))
     record = store.get_run(run)
     if record is None:
@@ -175,6 +189,24 @@ def logbook(ctx: click.Context, run: str, evidence: bool, fmt: str, as_json: boo
         click.echo(line)
 
 
+
+
+@logbook.command("note")
+@click.argument("run")
+@click.argument("text")
+@click.pass_context
+def logbook_note(ctx: click.Context, run: str, text: str) -> None:
+    """Add a note to RUN's logbook, signed with your Unix user."""
+    if not text.strip():
+        raise click.ClickException("the note is empty; write what happened, e.g. \"replaced GPU 3 on gpu-117\"")
+    store = wiring.store(_config(ctx))
+    record = store.get_run(run)
+    if record is None:
+        raise click.ClickException(f"unknown run {run!r}; `slurm-supervisor status` lists the runs")
+    now, user, a = wiring.clock().now(), _user(), record.attempt
+    store.record_event(Event(run, EventKind.NOTE, text.strip(), f"{run}:note:{now:.6f}:{user}", now,
+                             a.seq if a else None, a.job_id if a else None, actor=user))
+    click.echo(f"note added to the logbook of run {run}, signed {user}")
 @main.command()
 @click.pass_context
 def nodes(ctx: click.Context) -> None:

@@ -91,3 +91,19 @@ def test_demo_recovers_and_prints_the_logbook():
     assert "LOGBOOK" in result.output and "restarted as job" in result.output
     assert "downed and drained in Slurm" in result.output
     assert "overlapping incarnations: 0" in result.output
+
+
+def test_logbook_note_is_signed_and_shown(env):
+    tmp_path, env_vars, state = env
+    assert submit(tmp_path, env_vars, GOOD).exit_code == 0
+    added = invoke(env_vars, "logbook", "note", "llm", "swapped the IB cable on n2")
+    assert added.exit_code == 0, added.output
+    events = SqliteStore(state).events("llm")
+    note = events[-1]
+    assert note.kind.value == "note" and note.message == "swapped the IB cable on n2" and note.actor
+    shown = invoke(env_vars, "logbook", "llm").output
+    assert "swapped the IB cable on n2" in shown and f"[{note.actor}]" in shown
+    assert "[" + note.actor + "]" in invoke(env_vars, "logbook", "llm", "--format", "markdown").output
+    assert invoke(env_vars, "logbook", "show", "llm").output == shown
+    empty = invoke(env_vars, "logbook", "note", "llm", "  ")
+    assert empty.exit_code == 1 and "empty" in empty.output
