@@ -61,9 +61,13 @@ class SqliteStore:
                     f"run {spec.name!r} is already supervised (state {row['state']}); "
                     f"cancel it first with `slurm-supervisor cancel {spec.name}` or choose another name"
                 )
-            db.execute("DELETE FROM exclusions WHERE run = ?", (spec.name,))
+            if row is not None:  # its attempts and logbook stay attached to the name
+                raise PermanentError(
+                    f"run {spec.name!r} already exists ({row['state']}) and keeps its logbook; "
+                    f"register the retry under a new name, e.g. name = \"{spec.name}-2\" in [run]"
+                )
             db.execute(
-                "INSERT OR REPLACE INTO runs(name, spec, state, restarts_spent, created_at, updated_at,"
+                "INSERT INTO runs(name, spec, state, restarts_spent, created_at, updated_at,"
                 " cancel_requested, end_reason) VALUES (?, ?, ?, 0, ?, ?, 0, NULL)",
                 (spec.name, json.dumps(_spec_to_json(spec)), RunState.REGISTERED.value, now, now),
             )

@@ -347,7 +347,7 @@ def _vanished(run: RunRecord, a: AttemptRecord, obs: Observation, policy: Policy
     if run.state is RunState.RECOVERING:
         return Decision(ended) + _restart(run, a, None, obs, policy, "replacing the incarnation stopped after a fault")
     why = (f"job {a.job_id} is no longer known to Slurm and its outcome is unknown (it ended longer than "
-           "MinJobAge ago); not restarting blindly. Check the job's output, then `slurm-supervisor submit` again")
+           "MinJobAge ago); not restarting blindly. Check the job's output, then submit the spec under a new run name")
     return Decision(ended) + _set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
 
 

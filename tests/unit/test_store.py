@@ -120,3 +120,18 @@ def test_concurrent_first_opens_migrate_once(tmp_path):
 
 def _open_store(path):
     return SqliteStore(path).instance_id
+
+
+def test_an_ended_run_keeps_its_name_and_logbook(tmp_path):
+    # Re-registering a name would pair the new run with the old one's attempts and make its
+    # logbook keys collide with the old entries (so new entries would be dropped): refused.
+    store = SqliteStore(tmp_path)
+    store.add_run(spec(), 1.0)
+    store.add_attempt("r1", 100, 0, 1.0)
+    store.record_event(Event("r1", EventKind.SUBMITTED, "submitted", "r1:0:submitted:", 1.0, 0, 100))
+    store.set_state("r1", RunState.QUEUED, 2.0)
+    store.set_state("r1", RunState.FAILED, 3.0, reason="gave up")
+    with pytest.raises(PermanentError, match=r"already exists \(failed\).*r1-2"):
+        store.add_run(spec(), 4.0)
+    run = store.get_run("r1")
+    assert run.state is RunState.FAILED and run.attempt.job_id == 100
