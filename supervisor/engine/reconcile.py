@@ -30,7 +30,7 @@ from supervisor.domain.actions import (
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange
 from supervisor.domain.policy import Observation, Policy, decide
 from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
-from supervisor.domain.run import RunState
+from supervisor.domain.run import IllegalTransition, RunState
 from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
 from supervisor.engine.probes import ProbeTracker
 from supervisor.engine.progress import ProgressWatch
@@ -169,8 +169,15 @@ class Engine:
                 self._execute(fresh, action, obs.snapshot)
                 result.acted = True
                 fresh = self.store.get_run(run.name) or fresh
-        except PermanentError as exc:
-            log.error("run_reconcile_failed", error=str(exc))
+        except (PermanentError, IllegalTransition) as exc:
+            # One run's inconsistency must not stop the supervision of the others: say it loudly,
+            # once in the run's logbook, and try again next tick on fresh state.
+            log.error("run_reconcile_failed", error=str(exc), error_type=type(exc).__name__)
+            now = self.clock.now()
+            self.store.record_event(Event(run.name, EventKind.WARNING, f"the supervisor could not act on this run: {exc}",
+                                          f"{run.name}:reconcile-failed:{exc}", now,
+                                          run.attempt.seq if run.attempt else None,
+                                          run.attempt.job_id if run.attempt else None))
         finally:
             structlog.contextvars.unbind_contextvars("run", "job_id")
 

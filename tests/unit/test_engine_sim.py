@@ -290,3 +290,20 @@ def test_daemon_ticks_fast_while_recovering(tmp_path):
     events = w.store.events("llm")
     restarted = next(e for e in events if e.kind is EventKind.RESTARTED)
     assert restarted.at - crash_at <= 5.0 + 1.0 + 0.5  # one regular tick to notice, then fast ticks
+
+
+def test_one_runs_inconsistency_is_logged_and_does_not_stop_the_daemon(tmp_path):
+    w = World(tmp_path)
+    w.until(w.running)
+    stale = w.run()  # what a decision was based on: RUNNING ...
+    w.store._db.execute("UPDATE runs SET state = 'completed' WHERE name = 'llm'")  # ... but the store moved on
+    w.cluster.crash_node("n001")
+    w.clock.wait(12.0)
+    from supervisor.domain.policy import Observation
+    from supervisor.engine.reconcile import TickResult
+
+    obs = Observation(w.cluster.inspect(), {"n001": "dead"})
+    w.engine._reconcile_run(stale, obs, TickResult(ok=True))  # COMPLETED -> RECOVERING is illegal
+    warnings = [e.message for e in w.store.events("llm") if e.kind is EventKind.WARNING]
+    assert any("could not act on this run" in m and "completed -> recovering" in m for m in warnings)
+    assert w.engine.tick().ok  # the loop goes on
