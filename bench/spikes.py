@@ -36,10 +36,9 @@ from supervisor.domain.spikes import (
     SpikeDetector,
     SpikeOutcome,
     SpikeSettings,
-    choose_rollback,
     decide,
-    suggest_skip,
 )
+from supervisor.domain.rollback import choose_rollback, suggest_skip
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CASES = REPO.parent / "shared" / "data" / "spike_cases"

@@ -21,11 +21,9 @@ from supervisor.domain.spikes import (
     SpikeOutcome,
     SpikeSettings,
     SpikeStatus,
-    choose_rollback,
     decide,
-    plan_rollback,
-    suggest_skip,
 )
+from supervisor.domain.rollback import choose_rollback, plan_rollback, suggest_skip
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LOGS = DATA / "train_logs"
