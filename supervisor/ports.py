@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from supervisor.domain.checkpoints import CheckpointRef, Level, Manifest, VerifyResult
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange, NodeInfo, SubmitRequest
 from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
 from supervisor.domain.run import RunSpec, RunState
@@ -158,3 +159,25 @@ class LogSource(Protocol):
 
 
 LogOpener = Callable[[str, bool], LogSource]  # (path, start at the end) -> source
+
+
+class CheckpointStore(Protocol):
+    """Where one run keeps its checkpoints: an S3 prefix or a POSIX directory.
+
+    ``verify`` never raises for storage trouble: a storage error, a timeout or a refused request
+    gives ``Outcome.UNVERIFIABLE`` with the reason, never ``CORRUPT``. ``discover`` raises
+    TransientError when the storage cannot be listed.
+    """
+
+    root: str  # "s3://bucket/prefix/" or "/lustre/run/ckpt"
+
+    def discover(self) -> list[CheckpointRef]:
+        """Every checkpoint under the root, committed or not, in any layout it recognises."""
+        ...
+
+    def verify(self, ref: CheckpointRef, level: Level) -> VerifyResult: ...
+
+    def commit(self, name: str, manifest: Manifest) -> str:
+        """Write ``manifest`` as the commit marker of checkpoint ``name`` (refusing to overwrite an
+        existing one); return its location."""
+        ...

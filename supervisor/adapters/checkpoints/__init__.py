@@ -1,0 +1,1 @@
+"""Checkpoint stores: S3-compatible object storage (boto3) and POSIX directories, one port."""
