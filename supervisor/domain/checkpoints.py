@@ -101,7 +101,7 @@ class Manifest:
         return sum(s.size for s in self.shards)
 
     def to_json(self) -> str:
-        doc = {
+        doc: dict[str, Any] = {
             "format": MANIFEST_FORMAT,
             "step": self.step,
             "algorithm": self.algorithm.value,
