@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from supervisor.domain.checkpoints import CheckpointRef, Level, Manifest, VerifyResult
+from supervisor.domain.health import NodeFinding
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange, NodeInfo, SubmitRequest
 from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
 from supervisor.domain.run import RunSpec, RunState
@@ -180,4 +181,17 @@ class CheckpointStore(Protocol):
     def commit(self, name: str, manifest: Manifest) -> str:
         """Write ``manifest`` as the commit marker of checkpoint ``name`` (refusing to overwrite an
         existing one); return its location."""
+        ...
+
+
+class HealthFeed(Protocol):
+    """Node health findings from outside Slurm: node agents and hooks (through the daemon's
+    ingest), or the simulator's agents. The engine drains it once per tick."""
+
+    def drain_findings(self) -> list[NodeFinding]:
+        """Findings that arrived since the last call, oldest first."""
+        ...
+
+    def heartbeat_ages(self, now: float) -> Mapping[str, float]:
+        """Per node with an agent: seconds since its last report (stale agents are suspect)."""
         ...
