@@ -12,8 +12,8 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from supervisor.domain.checkpoints import CheckpointRef, Level, Manifest, VerifyResult
-from supervisor.domain.health import NodeFinding
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange, NodeInfo, SubmitRequest
+from supervisor.domain.health import NodeFinding
 from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
 from supervisor.domain.run import RunSpec, RunState
 
@@ -143,6 +143,15 @@ class Store(Protocol):
     def record_event(self, event: Event) -> bool: ...
 
     def events(self, run: str | None = None) -> list[Event]: ...
+
+    def checkpoint_seen(self, run: str, ref: CheckpointRef, now: float) -> bool: ...
+
+    def checkpoint_result(self, run: str, result: VerifyResult) -> None: ...
+
+    def demote_checkpoint(self, run: str, location: str, why: str) -> None: ...
+
+    def checkpoints(self, run: str) -> list[tuple[CheckpointRef, VerifyResult | None, VerifyResult | None, str | None]]:
+        ...
 
 
 class Fencer(Protocol):

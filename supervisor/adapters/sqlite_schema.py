@@ -84,6 +84,23 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER events_append_only_delete BEFORE DELETE ON events
         BEGIN SELECT RAISE(ABORT, 'the logbook is append-only'); END;
     """,
+    # 2: checkpoints seen in each run's storage and what their verifications found
+    """
+    CREATE TABLE checkpoints (
+        run TEXT NOT NULL REFERENCES runs(name) ON DELETE CASCADE,
+        location TEXT NOT NULL,
+        name TEXT NOT NULL,
+        step INTEGER,
+        guarantee TEXT NOT NULL,
+        committed INTEGER NOT NULL,
+        seen_at REAL NOT NULL,
+        first_seen REAL NOT NULL,
+        metadata_result TEXT,
+        full_result TEXT,
+        demoted TEXT,
+        PRIMARY KEY (run, location)
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -15,8 +15,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
 
+from supervisor.domain.checkpoints import CheckpointRef, Guarantee, Level, Outcome, ShardProblem, VerifyResult
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
-from supervisor.domain.run import RestartMode, RunSpec, RunState, SparePolicy, transition
+from supervisor.domain.run import CheckpointPolicy, RestartMode, RunSpec, RunState, SparePolicy, transition
 from supervisor.adapters.sqlite_schema import migrate
 from supervisor.ports import PermanentError
 
@@ -226,6 +227,49 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ helpers
 
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_seen(self, run: str, ref: CheckpointRef, now: float) -> bool:
+        """Remember a checkpoint found in storage. True when it is new or changed (e.g. its
+        commit marker appeared): it needs verifying (again)."""
+        with self.transaction() as db:
+            row = db.execute("SELECT committed, seen_at FROM checkpoints WHERE run = ? AND location = ?",
+                             (run, ref.location)).fetchone()
+            if row is None:
+                db.execute("INSERT INTO checkpoints(run, location, name, step, guarantee, committed, seen_at,"
+                           " first_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           (run, ref.location, ref.name, ref.step, ref.guarantee.value, int(ref.committed),
+                            ref.seen_at, now))
+                return True
+            if bool(row["committed"]) == ref.committed and row["seen_at"] >= ref.seen_at:
+                return False
+            db.execute("UPDATE checkpoints SET committed = ?, seen_at = ?, step = ?, guarantee = ?,"
+                       " metadata_result = NULL, full_result = NULL WHERE run = ? AND location = ?",
+                       (int(ref.committed), ref.seen_at, ref.step, ref.guarantee.value, run, ref.location))
+            return True
+
+    def checkpoint_result(self, run: str, result: VerifyResult) -> None:
+        column = "full_result" if result.level is Level.FULL else "metadata_result"
+        with self.transaction() as db:
+            db.execute(f"UPDATE checkpoints SET {column} = ? WHERE run = ? AND location = ?",
+                       (json.dumps(_result_to_json(result)), run, result.location))
+
+    def demote_checkpoint(self, run: str, location: str, why: str) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE checkpoints SET demoted = ? WHERE run = ? AND location = ?", (why, run, location))
+
+    def checkpoints(self, run: str) -> list[tuple[CheckpointRef, VerifyResult | None, VerifyResult | None, str | None]]:
+        """(ref, metadata result, full result, demoted reason) per checkpoint, newest step first."""
+        rows = self._db.execute("SELECT * FROM checkpoints WHERE run = ? ORDER BY step DESC, first_seen DESC",
+                                (run,)).fetchall()
+        out = []
+        for r in rows:
+            ref = CheckpointRef(r["location"], r["name"], r["step"], Guarantee(r["guarantee"]), bool(r["committed"]),
+                                r["seen_at"])
+            out.append((ref, _result_from_json(r["metadata_result"]), _result_from_json(r["full_result"]),
+                        r["demoted"]))
+        return out
+
     def _run_from_row(self, row: sqlite3.Row) -> RunRecord:
         name = row["name"]
         a = self._db.execute("SELECT * FROM attempts WHERE run = ? ORDER BY seq DESC LIMIT 1", (name,)).fetchone()
@@ -260,6 +304,21 @@ def _action_row(r: sqlite3.Row) -> dict[str, Any]:
     }
 
 
+def _result_to_json(r: VerifyResult) -> dict[str, Any]:
+    d = asdict(r)
+    d["problems"] = [asdict(p) for p in r.problems]
+    return d
+
+
+def _result_from_json(text: str | None) -> VerifyResult | None:
+    if not text:
+        return None
+    d = json.loads(text)
+    return VerifyResult(**{**d, "level": Level(d["level"]), "outcome": Outcome(d["outcome"]),
+                           "guarantee": Guarantee(d["guarantee"]),
+                           "problems": tuple(ShardProblem(**p) for p in d["problems"])})
+
+
 def _spec_to_json(spec: RunSpec) -> dict[str, Any]:
     d = asdict(spec)
     d["env"] = dict(spec.env)
@@ -276,5 +335,6 @@ def _spec_from_json(d: dict[str, Any]) -> RunSpec:
             "spare_policy": SparePolicy(d["spare_policy"]),
             "restart_mode": RestartMode(d["restart_mode"]),
             "do_not_restart_exit_codes": frozenset(d["do_not_restart_exit_codes"]),
+            "checkpoints": CheckpointPolicy(**d["checkpoints"]) if d.get("checkpoints") else None,
         }
     )

@@ -76,6 +76,7 @@ def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: 
                 settings=wiring.engine_settings(cfg),
                 probe=TcpProbe(timeout=cfg.probe.timeout_s) if cfg.probe.enabled else None,
                 fencer=wiring.fencer(cfg), crash_hook=_crash_hook(crash_at), progress=wiring.progress(cfg),
+                checkpoints=wiring.checkpoints(clock),
             )
             run_loop(engine, Pacing(cfg.daemon.poll_interval_s), SystemdNotifier(), max_ticks=1 if once else None)
     except AlreadyRunning as exc:

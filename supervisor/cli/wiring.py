@@ -11,7 +11,10 @@ from supervisor.adapters.slurm_cli import SlurmCli
 from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.config import DaemonConfig
 from supervisor.domain.progress.hang import HangSettings
+from supervisor.domain.run import RunSpec
+from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.progress import ProgressWatch
+from supervisor.ports import CheckpointStore
 from supervisor.engine.reconcile import EngineSettings
 
 
@@ -50,3 +53,21 @@ def progress(cfg: DaemonConfig) -> ProgressWatch | None:
     settings = HangSettings(multiple=cfg.hang.multiple, floor_s=cfg.hang.floor_s, cap_s=cfg.hang.cap_s,
                             startup_grace_s=cfg.hang.startup_grace_s)
     return ProgressWatch(lambda path, at_end: LogTail(path, start_at_end=at_end), settings)
+
+
+def checkpoint_store(spec: RunSpec) -> CheckpointStore:
+    """The run's checkpoint store, from its ``[checkpoints]`` section (S3 or a directory)."""
+    from supervisor.adapters.checkpoints.store import open_store
+
+    policy = spec.checkpoints
+    assert policy is not None
+    bandwidth = policy.bandwidth_mb_s * 1e6 if policy.bandwidth_mb_s else None
+    return open_store(policy.root, endpoint_url=policy.endpoint_url, region=policy.region,
+                      bandwidth_bytes_s=bandwidth, upload_grace_s=policy.upload_grace_s)
+
+
+def checkpoints(clock: SystemClock) -> CheckpointWatch:
+    """Verification of each run's checkpoints and the resume choice at every submission."""
+    from supervisor.adapters.checkpoints.resume_file import write_resume_file
+
+    return CheckpointWatch(checkpoint_store, clock, write_resume=write_resume_file)

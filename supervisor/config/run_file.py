@@ -11,9 +11,9 @@ from typing import Annotated, Any
 import hostlist  # type: ignore[import-untyped]
 from pydantic import AfterValidator, Field, StrictInt, StrictStr, ValidationInfo, field_validator
 
-from supervisor.config._shared import Section, absolute, base_dir, missing_path_fix, not_empty
+from supervisor.config._shared import FloatField, Section, absolute, base_dir, missing_path_fix, not_empty
 from supervisor.config.errors import fail, fix_hint
-from supervisor.domain.run import DEFAULT_DO_NOT_RESTART, RestartMode, RunSpec, SparePolicy
+from supervisor.domain.run import DEFAULT_DO_NOT_RESTART, CheckpointPolicy, RestartMode, RunSpec, SparePolicy
 
 # --------------------------------------------------------------------------- sbatch options the supervisor owns
 
@@ -242,12 +242,61 @@ class RestartSection(Section):
     mode: RestartMode = RestartMode.RESUBMIT
 
 
+class CheckpointsSection(Section):
+    root: StrictStr = Field(json_schema_extra=fix_hint(
+        'give the checkpoint root, e.g. root = "s3://ckpt-bucket/llama-70b/" or root = "/lustre/llama-70b/ckpt"'))
+    endpoint_url: StrictStr | None = Field(default=None, json_schema_extra=fix_hint(
+        'give the S3 endpoint, e.g. endpoint_url = "https://s3.example.org"'))
+    region: StrictStr | None = None
+    full_verify: bool = True
+    bandwidth_mb_s: FloatField | None = Field(default=200.0, gt=0, json_schema_extra=fix_hint(
+        "set a positive number of MB/s for background full verification, e.g. bandwidth_mb_s = 200"))
+    scan_interval_s: FloatField = Field(default=60.0, ge=1, json_schema_extra=fix_hint(
+        "set how often the root is listed, in seconds (at least 1), e.g. scan_interval_s = 60"))
+    upload_grace_s: FloatField = Field(default=900.0, ge=0, json_schema_extra=fix_hint(
+        "set the seconds an upload may take before a checkpoint without its manifest counts as torn"))
+    expected_interval_s: FloatField | None = Field(default=None, gt=0, json_schema_extra=fix_hint(
+        "set the run's checkpoint interval in seconds, e.g. expected_interval_s = 3600"))
+    alarm_intervals: FloatField = Field(default=3.0, ge=1, json_schema_extra=fix_hint(
+        "set how many expected intervals without a verified checkpoint raise the alarm (at least 1)"))
+    allow_adopted: bool = True
+    resume_file: StrictStr | None = None
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, value: str, info: ValidationInfo) -> str:
+        if "://" in value:
+            scheme = value.split("://", 1)[0]
+            if scheme != "s3":
+                raise fail(f"the storage scheme {scheme!r} is not supported",
+                           'use "s3://bucket/prefix/" for S3-compatible storage or an absolute directory')
+            if not value[5:].split("/", 1)[0]:
+                raise fail("names no bucket", 'write it as "s3://bucket/prefix/"')
+            return value if value.endswith("/") else value + "/"
+        return str(absolute(value, info))
+
+    @field_validator("resume_file")
+    @classmethod
+    def _resume_file(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        path = absolute(value, info)
+        if not path.parent.is_dir():
+            raise fail(f"the folder {path.parent} does not exist",
+                       f"create it (mkdir -p {path.parent}) on a filesystem the job's nodes can read")
+        return str(path)
+
+    def to_policy(self) -> CheckpointPolicy:
+        return CheckpointPolicy(**self.model_dump())
+
+
 class RunFile(Section):
     """The whole ``RUN.toml``; its paths are absolute once validated."""
 
     run: RunSection
     spares: SparesSection = Field(default_factory=SparesSection)
     restart: RestartSection = Field(default_factory=RestartSection)
+    checkpoints: CheckpointsSection | None = None
 
     def to_run_spec(self) -> RunSpec:
         run, restart = self.run, self.restart
@@ -265,4 +314,5 @@ class RunFile(Section):
             max_restarts=restart.max_restarts,
             do_not_restart_exit_codes=frozenset(restart.do_not_restart_exit_codes),
             restart_mode=restart.mode,
+            checkpoints=self.checkpoints.to_policy() if self.checkpoints else None,
         )

@@ -34,6 +34,9 @@ class Submit:
     restart: bool
     reason: str
     kind: ActionKind = ActionKind.SUBMIT
+    # The checkpoint handed to the job (filled by the engine before the intent is journaled, so a
+    # retried submission hands the same one): see ``resume_plan`` in domain.checkpoints.
+    resume: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

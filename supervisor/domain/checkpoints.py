@@ -330,3 +330,67 @@ def choose_resume(checkpoints: Iterable[CheckpointRef], results: Mapping[str, Ve
     passed = f"; skipped {len(skipped)} newer" if skipped else ""
     return ResumeChoice(chosen, tuple(good[1:]), tuple(skipped),
                         f"step {chosen.step}: {res.level.value}-verified{weak}{passed}")
+
+
+def effective_result(metadata: VerifyResult | None, full: VerifyResult | None) -> VerifyResult | None:
+    """What is known of a checkpoint: a full verification's verdict wins when it reached one; an
+    unverifiable full pass leaves the metadata verdict standing (storage trouble proves nothing)."""
+    if full is not None and full.outcome is not Outcome.UNVERIFIABLE:
+        return full
+    if metadata is not None:
+        return metadata
+    return full
+
+
+# --------------------------------------------------------------------------- handing it to the job
+
+RESUME_ENV = ("SSV_RESUME_CHECKPOINT", "SSV_RESUME_STEP", "SSV_RESUME_GUARANTEE", "SSV_RESUME_FILE")
+
+
+def resume_plan(choice: ResumeChoice, *, file: str | None) -> dict[str, Any]:
+    """The JSON-able plan journaled with a submission and written to the job's resume file."""
+    def ref(r: CheckpointRef) -> dict[str, Any]:
+        return {"location": r.location, "step": r.step, "guarantee": r.guarantee.value}
+    return {
+        "checkpoint": ref(choice.chosen) if choice.chosen else None,
+        "fallbacks": [ref(r) for r in choice.fallbacks],
+        "skipped": [{**ref(r), "why": why} for r, why in choice.skipped],
+        "reason": choice.reason,
+        "file": file,
+    }
+
+
+def resume_env(plan: Mapping[str, Any]) -> dict[str, str]:
+    """Environment for the job. An empty SSV_RESUME_CHECKPOINT means: no verified checkpoint —
+    start from scratch rather than load an unverified one."""
+    chosen = plan.get("checkpoint") or {}
+    env = {
+        "SSV_RESUME_CHECKPOINT": str(chosen.get("location") or ""),
+        "SSV_RESUME_STEP": "" if chosen.get("step") is None else str(chosen["step"]),
+        "SSV_RESUME_GUARANTEE": str(chosen.get("guarantee") or ""),
+    }
+    if plan.get("file"):
+        env["SSV_RESUME_FILE"] = str(plan["file"])
+    return env
+
+
+def describe_plan(plan: Mapping[str, Any]) -> str:
+    chosen = plan.get("checkpoint")
+    skipped = plan.get("skipped") or []
+    passed = "; ".join(f"step {s['step']} skipped: {s['why']}" for s in skipped[:3])
+    if chosen is None:
+        text = "no verified checkpoint to resume from: the job starts from scratch"
+    else:
+        text = f"resuming from step {chosen['step']} ({chosen['location']})"
+    return f"{text}; {passed}" if passed else text
+
+
+def staleness(now: float, since: float, newest_verified_at: float | None, expected_interval_s: float | None,
+              intervals: float) -> float | None:
+    """Seconds without a verified checkpoint when that exceeds ``intervals`` × the expected
+    interval, else None. ``since``: when the run's current stretch of work began."""
+    if not expected_interval_s:
+        return None
+    start = max(since, newest_verified_at or since)
+    age = now - start
+    return age if age > intervals * expected_interval_s else None

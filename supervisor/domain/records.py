@@ -88,6 +88,10 @@ class EventKind(StrEnum):
     ADOPTED = "adopted"
     NOTE = "note"
     WARNING = "warning"
+    CHECKPOINT_VERIFIED = "checkpoint_verified"
+    CHECKPOINT_CORRUPT = "checkpoint_corrupt"
+    CHECKPOINT_UNVERIFIABLE = "checkpoint_unverifiable"
+    CHECKPOINT_STALE = "checkpoint_stale"  # no verified checkpoint for k expected intervals
 
 
 @dataclass(frozen=True)

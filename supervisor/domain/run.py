@@ -73,6 +73,23 @@ DEFAULT_DO_NOT_RESTART = (93,)  # nvidia-resiliency-ext: "do not requeue"
 
 
 @dataclass(frozen=True)
+class CheckpointPolicy:
+    """Where a run's checkpoints live and how the supervisor checks them (the ``[checkpoints]`` section)."""
+
+    root: str  # "s3://bucket/prefix/" or an absolute directory
+    endpoint_url: str | None = None  # S3-compatible server; None: AWS's from the environment
+    region: str | None = None
+    full_verify: bool = True  # after the metadata check, read every byte in the background
+    bandwidth_mb_s: float | None = 200.0  # cap on background full verification; None: no cap
+    scan_interval_s: float = 60.0  # how often the root is listed for new checkpoints
+    upload_grace_s: float = 900.0  # shards without a commit marker younger than this are "in progress"
+    expected_interval_s: float | None = None  # the run's checkpoint interval, for the staleness alarm
+    alarm_intervals: float = 3.0  # alarm when no verified checkpoint for this many expected intervals
+    allow_adopted: bool = True  # resume from adopted layouts (DCP, Megatron, NeMo) without our manifest
+    resume_file: str | None = None  # where the chosen checkpoint is written for the job (shared FS)
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """What a person asked for. Paths are absolute by the time they reach the domain."""
 
@@ -89,6 +106,7 @@ class RunSpec:
     max_restarts: int = 10
     do_not_restart_exit_codes: frozenset[int] = frozenset(DEFAULT_DO_NOT_RESTART)
     restart_mode: RestartMode = RestartMode.RESUBMIT
+    checkpoints: CheckpointPolicy | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from typing import Any
 
 from supervisor.domain.actions import Action, ActionKind, Cancel, ChangeNode, Fence, Release, SetExcluded, Submit
+from supervisor.domain.checkpoints import resume_env
 from supervisor.domain.cluster import ClusterSnapshot, JobState, NodeChange, SubmitRequest
 from supervisor.domain.policy import REASON_PREFIX
 from supervisor.domain.run import RestartMode, RunSpec
@@ -52,6 +53,8 @@ def submit_request(spec: RunSpec, action: Submit, tag: str, seq_hint: int) -> Su
     env = dict(spec.env)
     env["SLURM_SUPERVISOR_RUN"] = spec.name
     env["SLURM_SUPERVISOR_ATTEMPT"] = str(seq_hint)
+    if action.resume is not None:
+        env.update(resume_env(action.resume))
     return SubmitRequest(
         run=spec.name,
         script=spec.script,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -31,6 +32,8 @@ from supervisor.domain.cluster import ClusterSnapshot, NodeChange
 from supervisor.domain.policy import Observation, Policy, decide
 from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.run import IllegalTransition, RunState
+from supervisor.domain.checkpoints import describe_plan
+from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
 from supervisor.engine.probes import ProbeTracker
 from supervisor.engine.progress import ProgressWatch
@@ -83,6 +86,7 @@ class Engine:
         fencer: Fencer | None = None,
         crash_hook: CrashHook | None = None,
         progress: ProgressWatch | None = None,
+        checkpoints: CheckpointWatch | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.store = store
@@ -90,6 +94,7 @@ class Engine:
         self.settings = settings
         self.fencer = fencer
         self.progress = progress
+        self.checkpoints = checkpoints
         self.probes = ProbeTracker(probe, settings.probe_confirm_s)
         self._crash = crash_hook or (lambda boundary, kind: None)
         self._node_rights = settings.may_change_nodes
@@ -114,6 +119,8 @@ class Engine:
             runs = self.store.runs(active_only=True)
             dead = self.probes.update(self._running_nodes(runs, snap), snap, self.clock.now())
             hangs = self.progress.update(runs, snap, self.clock.now()) if self.progress else {}
+            if self.checkpoints is not None:
+                self.checkpoints.update(runs, self.store)
             obs = Observation(snap, dead, hangs)
             for run in runs:
                 if run.name in blocked:
@@ -228,6 +235,9 @@ class Engine:
     # ------------------------------------------------------------------ actions
 
     def _execute(self, run: RunRecord, action: Action, snap: ClusterSnapshot) -> None:
+        if isinstance(action, Submit) and self.checkpoints is not None:
+            # Chosen before the intent is journaled: a retried submission hands the same checkpoint.
+            action = replace(action, resume=self.checkpoints.resume_for(run, self.store))
         params = params_of(action)
         if isinstance(action, Fence) and self.store.action_done(run.name, action.kind, params):
             return
@@ -289,10 +299,16 @@ class Engine:
             kind = EventKind.RESTARTED if action.restart else EventKind.SUBMITTED
             verb = "restarted as" if action.restart else "submitted as"
             excl = f", excluding {','.join(action.exclude)}" if action.exclude else ""
-            s.record_event(Event(run.name, kind, f"{new.label}: {verb} job {new.job_id}{excl} ({action.reason})",
+            resume = f"; {describe_plan(action.resume)}" if action.resume is not None else ""
+            evidence: dict[str, Any] = {"exclude": list(action.exclude), "reason": action.reason,
+                                        "restarts_spent": run.restarts_spent + int(action.restart)}
+            if action.resume is not None:
+                evidence["resume"] = dict(action.resume)
+                chosen = action.resume.get("checkpoint") or {}
+                evidence["resume_step"] = chosen.get("step")
+            s.record_event(Event(run.name, kind, f"{new.label}: {verb} job {new.job_id}{excl} ({action.reason}){resume}",
                                  f"{run.name}:{new.seq}:{kind.value}:", now, new.seq, new.job_id,
-                                 evidence={"exclude": list(action.exclude), "reason": action.reason,
-                                           "restarts_spent": run.restarts_spent + int(action.restart)}))
+                                 evidence=evidence))
         elif isinstance(action, ChangeNode):
             s.set_node_action(action.node, "drained" if action.change is NodeChange.DRAIN else "down", now)
             if action.change is NodeChange.DRAIN:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
@@ -439,6 +440,47 @@ def test_every_key_is_documented() -> None:
         for section, field in root.model_fields.items():
             assert f"### `[{section}]`" in doc, section
             model = field.annotation
+            if not isinstance(model, type):  # an optional section: X | None
+                model = next(a for a in typing.get_args(model) if a is not type(None))
             assert isinstance(model, type)
             for key in model.model_fields:
                 assert f"| `{key}` |" in doc, f"{section}.{key} is missing from docs/configuration.md"
+
+
+# --------------------------------------------------------------------------- [checkpoints]
+
+
+def test_checkpoints_section_becomes_the_run_specs_policy(tmp_path: Path) -> None:
+    (tmp_path / "shared").mkdir()
+    spec = load_run_spec(spec_in(tmp_path, MINIMAL_RUN + """
+[checkpoints]
+root = "s3://ckpt/llama-70b"
+endpoint_url = "http://127.0.0.1:9000"
+expected_interval_s = 3600
+bandwidth_mb_s = 50
+resume_file = "shared/resume.json"
+"""))
+    policy = spec.checkpoints
+    assert policy is not None
+    assert policy.root == "s3://ckpt/llama-70b/" and policy.endpoint_url == "http://127.0.0.1:9000"
+    assert policy.expected_interval_s == 3600.0 and policy.bandwidth_mb_s == 50.0 and policy.full_verify
+    assert policy.resume_file == str(tmp_path / "shared" / "resume.json")
+    assert load_run_spec(spec_in(tmp_path, MINIMAL_RUN)).checkpoints is None
+
+
+def test_a_posix_checkpoint_root_is_taken_from_the_spec_files_folder(tmp_path: Path) -> None:
+    spec = load_run_spec(spec_in(tmp_path, MINIMAL_RUN + '[checkpoints]\nroot = "ckpt"\n'))
+    assert spec.checkpoints is not None and spec.checkpoints.root == str(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize(("body", "key", "words"), [
+    ('root = "gs://bucket/x"', "checkpoints.root", "scheme 'gs' is not supported"),
+    ('root = "s3:///x"', "checkpoints.root", "names no bucket"),
+    ('root = "s3://b/"\nresume_file = "nowhere/resume.json"', "checkpoints.resume_file", "does not exist"),
+    ('root = "s3://b/"\nbandwidth_mb_s = 0', "checkpoints.bandwidth_mb_s", "must be > 0"),
+    ('root = "s3://b/"\nalarm_intervals = 0.5', "checkpoints.alarm_intervals", "must be >= 1"),
+    ('endpoint_url = "http://x"', "checkpoints.root", "is missing"),
+])
+def test_checkpoint_mistakes_name_the_key_and_the_fix(tmp_path: Path, body: str, key: str, words: str) -> None:
+    message = error_of(spec_in(tmp_path, MINIMAL_RUN + "[checkpoints]\n" + body + "\n"))
+    assert key in message and words in message

@@ -1,0 +1,248 @@
+"""Checkpoints in the tick: find new ones, verify them, alarm when none appear, choose where to resume.
+
+Per run with a ``[checkpoints]`` section: the storage root is listed every ``scan_interval_s``;
+each new checkpoint gets a metadata verification at once and, when the run asks for it, a full
+verification after it (the store applies the bandwidth cap). Storage work runs on a small pool of
+worker threads so a slow bucket never stalls the tick; results come back to the engine thread,
+which alone writes the store. In ``inline`` mode (the simulator, unit tests) the work runs in the
+tick, deterministically.
+
+At every submission the engine asks ``resume_for``: the newest verified checkpoint, older verified
+ones as fallbacks, and for the logbook the newer ones passed over and why. A committed checkpoint
+not verified yet gets its metadata check there and then: a restart never waits for a scan, and
+never resumes from a torn or unverified checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from supervisor.domain.checkpoints import (
+    CheckpointRef,
+    Level,
+    Outcome,
+    ResumeChoice,
+    VerifyResult,
+    choose_resume,
+    effective_result,
+    resume_plan,
+    staleness,
+)
+from supervisor.domain.records import Event, EventKind, RunRecord
+from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
+from supervisor.ports import CheckpointStore, Clock, PortError, Store
+
+log = structlog.get_logger("supervisor.checkpoints")
+
+StoreFactory = Callable[[RunSpec], CheckpointStore]
+ResumeWriter = Callable[[str, str], None]  # (path, JSON text): atomic write on a shared filesystem
+
+_KIND = {
+    Outcome.VERIFIED: EventKind.CHECKPOINT_VERIFIED,
+    Outcome.CORRUPT: EventKind.CHECKPOINT_CORRUPT,
+    Outcome.UNVERIFIABLE: EventKind.CHECKPOINT_UNVERIFIABLE,
+}
+
+
+@dataclass
+class _RunState:
+    store: CheckpointStore
+    next_scan: float = 0.0
+    listing: Future[list[CheckpointRef]] | None = None
+    pending: list[tuple[CheckpointRef, Level, Future[VerifyResult]]] = field(default_factory=list)
+    queued: set[tuple[str, Level]] = field(default_factory=set)
+    retry: list[tuple[CheckpointRef, Level]] = field(default_factory=list)  # unverifiable: again next scan
+
+
+class CheckpointWatch:
+    def __init__(self, factory: StoreFactory, clock: Clock, *, inline: bool = False, workers: int = 2,
+                 write_resume: ResumeWriter | None = None) -> None:
+        self._factory = factory
+        self._clock = clock
+        self._inline = inline
+        self._pool = None if inline else ThreadPoolExecutor(workers, thread_name_prefix="ckpt-verify")
+        self._write_resume = write_resume
+        self._runs: dict[str, _RunState] = {}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ the tick
+
+    def update(self, runs: Iterable[RunRecord], store: Store) -> None:
+        now = self._clock.now()
+        for run in runs:
+            policy = run.spec.checkpoints
+            if policy is None or run.state.terminal:
+                continue
+            st = self._state(run)
+            self._collect(run, st, store)
+            if st.listing is None and now >= st.next_scan:
+                st.next_scan = now + policy.scan_interval_s
+                st.listing = self._submit(st.store.discover)
+                self._collect(run, st, store)
+            self._alarm(run, policy, store, now)
+
+    def _state(self, run: RunRecord) -> _RunState:
+        st = self._runs.get(run.name)
+        if st is None:
+            st = self._runs[run.name] = _RunState(self._factory(run.spec))
+        return st
+
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        if self._pool is not None:
+            return self._pool.submit(fn, *args)
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed back through the future, like a pool does
+            fut.set_exception(exc)
+        return fut
+
+    def _collect(self, run: RunRecord, st: _RunState, store: Store) -> None:
+        if st.listing is not None and st.listing.done():
+            listing, st.listing = st.listing, None
+            try:
+                refs = listing.result()
+            except PortError as exc:
+                log.warning("checkpoint_listing_failed", run=run.name, error=str(exc))
+                refs = []
+            for ref in refs:
+                if store.checkpoint_seen(run.name, ref, self._clock.now()):
+                    self._queue(run, st, ref, Level.METADATA)
+            retry, st.retry = st.retry, []
+            for ref, level in retry:
+                self._queue(run, st, ref, level)
+        while any(verifying.done() for _, _, verifying in st.pending):
+            pending, st.pending = st.pending, []
+            for ref, level, verifying in pending:
+                if not verifying.done():
+                    st.pending.append((ref, level, verifying))
+                    continue
+                st.queued.discard((ref.location, level))
+                self._record(run, st, store, ref, _result_of(ref, level, verifying))  # may queue more
+
+    def _queue(self, run: RunRecord, st: _RunState, ref: CheckpointRef, level: Level) -> None:
+        if (ref.location, level) in st.queued:
+            return
+        st.queued.add((ref.location, level))
+        st.pending.append((ref, level, self._submit(st.store.verify, ref, level)))
+
+    def _record(self, run: RunRecord, st: _RunState, store: Store, ref: CheckpointRef, result: VerifyResult) -> None:
+        store.checkpoint_result(run.name, result)
+        log.info("checkpoint_checked", run=run.name, location=ref.location, level=result.level.value,
+                 outcome=result.outcome.value, reason=result.reason)
+        policy = run.spec.checkpoints
+        if result.outcome is Outcome.VERIFIED and result.level is Level.METADATA and policy and policy.full_verify:
+            self._queue(run, st, ref, Level.FULL)
+        if result.outcome is Outcome.UNVERIFIABLE:
+            st.retry.append((ref, result.level))  # storage trouble proves nothing: try again next scan
+            if not ref.committed:
+                return  # an upload in progress: normal, not worth a logbook line
+        step = f"step {result.step}" if result.step is not None else ref.name
+        weak = f" [{ref.guarantee.value}: weaker guarantee]" if ref.guarantee.weak else ""
+        a = run.attempt
+        store.record_event(Event(
+            run.name, _KIND[result.outcome],
+            f"checkpoint {step} {result.outcome.value} ({result.level.value}){weak}: {result.reason}",
+            f"{run.name}:ckpt:{ref.location}:{result.level.value}:{result.outcome.value}", self._clock.now(),
+            a.seq if a else None, a.job_id if a else None, evidence=result.evidence()))
+
+    def _alarm(self, run: RunRecord, policy: CheckpointPolicy, store: Store, now: float) -> None:
+        if run.state is not RunState.RUNNING or run.attempt is None or run.attempt.started_at is None:
+            return
+        newest = _newest_verified(store.checkpoints(run.name))
+        age = staleness(now, run.created_at, newest.seen_at if newest else None, policy.expected_interval_s,
+                        policy.alarm_intervals)
+        if age is None:
+            return
+        a = run.attempt
+        last = f"step {newest.step}" if newest else "none yet"
+        store.record_event(Event(
+            run.name, EventKind.CHECKPOINT_STALE,
+            f"no verified checkpoint for {age / 3600:.1f} h ({policy.alarm_intervals:g} × the expected "
+            f"{policy.expected_interval_s:g} s interval); newest verified: {last}",
+            f"{run.name}:ckpt-stale:{newest.location if newest else 'none'}", now, a.seq, a.job_id,
+            evidence={"age_s": round(age, 1), "expected_interval_s": policy.expected_interval_s,
+                      "newest_verified": newest.location if newest else None}))
+
+    # ------------------------------------------------------------------ at submission
+
+    def resume_for(self, run: RunRecord, store: Store) -> dict[str, Any] | None:
+        """The resume plan for a new incarnation of ``run`` (None when it has no [checkpoints])."""
+        policy = run.spec.checkpoints
+        if policy is None:
+            return None
+        st = self._state(run)
+        self._collect(run, st, store)
+        self._verify_unchecked(run, st, store)
+        choice = self.choose(run, store)
+        path = policy.resume_file
+        plan = resume_plan(choice, file=path)
+        if path and self._write_resume is not None:
+            import json
+
+            self._write_resume(path, json.dumps({"run": run.name, **plan}, indent=1))
+        return plan
+
+    def choose(self, run: RunRecord, store: Store) -> ResumeChoice:
+        rows = store.checkpoints(run.name)
+        refs = [ref for ref, *_ in rows]
+        results: dict[str, VerifyResult] = {}
+        for ref, meta, full, demoted in rows:
+            eff = effective_result(meta, full)
+            if demoted and eff is not None:
+                eff = VerifyResult(ref.location, ref.step, eff.level, Outcome.CORRUPT, demoted, ref.guarantee)
+            if eff is not None:
+                results[ref.location] = eff
+        policy = run.spec.checkpoints
+        return choose_resume(refs, results, allow_weak=policy.allow_adopted if policy else True)
+
+    def _verify_unchecked(self, run: RunRecord, st: _RunState, store: Store) -> None:
+        """Metadata-verify, now and in this thread, committed checkpoints newer than the newest
+        verified one that have no verdict yet (found by the last scan, or never scanned)."""
+        try:
+            for ref in st.store.discover():
+                store.checkpoint_seen(run.name, ref, self._clock.now())
+        except PortError as exc:
+            log.warning("checkpoint_listing_failed", run=run.name, error=str(exc))
+        rows = store.checkpoints(run.name)
+        newest = _newest_verified(rows)
+        for ref, meta, full, demoted in rows:
+            if newest is not None and (ref.step or 0) <= (newest.step or 0):
+                break
+            eff = effective_result(meta, full)
+            if not ref.committed or demoted or (eff is not None and eff.outcome is not Outcome.UNVERIFIABLE):
+                continue
+            self._record(run, st, store, ref, _safe_verify(st.store, ref, Level.METADATA))
+
+
+def _newest_verified(rows: list[tuple[CheckpointRef, VerifyResult | None, VerifyResult | None, str | None]]
+                     ) -> CheckpointRef | None:
+    for ref, meta, full, demoted in rows:
+        eff = effective_result(meta, full)
+        if eff is not None and eff.outcome is Outcome.VERIFIED and not demoted:
+            return ref
+    return None
+
+
+def _safe_verify(store: CheckpointStore, ref: CheckpointRef, level: Level) -> VerifyResult:
+    try:
+        return store.verify(ref, level)
+    except PortError as exc:
+        return VerifyResult(ref.location, ref.step, level, Outcome.UNVERIFIABLE, str(exc), ref.guarantee)
+
+
+def _result_of(ref: CheckpointRef, level: Level, fut: Future[VerifyResult]) -> VerifyResult:
+    try:
+        return fut.result()
+    except Exception as exc:  # a verifier bug or a storage error it did not classify: not evidence of corruption
+        log.error("checkpoint_verify_crashed", location=ref.location, error=str(exc), error_type=type(exc).__name__)
+        return VerifyResult(ref.location, ref.step, level, Outcome.UNVERIFIABLE,
+                            f"verification failed: {type(exc).__name__}: {exc}", ref.guarantee)
