@@ -33,11 +33,16 @@ from supervisor.domain.checkpoints import (
     resume_plan,
     staleness,
 )
-from supervisor.domain.records import Event, EventKind, RunRecord
+from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
 from supervisor.ports import CheckpointStore, Clock, PortError, Store
 
 log = structlog.get_logger("supervisor.checkpoints")
+
+# A checkpoint that two incarnations in a row failed on soon after resuming from it (not for a
+# node fault) is passed over at the next restart: fall back step by step instead of looping.
+LOAD_FAILURE_WINDOW_S = 1800.0
+LOAD_FAILURES_TO_DEMOTE = 2
 
 StoreFactory = Callable[[RunSpec], CheckpointStore]
 ResumeWriter = Callable[[str, str], None]  # (path, JSON text): atomic write on a shared filesystem
@@ -182,6 +187,7 @@ class CheckpointWatch:
         st = self._state(run)
         self._collect(run, st, store)
         self._verify_unchecked(run, st, store)
+        self._demote_failed_loads(run, store)
         choice = self.choose(run, store)
         path = policy.resume_file
         plan = resume_plan(choice, file=path)
@@ -221,6 +227,41 @@ class CheckpointWatch:
             if not ref.committed or demoted or (eff is not None and eff.outcome is not Outcome.UNVERIFIABLE):
                 continue
             self._record(run, st, store, ref, _safe_verify(st.store, ref, Level.METADATA))
+
+
+    def _demote_failed_loads(self, run: RunRecord, store: Store) -> None:
+        handed: dict[int, str] = {}  # attempt seq -> checkpoint location it was handed
+        for e in store.events(run.name):
+            if e.kind in (EventKind.SUBMITTED, EventKind.RESTARTED) and e.attempt is not None:
+                chosen = (e.evidence.get("resume") or {}).get("checkpoint") or {}
+                if chosen.get("location"):
+                    handed[e.attempt] = chosen["location"]
+        attempts = sorted(store.attempts(run.name), key=lambda a: a.seq, reverse=True)
+        streak: list[str] = []
+        location = None
+        for a in attempts:
+            loc = handed.get(a.seq)
+            if loc is None or (location is not None and loc != location) or not _failed_soon(a, run):
+                break
+            location = loc
+            streak.append(f"{a.label} ended {a.end_state} after {(a.ended_at or 0) - (a.started_at or 0):.0f} s")
+        if location is not None and len(streak) >= LOAD_FAILURES_TO_DEMOTE:
+            why = f"{len(streak)} incarnations in a row failed soon after resuming from it: {'; '.join(streak)}"
+            store.demote_checkpoint(run.name, location, why)
+            log.warning("checkpoint_demoted", run=run.name, location=location, why=why)
+            a = attempts[0]
+            store.record_event(Event(run.name, EventKind.WARNING, f"checkpoint {location} passed over: {why}",
+                                     f"{run.name}:ckpt-demoted:{location}", self._clock.now(), a.seq, a.job_id,
+                                     evidence={"location": location, "failures": streak}))
+
+
+def _failed_soon(a: AttemptRecord, run: RunRecord) -> bool:
+    """The attempt ran, ended unsuccessfully within the window, and not on a node found faulty."""
+    if a.started_at is None or a.ended_at is None or a.end_state == "COMPLETED":
+        return False
+    if set(a.nodes) & set(run.excluded):
+        return False  # a node fault explains it, not the checkpoint
+    return a.ended_at - a.started_at <= LOAD_FAILURE_WINDOW_S
 
 
 def _newest_verified(rows: list[tuple[CheckpointRef, VerifyResult | None, VerifyResult | None, str | None]]

@@ -247,3 +247,21 @@ def test_no_verified_checkpoint_for_k_intervals_raises_one_alarm(tmp_path):
     w.ckpt.save(100)
     w.idle(15)
     assert len(w.events(EventKind.CHECKPOINT_STALE)) == 1  # a fresh verified checkpoint resets it
+
+
+def test_a_checkpoint_the_job_keeps_failing_on_is_passed_over_for_the_next_older_one(tmp_path):
+    w = World(tmp_path)
+    w.until(w.running)
+    w.ckpt.save(100)
+    w.ckpt.save(200)  # verifies fine, but the trainer cannot load it (say, a sharding mismatch)
+    w.idle(12)
+    for seq in (0, 1):
+        w.cluster.finish_job(w.run().attempt.job_id, exit_code=1)
+        w.until(lambda seq=seq: w.running(seq + 1))
+        assert w.submitted_env()["SSV_RESUME_STEP"] == "200"
+        w.idle(5)
+    w.cluster.finish_job(w.run().attempt.job_id, exit_code=1)  # the second failure in a row on step 200
+    w.until(lambda: w.running(3))
+    assert w.submitted_env()["SSV_RESUME_STEP"] == "100"
+    warning = [e for e in w.events(EventKind.WARNING) if "passed over" in e.message]
+    assert len(warning) == 1 and "step_000200" in warning[0].message
