@@ -101,6 +101,17 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (run, location)
     );
     """,
+    # 3: degraded nodes kept out from the next boundary; operators' clears of quarantined nodes
+    """
+    ALTER TABLE exclusions ADD COLUMN deferred INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE quarantine_clears (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        node TEXT NOT NULL,
+        at REAL NOT NULL,
+        by TEXT NOT NULL,
+        note TEXT NOT NULL
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from supervisor.domain.checkpoints import CheckpointRef, Guarantee, Level, Outcome, ShardProblem, VerifyResult
+from supervisor.domain.lemon import Fault
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import CheckpointPolicy, RestartMode, RunSpec, RunState, SparePolicy, transition
 from supervisor.adapters.sqlite_schema import migrate
@@ -103,8 +104,36 @@ class SqliteStore:
 
     def exclude(self, run: str, node: str, reason: str, now: float) -> None:
         self._db.execute(
-            "INSERT OR IGNORE INTO exclusions(run, node, reason, since) VALUES (?, ?, ?, ?)", (run, node, reason, now)
+            "INSERT INTO exclusions(run, node, reason, since, deferred) VALUES (?, ?, ?, ?, 0)"
+            " ON CONFLICT(run, node) DO UPDATE SET reason = excluded.reason, since = excluded.since, deferred = 0"
+            " WHERE exclusions.deferred = 1",
+            (run, node, reason, now),
         )
+
+    def defer(self, run: str, node: str, reason: str, now: float) -> None:
+        """Keep a degraded node out of the run from its next restart or checkpoint boundary on."""
+        self._db.execute(
+            "INSERT OR IGNORE INTO exclusions(run, node, reason, since, deferred) VALUES (?, ?, ?, ?, 1)",
+            (run, node, reason, now),
+        )
+
+    # ------------------------------------------------------------------ bad-node memory
+
+    def node_faults(self, since: float) -> list[Fault]:
+        """Faults pinned on a node, in every run, since ``since`` (from the logbook)."""
+        rows = self._db.execute(
+            "SELECT at, run, json_extract(evidence, '$.node') AS node, json_extract(evidence, '$.observed') AS why"
+            " FROM events WHERE kind = 'fault' AND at >= ? AND json_extract(evidence, '$.node') IS NOT NULL"
+            " ORDER BY id", (since,)).fetchall()
+        return [Fault(r["node"], r["at"], r["run"], r["why"] or "fault") for r in rows]
+
+    def clear_quarantine(self, node: str, now: float, by: str, note: str) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO quarantine_clears(node, at, by, note) VALUES (?, ?, ?, ?)", (node, now, by, note))
+
+    def quarantine_clears(self) -> dict[str, float]:
+        rows = self._db.execute("SELECT node, MAX(at) AS at FROM quarantine_clears GROUP BY node").fetchall()
+        return {r["node"]: r["at"] for r in rows}
 
     # ------------------------------------------------------------------ attempts
 
@@ -194,12 +223,14 @@ class SqliteStore:
         ).fetchone()
         return row is not None
 
-    def node_changes_since(self, since: float) -> int:
-        """Distinct nodes the supervisor set DOWN since ``since`` (the blast-radius count)."""
+    def node_changes_since(self, since: float, run: str | None = None) -> int:
+        """Distinct nodes the supervisor set DOWN or DRAIN since ``since`` (the blast-radius count),
+        in every run or in ``run``."""
         row = self._db.execute(
             "SELECT COUNT(DISTINCT json_extract(params, '$.node')) FROM actions WHERE kind = 'node_state'"
-            " AND json_extract(params, '$.change') = 'DOWN' AND status = 'done' AND completed_at >= ?",
-            (since,),
+            " AND json_extract(params, '$.change') IN ('DOWN', 'DRAIN') AND status = 'done' AND completed_at >= ?"
+            " AND (? IS NULL OR run = ?)",
+            (since, run, run),
         ).fetchone()
         return int(row[0])
 
@@ -273,7 +304,8 @@ class SqliteStore:
     def _run_from_row(self, row: sqlite3.Row) -> RunRecord:
         name = row["name"]
         a = self._db.execute("SELECT * FROM attempts WHERE run = ? ORDER BY seq DESC LIMIT 1", (name,)).fetchone()
-        ex = self._db.execute("SELECT node, reason FROM exclusions WHERE run = ? ORDER BY node", (name,)).fetchall()
+        ex = self._db.execute("SELECT node, reason, since, deferred FROM exclusions WHERE run = ? ORDER BY node",
+                              (name,)).fetchall()
         return RunRecord(
             spec=_spec_from_json(json.loads(row["spec"])),
             state=RunState(row["state"]),
@@ -283,7 +315,8 @@ class SqliteStore:
             cancel_requested=bool(row["cancel_requested"]),
             end_reason=row["end_reason"],
             attempt=None if a is None else _attempt_from_row(a),
-            excluded={r["node"]: r["reason"] for r in ex},
+            excluded={r["node"]: r["reason"] for r in ex if not r["deferred"]},
+            deferred={r["node"]: (r["since"], r["reason"]) for r in ex if r["deferred"]},
         )
 
 

@@ -274,3 +274,8 @@ def _user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):
         return f"uid {os.getuid()}"
+
+
+from supervisor.cli.quarantine import quarantine  # noqa: E402
+
+main.add_command(quarantine)

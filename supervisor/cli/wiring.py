@@ -10,6 +10,8 @@ from supervisor.adapters.logtail import LogTail
 from supervisor.adapters.slurm_cli import SlurmCli
 from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.config import DaemonConfig
+from supervisor.domain.health import HeartbeatSettings
+from supervisor.domain.lemon import QuarantineSettings
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.run import RunSpec
 from supervisor.engine.checkpoints import CheckpointWatch
@@ -31,10 +33,15 @@ def store(cfg: DaemonConfig) -> SqliteStore:
 
 
 def engine_settings(cfg: DaemonConfig) -> EngineSettings:
+    h, q = cfg.health, cfg.quarantine
     return EngineSettings(
         may_change_nodes=cfg.daemon.may_change_nodes,
         max_drains_per_hour=cfg.daemon.max_drains_per_hour,
+        max_drains_per_run_per_hour=cfg.daemon.max_drains_per_run_per_hour,
         probe_confirm_s=cfg.probe.confirm_after_s,
+        heartbeat=HeartbeatSettings(h.heartbeat_timeout_s, h.heartbeat_startup_grace_s),
+        finding_ttl_s=h.finding_ttl_s,
+        quarantine=QuarantineSettings(q.faults, q.window_h * 3600, q.base_h * 3600, q.max_h * 3600),
     )
 
 

@@ -26,6 +26,9 @@ class DaemonSection(Section):
     max_drains_per_hour: StrictInt = Field(
         default=8, ge=0, json_schema_extra=fix_hint("set a non-negative number; 0 means never drain")
     )
+    max_drains_per_run_per_hour: StrictInt = Field(
+        default=4, ge=0, json_schema_extra=fix_hint("set a non-negative number; 0 means never drain for a run")
+    )
 
     @field_validator("state_dir", mode="before")
     @classmethod
@@ -96,6 +99,29 @@ class HangSection(Section):
     )
 
 
+class HealthSection(Section):
+    """Node findings from agents and hooks, and agent heartbeats (issue 3)."""
+
+    heartbeat_timeout_s: FloatField = Field(
+        default=15.0, ge=1, le=3600, json_schema_extra=fix_hint("set seconds from 1 to 3600, e.g. 3 × the agent interval")
+    )
+    heartbeat_startup_grace_s: FloatField = Field(
+        default=120.0, ge=0, le=86400, json_schema_extra=fix_hint("set seconds from 0 to 86400, e.g. 120")
+    )
+    finding_ttl_s: FloatField = Field(
+        default=3600.0, ge=1, le=7 * 86400, json_schema_extra=fix_hint("set seconds from 1 to 604800, e.g. 3600")
+    )
+
+
+class QuarantineSection(Section):
+    """Bad-node memory across runs: repeat offenders are kept out of every run for a while."""
+
+    faults: StrictInt = Field(default=2, ge=1, json_schema_extra=fix_hint("set how many faults quarantine a node, e.g. 2"))
+    window_h: FloatField = Field(default=168.0, gt=0, json_schema_extra=fix_hint("set hours above 0, e.g. 168 (a week)"))
+    base_h: FloatField = Field(default=24.0, gt=0, json_schema_extra=fix_hint("set hours above 0, e.g. 24"))
+    max_h: FloatField = Field(default=720.0, gt=0, json_schema_extra=fix_hint("set hours above 0, e.g. 720 (30 days)"))
+
+
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -138,4 +164,6 @@ class DaemonConfig(Section):
     probe: ProbeSection = Field(default_factory=ProbeSection)
     fence: FenceSection = Field(default_factory=FenceSection)
     hang: HangSection = Field(default_factory=HangSection)
+    health: HealthSection = Field(default_factory=HealthSection)
+    quarantine: QuarantineSection = Field(default_factory=QuarantineSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)

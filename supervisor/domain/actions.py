@@ -122,6 +122,15 @@ class Exclude:
 
 
 @dataclass(frozen=True)
+class Defer:
+    """Record: keep a degraded node out of the run from its next restart or checkpoint boundary."""
+
+    run: str
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class SetState:
     run: str
     state: RunState
@@ -129,7 +138,7 @@ class SetState:
     spend_restart: bool = False
 
 
-Record = AttemptStarted | AttemptEnded | AttemptRequeued | Exclude | SetState | Event | NodeVerdict
+Record = AttemptStarted | AttemptEnded | AttemptRequeued | Exclude | Defer | SetState | Event | NodeVerdict
 
 
 @dataclass(frozen=True)

@@ -39,3 +39,36 @@ class NodeFinding:
     source: str = "agent"  # "agent", "prolog", "epilog", "healthcheck", "heartbeat", "sim"
     run: str | None = None  # the run whose token carried it, when known
     evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HeartbeatSettings:
+    timeout_s: float = 15.0  # an agent silent this long is suspect (3 × the default 5 s sample interval)
+    startup_grace_s: float = 120.0  # agents need time to start with the job
+
+
+def stale_heartbeats(nodes: tuple[str, ...], ages: Mapping[str, float], running_for: float,
+                     settings: HeartbeatSettings) -> dict[str, str]:
+    """Nodes of a running job whose agent went silent while agents on other nodes of the same job
+    still report: the node itself is stuck (frozen, kernel hang), not the network to the daemon
+    or the daemon's ingest. A node that never reported is not judged (no agent there). A one-node
+    job has no peer to compare with and is left to Slurm."""
+    if running_for < settings.startup_grace_s:
+        return {}
+    known = {n: ages[n] for n in nodes if n in ages}
+    fresh = [n for n, age in known.items() if age <= settings.timeout_s]
+    if not fresh:
+        return {}
+    return {n: (f"node agent silent for {age:.1f} s while {len(fresh)} other node(s) of the job report; "
+                "Slurm still calls the node responding")
+            for n, age in sorted(known.items()) if age > settings.timeout_s}
+
+
+def worst(findings: list[NodeFinding]) -> dict[str, NodeFinding]:
+    """Per node, the most severe finding (the newest among equals)."""
+    out: dict[str, NodeFinding] = {}
+    for f in findings:
+        cur = out.get(f.node)
+        if cur is None or f.severity.rank > cur.severity.rank or (f.severity is cur.severity and f.at >= cur.at):
+            out[f.node] = f
+    return out

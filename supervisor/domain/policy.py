@@ -20,6 +20,7 @@ from supervisor.domain.actions import (
     Cancel,
     ChangeNode,
     Decision,
+    Defer,
     Exclude,
     Fence,
     Release,
@@ -28,6 +29,7 @@ from supervisor.domain.actions import (
     Submit,
 )
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange
+from supervisor.domain.health import NodeFinding, Severity
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import RestartMode, RunState
 from supervisor.domain.spares import exclusions_for
@@ -43,6 +45,9 @@ class Observation:
     snapshot: ClusterSnapshot
     dead: Mapping[str, str] = field(default_factory=dict)  # node -> evidence
     hangs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # run -> hang evidence
+    findings: Mapping[str, NodeFinding] = field(default_factory=dict)  # node -> worst active finding
+    quarantined: Mapping[str, str] = field(default_factory=dict)  # node -> why every run keeps out
+    checkpoint_at: Mapping[str, float] = field(default_factory=dict)  # run -> newest verified checkpoint
 
     @property
     def now(self) -> float:
@@ -88,7 +93,7 @@ def _decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
     if attempt is None:
         if run.cancel_requested:
             return _set_terminal(run, RunState.CANCELLED, EventKind.CANCELLED, "cancelled before any job ran", obs)
-        exclude = exclusions_for(run, obs.snapshot)
+        exclude = exclusions_for(run, obs.snapshot, obs.quarantined)
         return Decision(actions=(Submit(run.name, exclude, restart=False, reason="first submission"),))
     job = obs.snapshot.jobs.get(attempt.job_id)
     if run.cancel_requested:
@@ -137,6 +142,8 @@ def faulty_nodes(run: RunRecord, nodes: tuple[str, ...], obs: Observation) -> di
             bad[name] = f"Slurm reports the node DOWN ({info.reason or 'no reason'})"
         elif not info.responding:
             bad[name] = "Slurm reports the node NOT_RESPONDING"
+        elif (found := obs.findings.get(name)) is not None and found.severity is Severity.FATAL:
+            bad[name] = f"{found.reason} [{found.source}, rule {found.rule}]"
         elif name in run.excluded:
             bad[name] = f"node is kept out of this run: {run.excluded[name]}"
     return bad
@@ -160,7 +167,56 @@ def _running(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, p
     if run.state is RunState.RECOVERING:
         # A fault was recorded earlier; finish stopping this incarnation.
         return Decision(tuple(records), _stop(run, job, "finishing recovery started earlier"))
-    return Decision(tuple(records))
+    records += _degraded(run, a, job, obs)
+    return Decision(tuple(records)) + _at_checkpoint_boundary(run, a, job, obs, policy)
+
+
+def _degraded(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) -> list:
+    """Degraded nodes of the job (throttling, a pending row remap): kept out from the next restart
+    or checkpoint boundary on; the work since the last checkpoint is not thrown away for them."""
+    out: list = []
+    for node in job.nodes:
+        found = obs.findings.get(node)
+        if found is None or found.severity is not Severity.DEGRADED or node in run.deferred:
+            continue
+        evidence = {"node": node, "rule": found.rule, "source": found.source, **found.evidence}
+        out += [
+            Defer(run.name, node, found.reason),
+            NodeVerdict(node, Verdict.SUSPECT, found.reason, evidence, run.name, "deferred", obs.now),
+            _event(run, a, EventKind.NODE_DEGRADED,
+                   f"{node} degraded: {found.reason} [rule {found.rule}]; kept out from the next restart or "
+                   "checkpoint boundary", obs, evidence, f"{node}:{found.rule}"),
+        ]
+    return out
+
+
+def _at_checkpoint_boundary(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation,
+                            policy: Policy) -> Decision:
+    """A verified checkpoint newer than both the attempt and a degraded node's finding: restart now
+    without the node, losing (almost) no work, and drain it with the evidence."""
+    ckpt = obs.checkpoint_at.get(run.name)
+    nodes = sorted(n for n in job.nodes if n in run.deferred)
+    if ckpt is None or not nodes or a.started_at is None:
+        return Decision()
+    if ckpt <= max([a.started_at] + [run.deferred[n][0] for n in nodes]):
+        return Decision()
+    why = f"checkpoint boundary: dropping degraded {_fmt(tuple(nodes))}"
+    evidence = {"nodes": {n: run.deferred[n][1] for n in nodes}, "checkpoint_at": ckpt, "planned": True}
+    records: list = [_event(run, a, EventKind.FAULT, f"{a.label}: {why} ({'; '.join(run.deferred[n][1] for n in nodes)})",
+                            obs, evidence, "boundary"),
+                     SetState(run.name, RunState.RECOVERING, reason=why)]
+    actions: list[Action] = []
+    drains_left = policy.drains_left
+    for node in nodes:
+        if policy.may_change_nodes and drains_left > 0 and not _marked_by_us(_reason_of(obs, node), run.name):
+            actions.append(ChangeNode(run.name, node, NodeChange.DRAIN, node_reason(run.name, run.deferred[node][1])))
+            drains_left -= 1
+    return Decision(tuple(records), tuple(actions) + _stop(run, job, why))
+
+
+def _reason_of(obs: Observation, node: str) -> str:
+    info = obs.snapshot.nodes.get(node)
+    return info.reason if info else ""
 
 
 def _recover(
@@ -179,12 +235,31 @@ def _contain(
     records: list = []
     actions: list[Action] = []
     drains_left = policy.drains_left
+    held: list[str] = []
     for node, why in sorted(bad.items()):
+        if policy.may_change_nodes and drains_left <= 0 and not _handled(run, node, obs):
+            held.append(node)  # beyond the blast radius: suspect, neither drained nor kept out
+            records.append(NodeVerdict(node, Verdict.SUSPECT, why, {"node": node, "observed": why}, run.name,
+                                       "blast-radius", obs.now))
+            continue
         records += _fault_records(run, a, node, why, obs)
         items, drains_left = _node_change(run, a, node, why, obs, policy, drains_left)
         actions += [x for x in items if isinstance(x, ChangeNode)]
         records += [x for x in items if not isinstance(x, ChangeNode)]
+    if held:
+        drained = sorted({x.node for x in actions if isinstance(x, ChangeNode)})
+        msg = (f"mass fault: {len(bad)} nodes of {a.label} faulted at once; the blast-radius cap allowed "
+               f"{len(drained)} drain(s) ({_fmt(tuple(drained))}); {len(held)} left suspect, not drained, "
+               f"for a human to judge: {_fmt(tuple(held))}")
+        records.append(_event(run, a, EventKind.MASS_FAULT, msg, obs,
+                              {"faulted": dict(sorted(bad.items())), "drained": drained, "suspect": held}, "mass"))
     return records, actions
+
+
+def _handled(run: RunRecord, node: str, obs: Observation) -> bool:
+    """This run already downed or drained the node: no new node change is needed."""
+    info = obs.snapshot.nodes.get(node)
+    return info is not None and _marked_by_us(info.reason, run.name) and (info.down or info.drained)
 
 
 def _recover_hang(run: RunRecord, a: AttemptRecord, job: JobInfo, hang: Mapping[str, Any],
@@ -222,7 +297,7 @@ def _node_change(
     """DOWN (Slurm ends or requeues the job at once), then DRAIN (stays out until an admin resumes it)."""
     info = obs.snapshot.nodes.get(node)
     reason = node_reason(run.name, why)
-    if info is not None and _marked_by_us(info.reason, run.name) and info.down:
+    if info is not None and _handled(run, node, obs):
         done = info.drained
         return ([] if done else [ChangeNode(run.name, node, NodeChange.DRAIN, info.reason)]), drains_left
     if not policy.may_change_nodes:
@@ -231,8 +306,12 @@ def _node_change(
     if drains_left <= 0:
         msg = f"{node} excluded from run {run.name}; not drained: blast-radius limit reached (daemon.max_drains_per_hour)"
         return [_event(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:blast")], drains_left
-    changes = [ChangeNode(run.name, node, c, reason) for c in (NodeChange.DOWN, NodeChange.DRAIN)]
-    return list(changes), drains_left - 1
+    # A node the agent found faulty but that still answers is drained, not downed: its slurmd
+    # cleans up the cancelled job. Requeue mode relies on DOWN to make Slurm requeue the job.
+    alive = (node in obs.findings and node not in obs.dead and info is not None and info.responding
+             and not info.down and run.spec.restart_mode is RestartMode.RESUBMIT)
+    kinds = (NodeChange.DRAIN,) if alive else (NodeChange.DOWN, NodeChange.DRAIN)
+    return [ChangeNode(run.name, node, c, reason) for c in kinds], drains_left - 1
 
 
 def _marked_by_us(reason: str, run: str) -> bool:
@@ -331,15 +410,22 @@ def _restart(run: RunRecord, a: AttemptRecord, job: JobInfo | None, obs: Observa
         return _set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
     actions: list[Action] = []
     records: list = []
-    dead = sorted(set(a.nodes) & set(run.excluded))
+    dead = sorted(n for n in set(a.nodes) & set(run.excluded) if _unreachable(obs, n))
     if policy.fence and job is not None:
         actions += [Fence(run.name, n, a.job_id) for n in dead]
     elif dead:
         msg = (f"no fence command: cannot confirm that nothing of {a.label} still runs on {_fmt(tuple(dead))}; "
                "Slurm kills leftovers when the node's slurmd returns (set fence.command to power it off)")
         records.append(_event(run, a, EventKind.WARNING, msg, obs, {"nodes": dead}, "unfenced"))
-    actions.append(Submit(run.name, exclusions_for(run, obs.snapshot), restart=True, reason=reason))
+    actions.append(Submit(run.name, exclusions_for(run, obs.snapshot, obs.quarantined), restart=True, reason=reason))
     return Decision(tuple(records), tuple(actions))
+
+
+def _unreachable(obs: Observation, node: str) -> bool:
+    """Slurm cannot reach the node: what runs there cannot be confirmed stopped without a fence.
+    A node drained for a GPU fault still answers; its slurmd kills the cancelled job."""
+    info = obs.snapshot.nodes.get(node)
+    return info is None or info.down or not info.responding or node in obs.dead
 
 
 def _vanished(run: RunRecord, a: AttemptRecord, obs: Observation, policy: Policy) -> Decision:

@@ -47,6 +47,8 @@ class RunRecord:
     end_reason: str | None = None
     attempt: AttemptRecord | None = None  # the current (newest) attempt
     excluded: Mapping[str, str] = field(default_factory=dict)  # node -> why it is kept out
+    # node -> (since, why): degraded, kept out from the next restart or checkpoint boundary on
+    deferred: Mapping[str, tuple[float, str]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -92,6 +94,8 @@ class EventKind(StrEnum):
     CHECKPOINT_CORRUPT = "checkpoint_corrupt"
     CHECKPOINT_UNVERIFIABLE = "checkpoint_unverifiable"
     CHECKPOINT_STALE = "checkpoint_stale"  # no verified checkpoint for k expected intervals
+    NODE_DEGRADED = "node_degraded"  # kept out from the next restart or checkpoint boundary
+    MASS_FAULT = "mass_fault"  # more nodes faulted at once than the blast radius allows: a human decides
 
 
 @dataclass(frozen=True)

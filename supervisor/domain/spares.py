@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.records import RunRecord
 from supervisor.domain.run import SparePolicy
 
 
-def exclusions_for(run: RunRecord, snapshot: ClusterSnapshot) -> tuple[str, ...]:
+def exclusions_for(run: RunRecord, snapshot: ClusterSnapshot, also: Iterable[str] = ()) -> tuple[str, ...]:
     """The ``--exclude`` list for the run's next job.
 
-    Nodes kept out of the run are always excluded. With named spares, the spares are excluded too,
-    except as many idle spares as the run needs when the partition has too few other idle nodes.
+    Nodes kept out of the run (faulty, degraded) and ``also`` (quarantined nodes) are always
+    excluded. With named spares, the spares are excluded too, except as many idle spares as the
+    run needs when the partition has too few other idle nodes.
     """
-    bad = set(run.excluded)
+    bad = set(run.excluded) | set(run.deferred) | set(also)
     spec = run.spec
     if spec.spare_policy is not SparePolicy.NAMED or not spec.spare_nodes:
         return tuple(sorted(bad))

@@ -177,6 +177,17 @@ class CheckpointWatch:
             evidence={"age_s": round(age, 1), "expected_interval_s": policy.expected_interval_s,
                       "newest_verified": newest.location if newest else None}))
 
+    def verified_at(self, runs: Iterable[RunRecord], store: Store) -> dict[str, float]:
+        """Per run with checkpoints: when its newest verified checkpoint was written."""
+        out: dict[str, float] = {}
+        for run in runs:
+            if run.spec.checkpoints is None or run.state.terminal:
+                continue
+            newest = _newest_verified(store.checkpoints(run.name))
+            if newest is not None:
+                out[run.name] = newest.seen_at
+        return out
+
     # ------------------------------------------------------------------ at submission
 
     def resume_for(self, run: RunRecord, store: Store) -> dict[str, Any] | None:

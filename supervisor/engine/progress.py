@@ -66,6 +66,18 @@ class ProgressWatch:
             self._watches.pop(name).source.close()
         return hangs
 
+    def next_deadline(self, now: float) -> float | None:
+        """The earliest time a followed attempt would be called hung if no new step arrives before
+        it (None when nothing is followed). Read-only: for drivers that skip quiet ticks (the
+        simulator), so a tick still falls on the first poll after the deadline."""
+        probe = now + 1e7  # far past any threshold: check() then reports the silence and the limit
+        deadlines = []
+        for watch in self._watches.values():
+            verdict = watch.detector.check(probe)
+            if verdict is not None:
+                deadlines.append(probe - verdict.since_s + verdict.threshold_s)
+        return min(deadlines) if deadlines else None
+
     def _watch(self, run: RunRecord, key: tuple[int, int], started_at: float) -> _Watch | None:
         current = self._watches.get(run.name)
         if current is not None and current.key == key:

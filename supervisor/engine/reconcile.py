@@ -21,6 +21,7 @@ from supervisor.domain.actions import (
     Cancel,
     ChangeNode,
     Decision,
+    Defer,
     Exclude,
     Fence,
     Release,
@@ -29,8 +30,10 @@ from supervisor.domain.actions import (
     Submit,
 )
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange
-from supervisor.domain.policy import Observation, Policy, decide
-from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
+from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity, stale_heartbeats, worst
+from supervisor.domain.lemon import QuarantineSettings, quarantined
+from supervisor.domain.policy import REASON_PREFIX, Observation, Policy, decide
+from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import IllegalTransition, RunState
 from supervisor.domain.checkpoints import describe_plan
 from supervisor.engine.checkpoints import CheckpointWatch
@@ -40,6 +43,7 @@ from supervisor.engine.progress import ProgressWatch
 from supervisor.ports import (
     Clock,
     Fencer,
+    HealthFeed,
     NodeProbe,
     PermanentError,
     PermissionDenied,
@@ -62,6 +66,10 @@ class EngineSettings:
     # Node info (sinfo: 2 controller RPCs) is read every tick while anything is in motion, else
     # every n-th tick; job info (squeue: 1 RPC) every tick. 3 → 1.67 RPCs per quiet tick.
     node_refresh_ticks: int = 3
+    max_drains_per_run_per_hour: int = 4
+    heartbeat: HeartbeatSettings = HeartbeatSettings()
+    finding_ttl_s: float = 3600.0  # a node finding not repeated for this long is forgotten
+    quarantine: QuarantineSettings = QuarantineSettings()
 
 
 @dataclass
@@ -87,6 +95,7 @@ class Engine:
         crash_hook: CrashHook | None = None,
         progress: ProgressWatch | None = None,
         checkpoints: CheckpointWatch | None = None,
+        health: HealthFeed | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.store = store
@@ -95,6 +104,8 @@ class Engine:
         self.fencer = fencer
         self.progress = progress
         self.checkpoints = checkpoints
+        self.health = health
+        self._findings: dict[str, NodeFinding] = {}  # node -> active finding (degraded or fatal)
         self.probes = ProbeTracker(probe, settings.probe_confirm_s)
         self._crash = crash_hook or (lambda boundary, kind: None)
         self._node_rights = settings.may_change_nodes
@@ -119,9 +130,13 @@ class Engine:
             runs = self.store.runs(active_only=True)
             dead = self.probes.update(self._running_nodes(runs, snap), snap, self.clock.now())
             hangs = self.progress.update(runs, snap, self.clock.now()) if self.progress else {}
+            checkpoint_at: dict[str, float] = {}
             if self.checkpoints is not None:
                 self.checkpoints.update(runs, self.store)
-            obs = Observation(snap, dead, hangs)
+                checkpoint_at = self.checkpoints.verified_at(runs, self.store)
+            dead = {**self._stale_agents(runs, snap), **dead}
+            obs = Observation(snap, dead, hangs, self._active_findings(runs, snap), self._quarantined(),
+                              checkpoint_at)
             for run in runs:
                 if run.name in blocked:
                     continue
@@ -132,6 +147,11 @@ class Engine:
         result.urgent = result.acted or bool(self.probes.suspects) or self._in_motion()
         self._urgent = result.urgent
         return result
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which the engine's own timers (hang detection) could act although
+        nothing else changed; None when it has none. The simulator skips quiet ticks up to it."""
+        return self.progress.next_deadline(self.clock.now()) if self.progress else None
 
     def _observe(self) -> ClusterSnapshot:
         """Jobs every tick; nodes when anything is in motion or every ``node_refresh_ticks``."""
@@ -165,7 +185,7 @@ class Engine:
     def _reconcile_run(self, run: RunRecord, obs: Observation, result: TickResult) -> None:
         structlog.contextvars.bind_contextvars(run=run.name, job_id=run.attempt.job_id if run.attempt else None)
         try:
-            policy = Policy(self._node_rights, self._drains_left(), self.fencer is not None)
+            policy = Policy(self._node_rights, self._drains_left(run.name), self.fencer is not None)
             decision = decide(run, obs, policy)
             result.decisions[run.name] = decision
             self._apply_records(decision.records)
@@ -196,9 +216,60 @@ class Engine:
                 nodes.update(job.nodes)
         return nodes
 
-    def _drains_left(self) -> int:
-        used = self.store.node_changes_since(self.clock.now() - 3600.0)
-        return max(0, self.settings.max_drains_per_hour - used)
+    def _drains_left(self, run: str | None = None) -> int:
+        since = self.clock.now() - 3600.0
+        left = self.settings.max_drains_per_hour - self.store.node_changes_since(since)
+        if run is not None:
+            left = min(left, self.settings.max_drains_per_run_per_hour - self.store.node_changes_since(since, run))
+        return max(0, left)
+
+    # ------------------------------------------------------------------ node health
+
+    def _active_findings(self, runs: list[RunRecord], snap: ClusterSnapshot) -> dict[str, NodeFinding]:
+        """Drain the health feed; keep each node's worst degraded or fatal finding for a while."""
+        now = self.clock.now()
+        if self.health is not None:
+            new = self.health.drain_findings()
+            for node, found in worst(new).items():
+                if found.severity is Severity.WATCH:
+                    log.info("node_watch", node=node, reason=found.reason, rule=found.rule)
+                    continue
+                cur = self._findings.get(node)
+                if cur is None or found.severity.rank >= cur.severity.rank or now - cur.at > self.settings.finding_ttl_s:
+                    self._findings[node] = found
+                    self._note_outside_runs(found, runs, snap)
+        ttl = self.settings.finding_ttl_s
+        self._findings = {n: f for n, f in self._findings.items() if now - f.at <= ttl and not _acted_on(snap, n)}
+        return dict(self._findings)
+
+    def _note_outside_runs(self, found: NodeFinding, runs: list[RunRecord], snap: ClusterSnapshot) -> None:
+        """A finding on a node none of our runs uses: remembered as the node's verdict."""
+        if found.node in self._running_nodes(runs, snap):
+            return  # the run's decision records it, with the run's context
+        verdict = Verdict.BAD if found.severity is Severity.FATAL else Verdict.SUSPECT
+        self.store.set_verdict(NodeVerdict(found.node, verdict, found.reason,
+                                           {"rule": found.rule, "source": found.source, **found.evidence},
+                                           found.run, None, found.at))
+
+    def _stale_agents(self, runs: list[RunRecord], snap: ClusterSnapshot) -> dict[str, str]:
+        """Nodes whose agent stopped reporting while the job's other nodes' agents still report."""
+        if self.health is None:
+            return {}
+        now = self.clock.now()
+        ages = self.health.heartbeat_ages(now)
+        stale: dict[str, str] = {}
+        for run in runs:
+            job = snap.jobs.get(run.attempt.job_id) if run.attempt else None
+            if job is None or job.state.finished or run.attempt is None or run.attempt.started_at is None:
+                continue
+            stale.update(stale_heartbeats(job.nodes, ages, now - run.attempt.started_at, self.settings.heartbeat))
+        return stale
+
+    def _quarantined(self) -> dict[str, str]:
+        q = self.settings.quarantine
+        now = self.clock.now()
+        faults = self.store.node_faults(now - q.window_s - q.max_s)
+        return {n: v.reason for n, v in quarantined(faults, self.store.quarantine_clears(), now, q).items()}
 
     # ------------------------------------------------------------------ records
 
@@ -227,6 +298,8 @@ class Engine:
             s.add_attempt(rec.run, rec.job_id, rec.restart_count, rec.at, rec.excluded)
         elif isinstance(rec, Exclude):
             s.exclude(rec.run, rec.node, rec.reason, now)
+        elif isinstance(rec, Defer):
+            s.defer(rec.run, rec.node, rec.reason, now)
         elif isinstance(rec, NodeVerdict):
             s.set_verdict(rec)
         else:  # pragma: no cover - a new record type without a handler is a programming error
@@ -363,6 +436,14 @@ class Engine:
             except TransientError:
                 pass
         return blocked
+
+
+def _acted_on(snap: ClusterSnapshot, node: str) -> bool:
+    """The supervisor drained or downed the node: the finding has done its work. When an operator
+    returns the node to service, an old finding must not fault the next run that lands there (the
+    bad-node memory remembers repeat offenders)."""
+    info = snap.nodes.get(node)
+    return info is not None and info.reason.startswith(REASON_PREFIX) and (info.drained or info.down)
 
 
 def _loggable(params: Mapping[str, Any]) -> dict[str, Any]:

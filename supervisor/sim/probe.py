@@ -19,8 +19,8 @@ class SimProbe:
     def probe(self, nodes: Iterable[NodeInfo]) -> Mapping[str, str | None]:
         out: dict[str, str | None] = {}
         for info in nodes:
-            alive, _frozen = self.cluster.slurmd_status(info.name)
-            if not alive:
+            alive, frozen = self.cluster.slurmd_status(info.name)
+            if not alive and not frozen:  # a frozen slurmd's port still accepts, as on a real node
                 out[info.name] = f"connect to {info.name}:6818: ECONNREFUSED (simulated)"
             else:
                 out[info.name] = None

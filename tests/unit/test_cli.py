@@ -107,3 +107,24 @@ def test_logbook_note_is_signed_and_shown(env):
     assert invoke(env_vars, "logbook", "show", "llm").output == shown
     empty = invoke(env_vars, "logbook", "note", "llm", "  ")
     assert empty.exit_code == 1 and "empty" in empty.output
+
+
+def test_quarantine_lists_repeat_offenders_and_clear_ends_it(tmp_path):
+    from supervisor.domain.records import Event, EventKind
+    from supervisor.domain.run import RunSpec
+
+    state = tmp_path / "state"
+    store = SqliteStore(state)
+    now = __import__("time").time()
+    spec = RunSpec(name="a", script="/x", partition="p", nodes=1)
+    store.add_run(spec, now)
+    for i, run in enumerate(("a", "a")):
+        store.record_event(Event(run, EventKind.FAULT, "fault on gpu-7", f"k{i}", now - 3600 * (i + 1),
+                                 evidence={"node": "gpu-7", "observed": f"XID 79 (#{i})"}))
+    runner = CliRunner()
+    out = runner.invoke(main, ["--state-dir", str(state), "quarantine", "list"])
+    assert out.exit_code == 0 and out.output.startswith("gpu-7  until ") and "XID 79 (#0)" in out.output
+    out = runner.invoke(main, ["--state-dir", str(state), "quarantine", "clear", "gpu-7", "--note", "GPU replaced"])
+    assert out.exit_code == 0 and "cleared" in out.output
+    out = runner.invoke(main, ["--state-dir", str(state), "quarantine", "list"])
+    assert out.output.strip() == "no node is quarantined"

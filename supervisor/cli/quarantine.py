@@ -1,0 +1,61 @@
+"""`slurm-supervisor quarantine`: list and clear nodes kept out of every run for repeated faults."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.cli import wiring
+from supervisor.domain.lemon import QuarantineSettings, quarantined
+
+
+@click.group()
+def quarantine() -> None:
+    """Nodes kept out of every run because they faulted again and again ("lemon" nodes)."""
+
+
+def _settings(ctx: click.Context) -> tuple[QuarantineSettings, SqliteStore]:
+    from supervisor.cli import _config
+
+    cfg = _config(ctx)
+    q = cfg.quarantine
+    return QuarantineSettings(q.faults, q.window_h * 3600, q.base_h * 3600, q.max_h * 3600), wiring.store(cfg)
+
+
+@quarantine.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per node.")
+@click.pass_context
+def list_(ctx: click.Context, as_json: bool) -> None:
+    """Quarantined nodes, until when, and the faults that put them there."""
+    settings, store = _settings(ctx)
+    now = time.time()
+    faults = store.node_faults(now - settings.window_s - settings.max_s)
+    found = quarantined(faults, store.quarantine_clears(), now, settings)
+    if not found:
+        click.echo("no node is quarantined")
+        return
+    for q in sorted(found.values(), key=lambda q: q.node):
+        if as_json:
+            click.echo(json.dumps({"node": q.node, "since": q.since, "until": q.until, "reason": q.reason,
+                                   "faults": [{"at": f.at, "run": f.run, "reason": f.reason} for f in q.faults]}))
+            continue
+        until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(q.until))
+        click.echo(f"{q.node}  until {until}  {q.reason}")
+        for f in q.faults:
+            click.echo(f"    {time.strftime('%Y-%m-%d %H:%M', time.gmtime(f.at))}  run {f.run}: {f.reason}")
+
+
+@quarantine.command()
+@click.argument("node")
+@click.option("--note", required=True, help="Why it may return (e.g. 'GPU 3 replaced, ticket 1234').")
+@click.pass_context
+def clear(ctx: click.Context, node: str, note: str) -> None:
+    """End NODE's quarantine; faults before now no longer count against it."""
+    from supervisor.cli import _user
+
+    _, store = _settings(ctx)
+    store.clear_quarantine(node, time.time(), _user(), note)
+    click.echo(f"{node}: quarantine cleared by {_user()} ({note})")

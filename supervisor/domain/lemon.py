@@ -1,0 +1,63 @@
+"""Bad-node memory across runs ("lemon" nodes): a node that faults again and again is quarantined.
+
+Every run's faults go into one history. A node with ``faults`` or more faults within ``window_s``
+is quarantined: every run's next submissions keep it out, even after an administrator resumes it
+in Slurm, until the quarantine decays — ``base_s`` for the first, doubling with each further
+fault in the window, at most ``max_s``. Operators list quarantined nodes and clear them; a clear
+forgets the faults before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QuarantineSettings:
+    faults: int = 2
+    window_s: float = 7 * 86400.0
+    base_s: float = 86400.0
+    max_s: float = 30 * 86400.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    node: str
+    at: float
+    run: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    node: str
+    since: float  # the fault that tipped it over
+    until: float
+    faults: tuple[Fault, ...]
+
+    @property
+    def reason(self) -> str:
+        runs = sorted({f.run for f in self.faults})
+        return (f"quarantined: {len(self.faults)} faults in {len(runs)} run(s) "
+                f"({'; '.join(f.reason for f in self.faults[-3:])})")[:300]
+
+
+def quarantined(history: Iterable[Fault], cleared: Mapping[str, float], now: float,
+                settings: QuarantineSettings = QuarantineSettings()) -> dict[str, Quarantine]:
+    """The nodes under quarantine at ``now``, from the fault history and operators' clears."""
+    by_node: dict[str, list[Fault]] = {}
+    for f in history:
+        if f.at > cleared.get(f.node, float("-inf")) and f.at <= now:
+            by_node.setdefault(f.node, []).append(f)
+    out: dict[str, Quarantine] = {}
+    for node, faults in by_node.items():
+        faults.sort(key=lambda f: f.at)
+        recent = [f for f in faults if f.at >= faults[-1].at - settings.window_s]
+        if len(recent) < settings.faults:
+            continue
+        extra = len(recent) - settings.faults
+        until = recent[-1].at + min(settings.max_s, settings.base_s * (2 ** extra))
+        if until > now:
+            out[node] = Quarantine(node, recent[-1].at, until, tuple(recent))
+    return out

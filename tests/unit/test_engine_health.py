@@ -1,0 +1,188 @@
+"""Node health in the engine, on the simulated cluster: fatal findings drain and restart at once,
+degraded ones wait for the checkpoint boundary, silent agents are caught before Slurm notices,
+the blast radius holds under a mass fault, and lemon nodes stay out of every run.
+
+The health feed is a stateful fake of the HealthFeed port (the real ingest runs the same port in
+tests/unit/test_ingest.py and the agent tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.domain.cluster import NodeChange
+from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity
+from supervisor.domain.lemon import QuarantineSettings
+from supervisor.domain.records import EventKind, Verdict
+from supervisor.domain.run import RunSpec, RunState, SparePolicy
+from supervisor.engine.reconcile import Engine, EngineSettings
+from supervisor.sim.clock import VirtualClock
+from supervisor.sim.cluster import SimCluster
+from supervisor.sim.probe import SimProbe
+
+
+@dataclass
+class FakeFeed:
+    clock: VirtualClock
+    queue: list[NodeFinding] = field(default_factory=list)
+    last_report: dict[str, float] = field(default_factory=dict)
+    silent: set[str] = field(default_factory=set)
+
+    def report(self, node: str, severity: Severity, reason: str, rule: str) -> None:
+        self.queue.append(NodeFinding(node, severity, reason, rule, self.clock.now(), evidence={"gpu": 3}))
+
+    def beat(self, nodes) -> None:
+        for n in nodes:
+            if n not in self.silent:
+                self.last_report[n] = self.clock.now()
+
+    def drain_findings(self) -> list[NodeFinding]:
+        out, self.queue = self.queue, []
+        return out
+
+    def heartbeat_ages(self, now: float) -> dict[str, float]:
+        return {n: now - t for n, t in self.last_report.items()}
+
+
+SPEC = RunSpec(name="llm", script="/train.sbatch", partition="main", nodes=4, spare_policy=SparePolicy.NAMED,
+               spare_nodes=("n007", "n008"), max_restarts=5)
+
+
+class World:
+    def __init__(self, tmp_path, specs=(SPEC,), nodes=8, settings=EngineSettings(), **cluster) -> None:
+        self.clock = VirtualClock()
+        self.cluster = SimCluster(self.clock, nodes, "main", **cluster)
+        self.feed = FakeFeed(self.clock)
+        self.store = SqliteStore(tmp_path)
+        for spec in specs:
+            self.store.add_run(spec, self.clock.now())
+        self.engine = Engine(scheduler=self.cluster, store=self.store, clock=self.clock, settings=settings,
+                             probe=SimProbe(self.cluster), health=self.feed)
+
+    def step(self) -> None:
+        for r in self.store.runs(active_only=True):
+            if r.attempt is not None and r.attempt.job_id in self.cluster.inspect().jobs:
+                job = self.cluster.inspect().jobs[r.attempt.job_id]
+                if not job.state.finished:
+                    self.feed.beat(job.nodes)
+        self.engine.tick()
+        self.clock.wait(1.0)
+
+    def until(self, predicate, limit: int = 300) -> float:
+        start = self.clock.now()
+        for _ in range(limit):
+            if predicate():
+                return self.clock.now() - start
+            self.step()
+        raise AssertionError("condition not reached")
+
+    def run(self, name: str = "llm"):
+        return self.store.get_run(name)
+
+    def running(self, seq: int = 0, name: str = "llm") -> bool:
+        r = self.run(name)
+        return r.state is RunState.RUNNING and r.attempt.seq == seq and r.attempt.started_at is not None
+
+    def events(self, kind: EventKind, name: str = "llm"):
+        return [e for e in self.store.events(name) if e.kind is kind]
+
+
+def test_a_fatal_xid_drains_the_node_without_downing_it_and_restarts_without_it(tmp_path):
+    w = World(tmp_path)
+    w.until(w.running)
+    victim = w.run().attempt.nodes[1]
+    w.feed.report(victim, Severity.FATAL, "XID 79: GPU has fallen off the bus (gpu 3)", "xid-79@1")
+    latency = w.until(lambda: w.running(1))
+    assert latency <= 5.0
+    job = w.cluster.inspect().jobs[w.run().attempt.job_id]
+    assert victim not in job.nodes and victim in job.excluded_nodes
+    node = w.cluster.node_info(victim)
+    assert node.drained and not node.down and "XID 79" in node.reason  # alive: drained, not downed
+    fault = [e for e in w.events(EventKind.FAULT) if e.evidence.get("node") == victim][0]
+    assert "rule xid-79@1" in fault.message
+
+
+def test_a_degraded_node_is_kept_out_at_the_next_checkpoint_boundary_not_at_once(tmp_path):
+    w = World(tmp_path)
+    w.until(w.running)
+    slow = w.run().attempt.nodes[2]
+    w.feed.report(slow, Severity.DEGRADED, "HW slowdown sustained (gpu 3)", "clocks-hw-slowdown@1")
+    for _ in range(30):
+        w.step()
+    assert w.running(0)  # no restart for a degraded node by itself
+    assert slow in w.run().deferred and w.events(EventKind.NODE_DEGRADED)
+    assert w.store.verdicts()[0].verdict is Verdict.SUSPECT
+    # a crash elsewhere: the restart leaves the degraded node out too
+    other = w.run().attempt.nodes[0]
+    w.cluster.crash_node(other)
+    w.until(lambda: w.running(1))
+    job = w.cluster.inspect().jobs[w.run().attempt.job_id]
+    assert slow not in job.nodes and other not in job.nodes
+
+
+def test_agent_silence_with_fresh_peers_is_a_dead_node_before_slurm_notices(tmp_path):
+    w = World(tmp_path, settings=EngineSettings(heartbeat=HeartbeatSettings(timeout_s=15.0, startup_grace_s=10.0)),
+              slurmd_timeout=300.0, down_after=600.0)  # Slurm's defaults: SlurmdTimeout=300
+    w.until(w.running)
+    for _ in range(15):
+        w.step()
+    frozen = w.run().attempt.nodes[3]
+    w.cluster.freeze_node(frozen)  # slurmd hangs; its TCP port still accepts
+    w.feed.silent.add(frozen)
+    latency = w.until(lambda: w.running(1), limit=60)
+    assert latency < 30.0  # Slurm's SlurmdTimeout (300 s by default) would take far longer
+    fault = [e for e in w.events(EventKind.FAULT) if e.evidence.get("node") == frozen][0]
+    assert "agent silent" in fault.message
+
+
+def test_every_agent_silent_is_not_a_node_fault(tmp_path):
+    w = World(tmp_path, settings=EngineSettings(heartbeat=HeartbeatSettings(timeout_s=15.0, startup_grace_s=10.0)))
+    w.until(w.running)
+    for _ in range(15):
+        w.step()
+    w.feed.silent.update(w.cluster.node_names)  # the daemon's ingest or the network broke, not the nodes
+    for _ in range(60):
+        w.step()
+    assert w.running(0) and not w.events(EventKind.FAULT)
+
+
+def test_half_the_nodes_faulting_at_once_drains_exactly_the_cap_and_raises_one_mass_fault(tmp_path):
+    spec = replace(SPEC, nodes=8, spare_nodes=(), spare_policy=SparePolicy.PARTITION_IDLE)
+    w = World(tmp_path, specs=(spec,), nodes=8, settings=EngineSettings(max_drains_per_run_per_hour=2))
+    w.until(w.running)
+    nodes = w.run().attempt.nodes[:4]
+    for n in nodes:
+        w.feed.report(n, Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
+    for _ in range(20):
+        w.step()
+    drained = [n for n in w.cluster.node_names if w.cluster.node_info(n).drained]
+    assert len(drained) == 2
+    mass = w.events(EventKind.MASS_FAULT)
+    assert len(mass) == 1 and set(mass[0].evidence["suspect"]) == set(nodes) - set(drained)
+    suspects = {v.node for v in w.store.verdicts() if v.verdict is Verdict.SUSPECT}
+    assert suspects == set(nodes) - set(drained)
+
+
+def test_a_node_that_faults_in_two_runs_is_quarantined_for_every_run_until_cleared(tmp_path):
+    a = replace(SPEC, name="a", nodes=2, spare_nodes=(), spare_policy=SparePolicy.PARTITION_IDLE)
+    b, c = replace(a, name="b"), replace(a, name="c")
+    w = World(tmp_path, specs=(a, b), nodes=8, settings=EngineSettings(quarantine=QuarantineSettings(faults=2)))
+    w.until(lambda: w.running(0, "a") and w.running(0, "b"))
+    assert w.run("a").attempt.nodes == ("n001", "n002") and w.run("b").attempt.nodes == ("n003", "n004")
+    w.feed.report("n001", Severity.FATAL, "XID 48: double-bit ECC error", "xid-48@1")
+    w.until(lambda: w.running(1, "a"))
+    w.cluster.set_node_state("n001", NodeChange.RESUME, "admin: reseated the GPU")
+    w.feed.report("n003", Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
+    w.until(lambda: w.running(1, "b"))
+    assert "n001" in w.run("b").attempt.nodes  # back in service, and b landed on it
+    w.feed.report("n001", Severity.FATAL, "XID 48: double-bit ECC error", "xid-48@1")
+    w.until(lambda: w.running(2, "b"))
+    w.cluster.set_node_state("n001", NodeChange.RESUME, "admin: looks fine to me")
+    w.store.add_run(c, w.clock.now())  # a new run must not get the lemon, though Slurm offers it
+    w.until(lambda: w.running(0, "c"))
+    c_job = w.cluster.inspect().jobs[w.run("c").attempt.job_id]
+    assert "n001" in c_job.excluded_nodes and "n001" not in c_job.nodes
+    w.store.clear_quarantine("n001", w.clock.now(), "ops", "GPU replaced")
+    w.cluster.finish_job(c_job.job_id, exit_code=1)
+    w.until(lambda: w.running(1, "c"))
+    assert "n001" not in w.cluster.inspect().jobs[w.run("c").attempt.job_id].excluded_nodes
