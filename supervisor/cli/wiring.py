@@ -69,8 +69,9 @@ def checkpoint_store(spec: RunSpec) -> CheckpointStore:
     policy = spec.checkpoints
     assert policy is not None
     bandwidth = policy.bandwidth_mb_s * 1e6 if policy.bandwidth_mb_s else None
-    return open_store(policy.root, endpoint_url=policy.endpoint_url, region=policy.region,
-                      bandwidth_bytes_s=bandwidth, upload_grace_s=policy.upload_grace_s)
+    s3 = {"endpoint_url": policy.endpoint_url, "region": policy.region} if policy.root.startswith("s3://") else {}
+    return open_store(policy.root, bandwidth_bytes_s=bandwidth, uncommitted_grace_s=policy.upload_grace_s,
+                      **{k: v for k, v in s3.items() if v is not None})
 
 
 def checkpoints(clock: SystemClock) -> CheckpointWatch:
