@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.fence import CommandFencer
@@ -69,9 +70,10 @@ def checkpoint_store(spec: RunSpec) -> CheckpointStore:
     policy = spec.checkpoints
     assert policy is not None
     bandwidth = policy.bandwidth_mb_s * 1e6 if policy.bandwidth_mb_s else None
-    s3 = {"endpoint_url": policy.endpoint_url, "region": policy.region} if policy.root.startswith("s3://") else {}
-    return open_store(policy.root, bandwidth_bytes_s=bandwidth, uncommitted_grace_s=policy.upload_grace_s,
-                      **{k: v for k, v in s3.items() if v is not None})
+    s3: dict[str, Any] = {}
+    if policy.root.startswith("s3://"):
+        s3 = {k: v for k, v in (("endpoint_url", policy.endpoint_url), ("region", policy.region)) if v is not None}
+    return open_store(policy.root, bandwidth_bytes_s=bandwidth, uncommitted_grace_s=policy.upload_grace_s, **s3)
 
 
 def checkpoints(clock: SystemClock) -> CheckpointWatch:
