@@ -15,7 +15,7 @@ from supervisor.domain.checkpoints import CheckpointRef, Level, Manifest, Verify
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange, NodeInfo, SubmitRequest
 from supervisor.domain.health import NodeFinding
 from supervisor.domain.lemon import Fault
-from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
+from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.run import RunSpec, RunState
 
 
@@ -152,6 +152,8 @@ class Store(Protocol):
     def record_event(self, event: Event) -> bool: ...
 
     def events(self, run: str | None = None) -> list[Event]: ...
+
+    def last_event(self, run: str, kinds: tuple[EventKind, ...]) -> Event | None: ...
 
     def checkpoint_seen(self, run: str, ref: CheckpointRef, now: float) -> bool: ...
 

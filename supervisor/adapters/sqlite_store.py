@@ -18,7 +18,7 @@ from typing import Any, cast
 from supervisor.domain.checkpoints import CheckpointRef, Guarantee, Level, Outcome, ShardProblem, VerifyResult
 from supervisor.domain.lemon import Fault
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
-from supervisor.domain.run import CheckpointPolicy, RestartMode, RunSpec, RunState, SparePolicy, transition
+from supervisor.domain.run import CheckpointPolicy, RestartMode, SpikePolicy, RunSpec, RunState, SparePolicy, transition
 from supervisor.adapters.sqlite_schema import migrate
 from supervisor.ports import PermanentError
 
@@ -246,15 +246,17 @@ class SqliteStore:
         )
         return cur.rowcount == 1
 
+    def last_event(self, run: str, kinds: tuple[EventKind, ...]) -> Event | None:
+        marks = ", ".join("?" for _ in kinds)
+        row = self._db.execute(f"SELECT * FROM events WHERE run = ? AND kind IN ({marks}) ORDER BY id DESC LIMIT 1",
+                               (run, *[k.value for k in kinds])).fetchone()
+        return None if row is None else _event_from_row(row)
+
     def events(self, run: str | None = None) -> list[Event]:
         sql, args = "SELECT * FROM events ORDER BY id", cast(tuple[Any, ...], ())
         if run is not None:
             sql, args = "SELECT * FROM events WHERE run = ? ORDER BY id", (run,)
-        return [
-            Event(r["run"], EventKind(r["kind"]), r["message"], r["key"], r["at"], r["attempt"], r["job_id"],
-                  r["actor"], json.loads(r["evidence"]))
-            for r in self._db.execute(sql, args).fetchall()
-        ]
+        return [_event_from_row(r) for r in self._db.execute(sql, args).fetchall()]
 
     # ------------------------------------------------------------------ helpers
 
@@ -320,6 +322,11 @@ class SqliteStore:
         )
 
 
+def _event_from_row(r: sqlite3.Row) -> Event:
+    return Event(r["run"], EventKind(r["kind"]), r["message"], r["key"], r["at"], r["attempt"], r["job_id"],
+                 r["actor"], json.loads(r["evidence"]))
+
+
 def _attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
     return AttemptRecord(
         run=r["run"], seq=r["seq"], job_id=r["job_id"], restart_count=r["restart_count"],
@@ -369,5 +376,6 @@ def _spec_from_json(d: dict[str, Any]) -> RunSpec:
             "restart_mode": RestartMode(d["restart_mode"]),
             "do_not_restart_exit_codes": frozenset(d["do_not_restart_exit_codes"]),
             "checkpoints": CheckpointPolicy(**d["checkpoints"]) if d.get("checkpoints") else None,
+            "spikes": SpikePolicy(**d["spikes"]) if d.get("spikes") else SpikePolicy(),
         }
     )

@@ -13,7 +13,14 @@ from pydantic import AfterValidator, Field, StrictInt, StrictStr, ValidationInfo
 
 from supervisor.config._shared import FloatField, Section, absolute, base_dir, missing_path_fix, not_empty
 from supervisor.config.errors import fail, fix_hint
-from supervisor.domain.run import DEFAULT_DO_NOT_RESTART, CheckpointPolicy, RestartMode, RunSpec, SparePolicy
+from supervisor.domain.run import (
+    DEFAULT_DO_NOT_RESTART,
+    CheckpointPolicy,
+    RestartMode,
+    RunSpec,
+    SparePolicy,
+    SpikePolicy,
+)
 
 # --------------------------------------------------------------------------- sbatch options the supervisor owns
 
@@ -290,6 +297,24 @@ class CheckpointsSection(Section):
         return CheckpointPolicy(**self.model_dump())
 
 
+class SpikesSection(Section):
+    rollback: bool = True
+    heal_window_steps: StrictInt = Field(default=200, ge=1, json_schema_extra=fix_hint(
+        "set the steps a spike may take to heal before it is rolled back, e.g. heal_window_steps = 200"))
+    min_steps_before: StrictInt = Field(default=100, ge=0, json_schema_extra=fix_hint(
+        "set how many steps before the onset the checkpoint must lie, e.g. min_steps_before = 100"))
+    skip_batches: StrictInt = Field(default=300, ge=0, json_schema_extra=fix_hint(
+        "set the iterations skipped after the restart step, e.g. skip_batches = 300"))
+    max_rollbacks: StrictInt = Field(default=3, ge=0, json_schema_extra=fix_hint(
+        "set the automatic rollbacks allowed per window, e.g. max_rollbacks = 3 (0: always page)"))
+    window_h: FloatField = Field(default=24.0, gt=0, json_schema_extra=fix_hint("set hours above 0, e.g. 24"))
+    lr_scale_repeat: FloatField = Field(default=0.5, gt=0, le=1, json_schema_extra=fix_hint(
+        "set a factor in (0, 1], e.g. 0.5 (1: never lower the LR)"))
+
+    def to_policy(self) -> SpikePolicy:
+        return SpikePolicy(**self.model_dump())
+
+
 class RunFile(Section):
     """The whole ``RUN.toml``; its paths are absolute once validated."""
 
@@ -297,6 +322,7 @@ class RunFile(Section):
     spares: SparesSection = Field(default_factory=SparesSection)
     restart: RestartSection = Field(default_factory=RestartSection)
     checkpoints: CheckpointsSection | None = None
+    spikes: SpikesSection = Field(default_factory=SpikesSection)
 
     def to_run_spec(self) -> RunSpec:
         run, restart = self.run, self.restart
@@ -315,4 +341,5 @@ class RunFile(Section):
             do_not_restart_exit_codes=frozenset(restart.do_not_restart_exit_codes),
             restart_mode=restart.mode,
             checkpoints=self.checkpoints.to_policy() if self.checkpoints else None,
+            spikes=self.spikes.to_policy(),
         )

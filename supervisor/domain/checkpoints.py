@@ -344,7 +344,8 @@ def effective_result(metadata: VerifyResult | None, full: VerifyResult | None) -
 
 # --------------------------------------------------------------------------- handing it to the job
 
-RESUME_ENV = ("SSV_RESUME_CHECKPOINT", "SSV_RESUME_STEP", "SSV_RESUME_GUARANTEE", "SSV_RESUME_FILE")
+RESUME_ENV = ("SSV_RESUME_CHECKPOINT", "SSV_RESUME_STEP", "SSV_RESUME_GUARANTEE", "SSV_RESUME_FILE",
+              "SSV_SKIP_ITERATIONS", "SSV_LR_SCALE")
 
 
 def resume_plan(choice: ResumeChoice, *, file: str | None) -> dict[str, Any]:
@@ -371,6 +372,10 @@ def resume_env(plan: Mapping[str, Any]) -> dict[str, str]:
     }
     if plan.get("file"):
         env["SSV_RESUME_FILE"] = str(plan["file"])
+    if plan.get("skip_iterations"):
+        env["SSV_SKIP_ITERATIONS"] = str(plan["skip_iterations"])  # Megatron: --skip-train-iteration-range
+    if plan.get("lr_scale") not in (None, 1.0):
+        env["SSV_LR_SCALE"] = f"{float(plan['lr_scale']):g}"
     return env
 
 
@@ -382,6 +387,12 @@ def describe_plan(plan: Mapping[str, Any]) -> str:
         text = "no verified checkpoint to resume from: the job starts from scratch"
     else:
         text = f"resuming from step {chosen['step']} ({chosen['location']})"
+    rollback = plan.get("rollback")
+    if rollback:
+        text += f", skipping iterations {rollback['skip']}"
+        if plan.get("lr_scale") not in (None, 1.0):
+            text += f", LR ×{float(plan['lr_scale']):g}"
+        passed = ""  # newer checkpoints are passed over on purpose
     return f"{text}; {passed}" if passed else text
 
 

@@ -48,6 +48,7 @@ class Observation:
     findings: Mapping[str, NodeFinding] = field(default_factory=dict)  # node -> worst active finding
     quarantined: Mapping[str, str] = field(default_factory=dict)  # node -> why every run keeps out
     checkpoint_at: Mapping[str, float] = field(default_factory=dict)  # run -> newest verified checkpoint
+    rollbacks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # run -> rollback decided
 
     @property
     def now(self) -> float:
@@ -162,6 +163,10 @@ def _running(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, p
     bad = faulty_nodes(run, job.nodes, obs)
     if bad:
         return Decision(tuple(records)) + _recover(run, a, job, bad, obs, policy)
+    if run.name in obs.rollbacks and run.state is not RunState.RECOVERING:
+        why = f"rollback after the loss spike at step {obs.rollbacks[run.name].get('onset_step')}"
+        records.append(SetState(run.name, RunState.RECOVERING, reason=why))
+        return Decision(tuple(records), (Cancel(run.name, job.job_id, why),))
     if run.name in obs.hangs and run.state is not RunState.RECOVERING:
         return Decision(tuple(records)) + _recover_hang(run, a, job, obs.hangs[run.name], obs)
     if run.state is RunState.RECOVERING:
@@ -378,7 +383,10 @@ def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, 
                               str(job.job_id)))
     done = Decision(tuple(records))
     if run.state is RunState.RECOVERING:
-        return done + _restart(run, a, job, obs, policy, "replacing the incarnation stopped after a fault")
+        rollback = obs.rollbacks.get(run.name)
+        why = (f"rollback to step {rollback.get('checkpoint_step')} after the loss spike at step "
+               f"{rollback.get('onset_step')}" if rollback else "replacing the incarnation stopped after a fault")
+        return done + _restart(run, a, job, obs, policy, why)
     if job.state is JobState.COMPLETED and (job.exit_code or 0) == 0:
         return done + _set_terminal(run, RunState.COMPLETED, EventKind.COMPLETED, f"job {job.job_id} completed", obs)
     if job.exit_code is not None and job.exit_code in run.spec.do_not_restart_exit_codes:

@@ -96,6 +96,10 @@ class EventKind(StrEnum):
     CHECKPOINT_STALE = "checkpoint_stale"  # no verified checkpoint for k expected intervals
     NODE_DEGRADED = "node_degraded"  # kept out from the next restart or checkpoint boundary
     MASS_FAULT = "mass_fault"  # more nodes faulted at once than the blast radius allows: a human decides
+    SPIKE = "spike"  # a loss / grad-norm spike, a non-finite loss, a loss-scale collapse began
+    SPIKE_HEALED = "spike_healed"  # ... and healed within its window: left alone
+    ROLLBACK = "rollback"  # ... did not heal: the run goes back to a verified checkpoint, skipping data
+    ROLLBACK_BLOCKED = "rollback_blocked"  # ... did not heal, and the supervisor may not roll back: page
 
 
 @dataclass(frozen=True)

@@ -68,3 +68,62 @@ def plan_rollback(
         f"before onset {onset}); skip iterations {skip.as_megatron()} ({skip.batches} batches)"
     )
     return RollbackPlan(ckpt, skip, reason)
+
+
+# --------------------------------------------------------------------------- automatic rollbacks, bounded
+
+
+@dataclass(frozen=True)
+class RollbackPolicy:
+    """How far the supervisor rolls back by itself before a human must decide."""
+
+    max_rollbacks: int = 3  # automatic rollbacks per window; then page a human
+    window_s: float = 86400.0
+    near_steps: int = 2000  # a spike this close to an earlier rollback's onset escalates
+    skip_growth: float = 2.0  # each escalation multiplies the data skipped
+    lr_scale_first: float = 1.0  # LR scale handed with a first rollback (OPT lowered it on repeats)
+    lr_scale_repeat: float = 0.5  # multiplied in at each escalation
+
+
+@dataclass(frozen=True)
+class PastRollback:
+    onset_step: int
+    at: float
+    lr_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class RollbackAction:
+    """What to do about a spike that did not heal: roll back (``plan``) or page a human."""
+
+    plan: RollbackPlan | None
+    lr_scale: float
+    escalation: int  # 0: first rollback near this onset; n: the n-th repeat
+    reason: str
+
+    @property
+    def page(self) -> bool:
+        return self.plan is None
+
+
+def decide_rollback(outcome: SpikeOutcome, verified_checkpoint_steps: list[int] | tuple[int, ...],
+                    history: list[PastRollback], now: float, settings: SpikeSettings,
+                    policy: RollbackPolicy = RollbackPolicy()) -> RollbackAction:
+    onset = outcome.event.onset_step
+    recent = [r for r in history if now - r.at <= policy.window_s]
+    if len(recent) >= policy.max_rollbacks:
+        return RollbackAction(None, 1.0, len(recent),
+                              f"{len(recent)} automatic rollbacks in the last {policy.window_s / 3600:g} h "
+                              f"(limit {policy.max_rollbacks}); not rolling back again by itself: a human decides")
+    near = [r for r in recent if abs(r.onset_step - onset) <= policy.near_steps]
+    escalation = len(near)
+    lr = policy.lr_scale_first * (policy.lr_scale_repeat ** escalation)
+    wider = SpikeSettings(**{**settings.__dict__, "skip_batches": int(settings.skip_batches * policy.skip_growth ** escalation)})
+    plan = plan_rollback(outcome, verified_checkpoint_steps, wider)
+    if plan is None:
+        return RollbackAction(None, lr, escalation,
+                              f"no verified checkpoint at least {settings.min_steps_before} steps before the onset at "
+                              f"step {onset}; a human decides")
+    again = f"; repeat {escalation} near step {onset}: skip ×{policy.skip_growth ** escalation:g}, LR ×{lr:g}" if escalation else ""
+    lr_text = f"; LR ×{lr:g}" if lr != 1.0 and not escalation else ""
+    return RollbackAction(plan, lr, escalation, plan.reason + again + lr_text)

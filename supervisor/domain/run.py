@@ -90,6 +90,20 @@ class CheckpointPolicy:
 
 
 @dataclass(frozen=True)
+class SpikePolicy:
+    """Loss-spike handling for a run (the ``[spikes]`` section). Detection always runs on the log;
+    rollbacks need ``[checkpoints]`` (a verified checkpoint to go back to)."""
+
+    rollback: bool = True  # roll back by itself when a spike does not heal; False: log and page only
+    heal_window_steps: int = 200
+    min_steps_before: int = 100
+    skip_batches: int = 300
+    max_rollbacks: int = 3
+    window_h: float = 24.0
+    lr_scale_repeat: float = 0.5
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """What a person asked for. Paths are absolute by the time they reach the domain."""
 
@@ -107,6 +121,7 @@ class RunSpec:
     do_not_restart_exit_codes: frozenset[int] = frozenset(DEFAULT_DO_NOT_RESTART)
     restart_mode: RestartMode = RestartMode.RESUBMIT
     checkpoints: CheckpointPolicy | None = None
+    spikes: SpikePolicy = field(default_factory=SpikePolicy)
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,7 @@ class SpikeDetector:
         self._grad_spike: _Open | None = None
         self._nonfinite_run = 0
         self._last_scale: float | None = None
+        self._peak_scale = 0.0  # highest loss scale seen: bf16 and static scaling print a constant 1.0
         self._halvings = 0
         self._scale_collapsed = False
         self._prev_loss: float | None = None
@@ -247,6 +248,9 @@ class SpikeDetector:
         elif self._last_scale is not None and scale > self._last_scale:
             self._halvings = 0
         self._last_scale = scale
+        self._peak_scale = max(self._peak_scale, scale)
+        if self._peak_scale <= s.loss_scale_floor:
+            return  # no dynamic loss scaling (bf16 prints "loss scale: 1.0" throughout): nothing can collapse
         if self._scale_collapsed:
             if scale > s.loss_scale_floor and self._halvings == 0:
                 self._scale_collapsed = False

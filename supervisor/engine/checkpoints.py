@@ -35,6 +35,7 @@ from supervisor.domain.checkpoints import (
 )
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
+from supervisor.engine.spikes import rollback_history, skip_ranges
 from supervisor.ports import CheckpointStore, Clock, PortError, Store
 
 log = structlog.get_logger("supervisor.checkpoints")
@@ -199,16 +200,25 @@ class CheckpointWatch:
         self._collect(run, st, store)
         self._verify_unchecked(run, st, store)
         self._demote_failed_loads(run, store)
-        choice = self.choose(run, store)
+        history = rollback_history(store, run.name)
+        current = run.attempt.seq if run.attempt else None
+        pending = history[-1] if history and history[-1].get("attempt") == current else None
+        choice = self.choose(run, store, before_step=int(pending["checkpoint_step"]) if pending else None)
         path = policy.resume_file
         plan = resume_plan(choice, file=path)
+        if history:  # every skip range stays in force: a later restart may resume before one
+            plan["skip_iterations"] = skip_ranges(history)
+            plan["lr_scale"] = float(history[-1].get("lr_scale", 1.0))
+        if pending:
+            plan["rollback"] = {"onset_step": pending.get("onset_step"), "checkpoint_step": pending["checkpoint_step"],
+                                "skip": f"{pending['skip_first']}-{pending['skip_last']}"}
         if path and self._write_resume is not None:
             import json
 
             self._write_resume(path, json.dumps({"run": run.name, **plan}, indent=1))
         return plan
 
-    def choose(self, run: RunRecord, store: Store) -> ResumeChoice:
+    def choose(self, run: RunRecord, store: Store, before_step: int | None = None) -> ResumeChoice:
         rows = store.checkpoints(run.name)
         refs = [ref for ref, *_ in rows]
         results: dict[str, VerifyResult] = {}
@@ -219,7 +229,8 @@ class CheckpointWatch:
             if eff is not None:
                 results[ref.location] = eff
         policy = run.spec.checkpoints
-        return choose_resume(refs, results, allow_weak=policy.allow_adopted if policy else True)
+        return choose_resume(refs, results, before_step=before_step,
+                             allow_weak=policy.allow_adopted if policy else True)
 
     def _verify_unchecked(self, run: RunRecord, st: _RunState, store: Store) -> None:
         """Metadata-verify, now and in this thread, committed checkpoints newer than the newest

@@ -7,8 +7,9 @@ is followed from the file's end, so the old attempt's steps are not taken for ne
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -18,6 +19,8 @@ from supervisor.domain.progress import ProgressParser, parser_for
 from supervisor.domain.progress.hang import HangDetector, HangSettings
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.records import RunRecord
+from supervisor.domain.run import SpikePolicy
+from supervisor.domain.spikes import Notice, SpikeDetector, SpikeSettings
 from supervisor.ports import LogOpener, LogSource
 
 log = structlog.get_logger("supervisor.progress")
@@ -30,9 +33,31 @@ class _Watch:
     source: LogSource
     parser: ProgressParser
     detector: HangDetector
+    spikes: SpikeDetector | None = None
     last_step: int | None = None
     records: int = 0
     recent: list[str] = field(default_factory=list)
+    # (step, loss, grad_norm, lr) of the last records: the evidence around a spike
+    series: deque[tuple[int, float | None, float | None, float | None]] = field(
+        default_factory=lambda: deque(maxlen=SERIES_LEN))
+
+
+SERIES_LEN = 40
+
+
+@dataclass(frozen=True)
+class SpikeNotice:
+    """A spike event or outcome on a run's log, with the series around it."""
+
+    run: str
+    attempt_key: tuple[int, int]
+    notice: Notice
+    series: tuple[tuple[int, float | None, float | None, float | None], ...]
+
+
+def spike_settings(policy: SpikePolicy) -> SpikeSettings:
+    return replace(SpikeSettings(), heal_window_steps=policy.heal_window_steps,
+                   min_steps_before=policy.min_steps_before, skip_batches=policy.skip_batches)
 
 
 class ProgressWatch:
@@ -40,6 +65,12 @@ class ProgressWatch:
         self.opener = opener
         self.settings = settings
         self._watches: dict[str, _Watch] = {}
+        self._notices: list[SpikeNotice] = []
+
+    def take_notices(self) -> list[SpikeNotice]:
+        """Spike events and outcomes read since the last call."""
+        out, self._notices = self._notices, []
+        return out
 
     def update(self, runs: Iterable[RunRecord], snap: ClusterSnapshot, now: float) -> dict[str, dict[str, Any]]:
         """Read new log lines of every running attempt; return hang evidence per run name."""
@@ -54,7 +85,7 @@ class ProgressWatch:
             watch = self._watch(run, (a.job_id, a.restart_count), a.started_at)
             if watch is None:
                 continue
-            self._read(watch, now)
+            self._read(run.name, watch, now)
             verdict = watch.detector.check(now)
             if verdict is not None:
                 hangs[run.name] = {
@@ -89,12 +120,13 @@ class ProgressWatch:
         if current is not None:
             current.source.close()
         watch = _Watch(key, path, self.opener(path, same_file), parser_for(None),
-                       HangDetector(self.settings, started_at=started_at))
+                       HangDetector(self.settings, started_at=started_at),
+                       SpikeDetector(spike_settings(run.spec.spikes)))
         self._watches[run.name] = watch
         log.info("progress_following", run=run.name, log=path, attempt_key=list(key))
         return watch
 
-    def _read(self, watch: _Watch, now: float) -> None:
+    def _read(self, run: str, watch: _Watch, now: float) -> None:
         try:
             lines = watch.source.read_lines()
         except OSError as exc:
@@ -106,3 +138,7 @@ class ProgressWatch:
             watch.records += 1
             if record.step is not None:
                 watch.detector.observe(record.step, now)
+                watch.series.append((record.step, record.loss, record.grad_norm, record.lr))
+            if watch.spikes is not None:
+                for notice in watch.spikes.feed(record):
+                    self._notices.append(SpikeNotice(run, watch.key, notice, tuple(watch.series)))

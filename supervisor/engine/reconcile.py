@@ -39,6 +39,7 @@ from supervisor.domain.checkpoints import describe_plan
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
 from supervisor.engine.probes import ProbeTracker
+from supervisor.engine.spikes import handle_spikes, pending_rollbacks
 from supervisor.engine.progress import ProgressWatch
 from supervisor.ports import (
     Clock,
@@ -130,13 +131,15 @@ class Engine:
             runs = self.store.runs(active_only=True)
             dead = self.probes.update(self._running_nodes(runs, snap), snap, self.clock.now())
             hangs = self.progress.update(runs, snap, self.clock.now()) if self.progress else {}
+            if self.progress is not None:
+                handle_spikes(self.progress.take_notices(), runs, self.store, self.clock)
             checkpoint_at: dict[str, float] = {}
             if self.checkpoints is not None:
                 self.checkpoints.update(runs, self.store)
                 checkpoint_at = self.checkpoints.verified_at(runs, self.store)
             dead = {**self._stale_agents(runs, snap), **dead}
             obs = Observation(snap, dead, hangs, self._active_findings(runs, snap), self._quarantined(),
-                              checkpoint_at)
+                              checkpoint_at, pending_rollbacks(runs, self.store))
             for run in runs:
                 if run.name in blocked:
                     continue

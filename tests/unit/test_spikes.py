@@ -234,3 +234,9 @@ def test_never_raises(rows: list[tuple[int, float | None, float | None, float | 
         for n in det.feed(ProgressRecord(step=step, loss=loss, grad_norm=grad, loss_scale=scale)):
             assert n.reason
     decide([])
+
+
+def test_a_constant_loss_scale_of_one_is_bf16_not_a_collapse() -> None:
+    recs = [ProgressRecord(step=i, loss=2.0 - i * 1e-3, loss_scale=1.0) for i in range(200)]
+    _, notices = run(recs, SpikeSettings())
+    assert notices == []

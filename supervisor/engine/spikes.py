@@ -1,0 +1,143 @@
+"""Loss spikes in the tick: log every spike and how it ended; roll back the ones that do not heal.
+
+The detector (domain.spikes) runs on each attempt's log inside ProgressWatch. Here its notices
+become logbook events, and an outcome that asks for a rollback becomes a decision
+(domain.rollback.decide_rollback): the newest verified checkpoint at least M steps before the
+onset, a data-skip range, an LR scale that shrinks on repeats, at most N automatic rollbacks per
+window — past that, or without a checkpoint to go back to, a page for a human.
+
+The decision is written to the logbook first (a ``rollback`` event on the current attempt); the
+policy stops the job because that event exists, and the next submission resumes from the
+rollback's checkpoint with the skip ranges and LR scale in its environment. A daemon crash
+between any two of these steps loses nothing: the event is the record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import structlog
+
+from supervisor.domain.checkpoints import Outcome, effective_result
+from supervisor.domain.records import Event, EventKind, RunRecord
+from supervisor.domain.rollback import PastRollback, RollbackPolicy, decide_rollback
+from supervisor.domain.spikes import Decision, SpikeEvent, SpikeOutcome
+from supervisor.engine.progress import SpikeNotice, spike_settings
+from supervisor.ports import Clock, Store
+
+log = structlog.get_logger("supervisor.spikes")
+
+
+def handle_spikes(notices: Iterable[SpikeNotice], runs: Iterable[RunRecord], store: Store, clock: Clock) -> None:
+    """Record each notice; decide what an unhealed spike calls for (see the module docstring)."""
+    by_name = {r.name: r for r in runs}
+    for n in notices:
+        run = by_name.get(n.run)
+        if run is None or run.attempt is None or (run.attempt.job_id, run.attempt.restart_count) != n.attempt_key:
+            continue  # a notice from an attempt that is no longer current
+        if isinstance(n.notice, SpikeEvent):
+            _record_spike(run, n, n.notice, store, clock)
+        elif n.notice.decision is Decision.LEAVE:
+            _record_healed(run, n, n.notice, store, clock)
+        else:
+            _rollback(run, n, n.notice, store, clock)
+
+
+def pending_rollbacks(runs: Iterable[RunRecord], store: Store) -> dict[str, dict[str, Any]]:
+    """Runs whose current attempt has a rollback decided and not yet carried out: its evidence."""
+    out: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        a = run.attempt
+        if a is None:
+            continue
+        e = store.last_event(run.name, (EventKind.ROLLBACK,))
+        if e is not None and e.attempt == a.seq:
+            out[run.name] = {"reason": e.message, **e.evidence}
+    return out
+
+
+def rollback_history(store: Store, run: str) -> list[dict[str, Any]]:
+    """Every rollback of the run, oldest first: the evidence of its ``rollback`` events."""
+    return [{**e.evidence, "at": e.at, "attempt": e.attempt}
+            for e in store.events(run) if e.kind is EventKind.ROLLBACK]
+
+
+def _series(n: SpikeNotice) -> list[list[Any]]:
+    return [list(point) for point in n.series]
+
+
+def _record_spike(run: RunRecord, n: SpikeNotice, ev: SpikeEvent, store: Store, clock: Clock) -> None:
+    a = run.attempt
+    assert a is not None
+    store.record_event(Event(
+        run.name, EventKind.SPIKE, f"{ev.kind.value} spike at step {ev.onset_step}: {ev.reason}",
+        f"{run.name}:{a.seq}:spike:{ev.kind.value}:{ev.onset_step}", clock.now(), a.seq, a.job_id,
+        evidence={"kind": ev.kind.value, "onset_step": ev.onset_step, "value": ev.value, "baseline": ev.baseline,
+                  "sigma": ev.sigma, "z": ev.severity_z, "series": _series(n)}))
+
+
+def _outcome_evidence(out: SpikeOutcome, n: SpikeNotice) -> dict[str, Any]:
+    return {"kind": out.event.kind.value, "onset_step": out.event.onset_step, "status": out.status.value,
+            "rule": out.rule, "decided_step": out.decided_step, "peak_step": out.peak_step,
+            "peak_value": out.peak_value, "peak_z": out.peak_z, "steps_after_onset": out.steps_after_onset,
+            "series": _series(n)}
+
+
+def _record_healed(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, clock: Clock) -> None:
+    a = run.attempt
+    assert a is not None
+    store.record_event(Event(
+        run.name, EventKind.SPIKE_HEALED,
+        f"spike at step {out.event.onset_step} healed after {out.steps_after_onset} steps; left alone ({out.reason})",
+        f"{run.name}:{a.seq}:spike-healed:{out.event.onset_step}", clock.now(), a.seq, a.job_id,
+        evidence=_outcome_evidence(out, n)))
+
+
+def _rollback(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, clock: Clock) -> None:
+    a = run.attempt
+    assert a is not None
+    now = clock.now()
+    policy = run.spec.spikes
+    evidence = _outcome_evidence(out, n)
+    onset = out.event.onset_step
+    blocked = None
+    if not policy.rollback:
+        blocked = "automatic rollback is off for this run ([spikes] rollback = false): a human decides"
+    elif run.spec.checkpoints is None:
+        blocked = "the run has no [checkpoints] section: no verified checkpoint to roll back to; a human decides"
+    if blocked is None:
+        history = [PastRollback(int(h["onset_step"]), float(h["at"]), float(h.get("lr_scale", 1.0)))
+                   for h in rollback_history(store, run.name)]
+        rules = RollbackPolicy(max_rollbacks=policy.max_rollbacks, window_s=policy.window_h * 3600,
+                               lr_scale_repeat=policy.lr_scale_repeat)
+        action = decide_rollback(out, verified_steps(store, run.name), history, now, spike_settings(policy), rules)
+        if action.plan is not None:
+            plan = action.plan
+            evidence.update(checkpoint_step=plan.checkpoint_step, skip_first=plan.skip.first,
+                            skip_last=plan.skip.last, lr_scale=action.lr_scale, escalation=action.escalation)
+            store.record_event(Event(
+                run.name, EventKind.ROLLBACK,
+                f"rollback: spike at step {onset} {out.status.value} ({out.reason}); {action.reason}",
+                f"{run.name}:{a.seq}:rollback:{onset}", now, a.seq, a.job_id, evidence=evidence))
+            log.warning("rollback_decided", run=run.name, onset=onset, checkpoint=plan.checkpoint_step)
+            return
+        blocked = action.reason
+    store.record_event(Event(
+        run.name, EventKind.ROLLBACK_BLOCKED,
+        f"spike at step {onset} {out.status.value} ({out.reason}); not rolled back: {blocked}",
+        f"{run.name}:{a.seq}:rollback-blocked:{onset}", now, a.seq, a.job_id, evidence={**evidence, "page": True}))
+
+
+def verified_steps(store: Store, run: str) -> list[int]:
+    steps = []
+    for ref, meta, full, demoted in store.checkpoints(run):
+        eff = effective_result(meta, full)
+        if eff is not None and eff.outcome is Outcome.VERIFIED and not demoted and ref.step is not None:
+            steps.append(ref.step)
+    return steps
+
+
+def skip_ranges(history: Iterable[Mapping[str, Any]]) -> str:
+    """Every rollback's skip range, Megatron style: "first-last,first-last"."""
+    return ",".join(f"{int(h['skip_first'])}-{int(h['skip_last'])}" for h in history if "skip_first" in h)

@@ -1,0 +1,163 @@
+"""Loss spikes in the engine, on the simulated cluster: a spike that heals is logged and left alone;
+one that does not is rolled back to the right verified checkpoint with the skip range (and, on a
+repeat near the same place, more skip and a lower LR) in the restarted job's environment; past the
+cap, or without checkpoints, a human is paged instead."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.domain.progress.hang import HangSettings
+from supervisor.domain.records import EventKind
+from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState, SpikePolicy
+from supervisor.engine.checkpoints import CheckpointWatch
+from supervisor.engine.progress import ProgressWatch
+from supervisor.engine.reconcile import Engine
+from supervisor.sim.clock import VirtualClock
+from supervisor.sim.cluster import SimCluster
+from test_engine_checkpoints import MemCheckpointStore
+from test_progress_engine import MemoryLog
+
+SPEC = RunSpec(name="llm", script="/w/train.sbatch", partition="main", nodes=2, workdir="/w",
+               output="/logs/%x-%j.out", max_restarts=5,
+               checkpoints=CheckpointPolicy(root="mem://ckpt/", scan_interval_s=5.0, resume_file="/w/resume.json"),
+               spikes=SpikePolicy(heal_window_steps=50, min_steps_before=100, skip_batches=300, max_rollbacks=2))
+
+
+def line(step: int, loss: float, grad: float = 1.0) -> str:
+    return (f" iteration {step:8d}/ 1000000 | consumed samples: {step * 64} | elapsed time per iteration (ms): "
+            f"1000.0 | learning rate: 1.0E-04 | global batch size: 64 | lm loss: {loss:.6E} | loss scale: 1.0 | "
+            f"grad norm: {grad:.3f} | number of skipped iterations: 0 | number of nan iterations: 0 |")
+
+
+class Trainer:
+    """Logs every 10 steps (one line per virtual second); the test scripts the loss per step."""
+
+    def __init__(self, tmp_path, spec: RunSpec = SPEC) -> None:
+        self.clock = VirtualClock()
+        self.cluster = SimCluster(self.clock, 4, "main")
+        self.store = SqliteStore(tmp_path)
+        self.store.add_run(spec, self.clock.now())
+        self.ckpt = MemCheckpointStore(self.clock)
+        self.files: dict[str, MemoryLog] = {}
+        self.resume: dict[str, str] = {}
+        watch = CheckpointWatch(lambda s: self.ckpt, self.clock, inline=True,
+                                write_resume=lambda path, text: self.resume.__setitem__(path, text))
+        progress = ProgressWatch(self._open, HangSettings(multiple=50, floor_s=600, cap_s=3600, startup_grace_s=600))
+        self.engine = Engine(scheduler=self.cluster, store=self.store, clock=self.clock, progress=progress,
+                             checkpoints=watch)
+        self.step = 0
+        self.loss = lambda step: 2.0 - step * 1e-5
+
+    def _open(self, path: str, at_end: bool) -> MemoryLog:
+        self.files[path] = MemoryLog()
+        return self.files[path]
+
+    def run(self):
+        return self.store.get_run("llm")
+
+    def running(self, seq: int) -> bool:
+        r = self.run()
+        return r.state is RunState.RUNNING and r.attempt.seq == seq and r.attempt.started_at is not None
+
+    def train(self, until_step: int, seq: int, checkpoint_every: int = 500) -> None:
+        """Run attempt ``seq`` up to ``until_step``, saving verified-to-be checkpoints as it goes."""
+        for _ in range(5000):
+            if self.step >= until_step or not self.running(seq):
+                break
+            self.step += 10
+            if self.step % checkpoint_every == 0:
+                self.ckpt.save(self.step)
+            for log in self.files.values():
+                log.lines.append(line(self.step, self.loss(self.step)))
+            self.engine.tick()
+            self.clock.wait(1.0)
+
+    def until(self, predicate, limit: int = 200) -> None:
+        for _ in range(limit):
+            if predicate():
+                return
+            self.engine.tick()
+            self.clock.wait(1.0)
+        raise AssertionError("condition not reached")
+
+    def env(self) -> dict[str, str]:
+        return dict([args for name, *args in self.cluster.calls if name == "submit"][-1][0].env)
+
+    def events(self, kind: EventKind):
+        return [e for e in self.store.events("llm") if e.kind is kind]
+
+
+def test_a_spike_that_heals_is_logged_and_left_alone(tmp_path):
+    t = Trainer(tmp_path)
+    t.until(lambda: t.running(0))
+    base = t.loss
+    t.loss = lambda s: base(s) * (1.8 if 1500 <= s < 1520 else 1.0)  # BLOOM-176B-like: back in ~20 steps
+    t.train(2000, 0)
+    assert t.running(0) and len(t.events(EventKind.SPIKE)) == 1
+    healed = t.events(EventKind.SPIKE_HEALED)
+    assert len(healed) == 1 and healed[0].evidence["onset_step"] == 1500
+    assert not t.events(EventKind.ROLLBACK) and [s for s, *_ in healed[0].evidence["series"]][-1] >= 1520
+
+
+def test_a_spike_that_does_not_heal_rolls_back_to_a_verified_checkpoint_before_it_with_a_skip_range(tmp_path):
+    t = Trainer(tmp_path)
+    t.until(lambda: t.running(0))
+    base = t.loss
+    t.loss = lambda s: base(s) * (1.8 if s >= 2130 else 1.0)  # never comes back
+    t.train(2400, 0)
+    t.until(lambda: t.running(1))
+    rollback = t.events(EventKind.ROLLBACK)
+    assert len(rollback) == 1
+    ev = rollback[0].evidence
+    assert ev["onset_step"] == 2130 and ev["checkpoint_step"] == 2000  # newest verified >= 100 steps before
+    assert (ev["skip_first"], ev["skip_last"]) == (2001, 2300) and ev["series"]
+    env = t.env()
+    assert env["SSV_RESUME_STEP"] == "2000" and env["SSV_SKIP_ITERATIONS"] == "2001-2300"
+    assert "SSV_LR_SCALE" not in env  # a first rollback keeps the LR
+    plan = json.loads(t.resume["/w/resume.json"])
+    assert plan["rollback"]["onset_step"] == 2130 and plan["checkpoint"]["step"] == 2000
+    restarted = t.events(EventKind.RESTARTED)[-1]
+    assert "rollback to step 2000" in restarted.message and "skipping iterations 2001-2300" in restarted.message
+
+
+def test_a_repeat_near_the_same_place_skips_more_and_lowers_the_lr_then_pages_a_human(tmp_path):
+    t = Trainer(tmp_path)
+    t.until(lambda: t.running(0))
+    base = t.loss
+    t.loss = lambda s: base(s) * (1.8 if s >= 2130 else 1.0)
+    t.train(2400, 0)
+    t.until(lambda: t.running(1))
+    t.step = 2000  # the job resumed from checkpoint 2000; the data after the skip still blows up
+    t.loss = lambda s: base(s) * (1.8 if s >= 2330 else 1.0)
+    t.train(2600, 1)
+    t.until(lambda: t.running(2))
+    second = t.events(EventKind.ROLLBACK)[1].evidence
+    assert second["escalation"] == 1 and second["lr_scale"] == 0.5
+    assert second["skip_last"] - second["skip_first"] + 1 == 600  # the skip doubled
+    env = t.env()
+    assert env["SSV_SKIP_ITERATIONS"] == f"2001-2300,{second['skip_first']}-{second['skip_last']}"
+    assert env["SSV_LR_SCALE"] == "0.5"
+    t.step = 2000
+    t.loss = lambda s: base(s) * (1.8 if s >= 2130 else 1.0)
+    t.train(2400, 2)
+    for _ in range(20):
+        t.engine.tick()
+        t.clock.wait(1.0)
+    assert len(t.events(EventKind.ROLLBACK)) == 2  # max_rollbacks = 2 per window
+    blocked = t.events(EventKind.ROLLBACK_BLOCKED)
+    assert len(blocked) == 1 and "a human decides" in blocked[0].message and blocked[0].evidence["page"]
+    assert t.running(2)
+
+
+def test_without_checkpoints_an_unhealed_spike_pages_a_human_and_the_job_keeps_running(tmp_path):
+    t = Trainer(tmp_path, replace(SPEC, checkpoints=None))
+    t.until(lambda: t.running(0))
+    base = t.loss
+    t.loss = lambda s: base(s) * (1.8 if s >= 1130 else 1.0)
+    t.train(1400, 0)
+    blocked = t.events(EventKind.ROLLBACK_BLOCKED)
+    assert len(blocked) == 1 and "no [checkpoints] section" in blocked[0].message
+    assert t.running(0) and not t.events(EventKind.ROLLBACK)
