@@ -279,3 +279,8 @@ def _user() -> str:
 from supervisor.cli.quarantine import quarantine  # noqa: E402
 
 main.add_command(quarantine)
+
+
+from supervisor.cli.agent import agent  # noqa: E402
+
+main.add_command(agent)

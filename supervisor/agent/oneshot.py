@@ -1,0 +1,95 @@
+"""One bounded NVML check, for Slurm hooks (prolog, epilog, healthcheck) and ``agent --once``.
+
+``check_once(timeout_s)`` reads every GPU once in a child process (``python -m
+supervisor.agent.oneshot``) and judges the report with the GPU-health rules. A driver call that
+hangs (a wedged GPU) cannot hang the hook: the child is killed at the deadline and the result is
+the fatal finding ``nvml-hung@1``. The child prints one JSON ``NodeReport``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import msgspec
+
+from supervisor.domain.gpu_health import RULES_VERSION, GpuHealthSettings, HealthRules
+from supervisor.domain.health import NodeFinding, Severity
+from supervisor.domain.node_report import SCHEMA_VERSION, NodeReport, to_wire
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    findings: tuple[NodeFinding, ...]
+    report: NodeReport | None  # None when the child timed out or failed
+    elapsed_s: float
+    error: str | None = None
+
+    @property
+    def worst(self) -> Severity | None:
+        return max((f.severity for f in self.findings), key=lambda s: s.rank, default=None)
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def check_once(timeout_s: float = 4.0, *, node: str | None = None, source: str = "prolog",
+               settings: GpuHealthSettings | None = None, library_path: str | None = None,
+               env: Mapping[str, str] | None = None) -> CheckResult:
+    """Read the GPUs once within ``timeout_s`` and judge them. Never raises, never hangs.
+
+    Hysteresis does not apply to a single look: every condition counts as persistent."""
+    node = node or node_name()
+    settings = replace(settings or GpuHealthSettings(), persist_samples=1, slowdown_samples=1)
+    argv = [sys.executable, "-m", "supervisor.agent.oneshot", node, source]
+    if library_path:
+        argv.append(library_path)
+    start = time.monotonic()
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=timeout_s, check=False,  # noqa: S603
+                              env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        elapsed = time.monotonic() - start
+        finding = NodeFinding(node=node, severity=Severity.FATAL, rule=f"nvml-hung@{RULES_VERSION}",
+                              reason=f"NVML did not answer within {timeout_s:g} s (wedged driver or GPU)",
+                              at=time.time(), source=source, evidence={"timeout_s": timeout_s})
+        return CheckResult((finding,), None, elapsed, f"timed out after {timeout_s:g} s")
+    elapsed = time.monotonic() - start
+    try:
+        report = msgspec.json.decode(done.stdout, type=NodeReport)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        tail = (done.stderr or b"").decode(errors="replace").strip()[-500:]
+        return CheckResult((), None, elapsed, f"NVML check failed (exit {done.returncode}): {tail}")
+    findings = HealthRules(settings).evaluate(report, time.time())
+    return CheckResult(tuple(findings), report, elapsed)
+
+
+def _child(node: str, source: str, library_path: str | None) -> int:
+    from supervisor.adapters.nvml import NvmlReader, NvmlUnavailable
+
+    reader = NvmlReader(library_path)
+    try:
+        reader.open()
+    except NvmlUnavailable as exc:
+        report = NodeReport(v=SCHEMA_VERSION, node=node, seq=0, at=time.time(), source=source, errors=(str(exc),))
+    else:
+        try:
+            gpus = tuple(reader.sample())
+            report = NodeReport(v=SCHEMA_VERSION, node=node, seq=0, at=time.time(), source=source,
+                                gpu_count=reader.gpu_count, gpus=gpus, errors=tuple(reader.errors),
+                                driver=reader.driver)
+        finally:
+            reader.close()
+    sys.stdout.write(json.dumps(to_wire(report), separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None))

@@ -1,0 +1,155 @@
+"""Sends report batches to the daemon's ingest over HTTP, buffering while it is unreachable.
+
+The buffer is bounded (``buffer_max`` reports): when it is full the oldest report is dropped and
+counted; the count travels in the next accepted batch (``dropped``). A failed send backs off
+(doubling from ``backoff_initial_s`` up to ``backoff_max_s``, with jitter) so a thousand agents do
+not hammer a daemon that is restarting. A batch the ingest refuses as malformed (400, 413, 422)
+is dropped and counted as rejected — sending it again would not help; an authentication refusal
+(401, 403, 404: the daemon may not know the run yet) is retried with backoff. The token is sent
+as ``Authorization: Bearer`` and never logged.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import urllib.parse
+from collections import deque
+from dataclasses import dataclass
+
+import structlog
+
+from supervisor.domain.node_report import SCHEMA_VERSION, NodeReport, ReportBatch, to_wire
+
+log = structlog.get_logger(__name__)
+
+_DROP_STATUSES = frozenset({400, 413, 422})
+
+
+@dataclass(frozen=True)
+class SenderSettings:
+    buffer_max: int = 720  # one hour of 5-second samples
+    batch_max: int = 64
+    timeout_s: float = 5.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.buffer_max < 1 or self.batch_max < 1 or self.timeout_s <= 0 or self.backoff_initial_s <= 0 \
+                or self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError("buffer_max and batch_max must be >= 1, timeout_s > 0, "
+                             "0 < backoff_initial_s <= backoff_max_s")
+
+
+class HttpSender:
+    def __init__(self, url: str, run: str, token: str, node: str, settings: SenderSettings | None = None,
+                 rng: random.Random | None = None) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"daemon URL {url!r} must look like http://HOST:PORT")
+        self._parsed = parsed
+        self.path = f"{parsed.path.rstrip('/')}/v1/reports/{urllib.parse.quote(run, safe='')}"
+        self.run = run
+        self._token = token
+        self.node = node
+        self.settings = settings or SenderSettings()
+        self._rng = rng or random.Random()
+        self._buffer: deque[NodeReport] = deque()
+        self._conn: http.client.HTTPConnection | None = None
+        self.dropped = 0  # dropped since the last accepted batch (sent with it)
+        self.dropped_total = 0
+        self.rejected_total = 0
+        self.sent_total = 0
+        self._delay = 0.0
+        self._next_try = 0.0
+        self._last_problem: str | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    def add(self, report: NodeReport) -> None:
+        if len(self._buffer) >= self.settings.buffer_max:
+            self._buffer.popleft()
+            self.dropped += 1
+            self.dropped_total += 1
+        self._buffer.append(report)
+
+    def flush(self, now: float, *, force: bool = False) -> bool:
+        """Send what is buffered, batch by batch; False when the daemon did not take it (backing off).
+        ``force`` ignores the backoff (an XID must not wait for it)."""
+        if not force and now < self._next_try:
+            return False
+        while self._buffer:
+            batch = list(self._buffer)[: self.settings.batch_max]
+            status, reason = self._post(batch)
+            if status == 200 or status in _DROP_STATUSES:
+                for _ in batch:
+                    self._buffer.popleft()
+                if status == 200:
+                    self.sent_total += len(batch)
+                    self.dropped = 0
+                else:
+                    self.rejected_total += len(batch)
+                    log.error("agent_batch_rejected", status=status, reason=reason, reports=len(batch))
+                self._delay = 0.0
+                self._problem(None)
+                continue
+            self._delay = min(self.settings.backoff_max_s, max(self.settings.backoff_initial_s, self._delay * 2))
+            self._next_try = now + self._delay * self._rng.uniform(0.5, 1.0)
+            self._problem(f"{status or 'no answer'}: {reason}")
+            return False
+        return True
+
+    def _problem(self, problem: str | None) -> None:
+        if problem != self._last_problem:
+            if problem is None:
+                log.info("agent_daemon_reachable", pending=len(self._buffer))
+            else:
+                log.warning("agent_send_failed", problem=problem, pending=len(self._buffer),
+                            retry_in_s=round(self._delay, 1))
+            self._last_problem = problem
+
+    def _body(self, batch: list[NodeReport]) -> bytes:
+        wire = to_wire(ReportBatch(v=SCHEMA_VERSION, node=self.node, reports=tuple(batch), dropped=self.dropped))
+        return json.dumps(wire, separators=(",", ":")).encode()
+
+    def _post(self, batch: list[NodeReport]) -> tuple[int, str]:
+        body = self._body(batch)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._token}"}
+        for attempt in (1, 2):  # a kept-alive connection the server closed fails once: reconnect
+            conn = self._connection()
+            try:
+                conn.request("POST", self.path, body=body, headers=headers)
+                response = conn.getresponse()
+                text = response.read(4096).decode(errors="replace")
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                if attempt == 2:
+                    return 0, f"{type(exc).__name__}: {exc}"
+                continue
+            if response.getheader("Connection", "").lower() == "close":
+                self.close()
+            return response.status, _reason(text)
+        return 0, "unreachable"
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            p = self._parsed
+            cls = http.client.HTTPSConnection if p.scheme == "https" else http.client.HTTPConnection
+            self._conn = cls(p.hostname or "", p.port, timeout=self.settings.timeout_s)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _reason(text: str) -> str:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text[:300]
+    return str(value.get("error", value))[:300] if isinstance(value, dict) else text[:300]
