@@ -343,3 +343,10 @@ def test_parse_sbatch_output_garbage() -> None:
 def test_client_env_drops_inherited_job_variables() -> None:
     env = client_env({"PATH": "/bin", "SLURM_JOB_ID": "7", "SLURM_CONF": "/a"}, {"FOO": "1"}, "/b")
     assert env == {"PATH": "/bin", "FOO": "1", "SLURM_CONF": "/b"}
+
+
+def test_client_env_keeps_the_daemons_secrets_out_of_submitted_jobs() -> None:
+    base = {"PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "s3cr3t", "AWS_ACCESS_KEY_ID": "AK", "BOTO_CONFIG": "/x",
+            "SLURM_SUPERVISOR_CONFIG": "/etc/x.toml"}
+    env = client_env(base, {"SLURM_SUPERVISOR_TOKEN": "run-token", "AWS_REGION": "from-the-run-spec"})
+    assert env == {"PATH": "/bin", "SLURM_SUPERVISOR_TOKEN": "run-token", "AWS_REGION": "from-the-run-spec"}
