@@ -59,7 +59,8 @@ def write_daemon_config(
         f"state_dir = {toml_str(str(state_dir))}\n"
         f"poll_interval_s = {poll_interval_s}\n"
         "may_change_nodes = true\n"
-        "max_drains_per_hour = 100\n\n"
+        "max_drains_per_hour = 100\n"
+        "max_drains_per_run_per_hour = 100\n\n"
         "[slurm]\n"
         f"slurm_conf = {toml_str(str(cluster.slurm_conf))}\n"
         'bin_dir = "/usr/bin"\n'
@@ -68,6 +69,9 @@ def write_daemon_config(
         "enabled = true\n"
         f"timeout_s = {probe_timeout_s}\n"
         f"confirm_after_s = {confirm_after_s}\n\n"
+        "[ingest]\n"
+        'bind = "127.0.0.1"\n'
+        "port = 0\n\n"
         "[logging]\n"
         f'level = "{log_level}"\n'
         'format = "json"\n'

@@ -112,6 +112,14 @@ MIGRATIONS: tuple[str, ...] = (
         note TEXT NOT NULL
     );
     """,
+    # 4: each run's telemetry token (agents and hooks authenticate with it)
+    """
+    CREATE TABLE run_tokens (
+        run TEXT PRIMARY KEY REFERENCES runs(name) ON DELETE CASCADE,
+        token TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

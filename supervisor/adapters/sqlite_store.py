@@ -8,7 +8,9 @@ event twice (after a crash and a re-decision) stores it once.
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -116,6 +118,24 @@ class SqliteStore:
             "INSERT OR IGNORE INTO exclusions(run, node, reason, since, deferred) VALUES (?, ?, ?, ?, 1)",
             (run, node, reason, now),
         )
+
+    # ------------------------------------------------------------------ telemetry tokens
+
+    def run_token(self, run: str) -> str:
+        """The run's telemetry token, made on first use (random, 256 bits). Never logged."""
+        row = self._db.execute("SELECT token FROM run_tokens WHERE run = ?", (run,)).fetchone()
+        if row is not None:
+            return str(row["token"])
+        with self.transaction() as db:
+            db.execute("INSERT OR IGNORE INTO run_tokens(run, token, created_at) VALUES (?, ?, ?)",
+                       (run, secrets.token_urlsafe(32), time.time()))
+            return str(db.execute("SELECT token FROM run_tokens WHERE run = ?", (run,)).fetchone()["token"])
+
+    def active_tokens(self) -> dict[str, str]:
+        """Tokens of the runs still supervised: telemetry of ended runs is refused."""
+        rows = self._db.execute("SELECT t.run, t.token, r.state FROM run_tokens t JOIN runs r ON r.name = t.run"
+                                ).fetchall()
+        return {r["run"]: r["token"] for r in rows if not RunState(r["state"]).terminal}
 
     # ------------------------------------------------------------------ bad-node memory
 

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from rich.console import Console
+from rich.text import Text
+
+from supervisor.domain.goodput import CheckpointAdvice, Goodput
+from supervisor.domain.goodput_text import cause_rows, hours, percent, summary_rows
 from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
+from supervisor.ports import Clock
 
 
 def ts(t: float | None) -> str:
@@ -64,3 +72,157 @@ def node_lines(verdicts: Iterable[NodeVerdict]) -> list[str]:
         rows.append((v.node, v.verdict.value, v.action or "excluded", v.run or "-", ts(v.at), v.reason))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return ["  ".join([*(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)), row[-1]]) for row in rows]
+
+
+# ---------------------------------------------------------------- the terminal logbook (rich)
+
+_KIND_STYLE = {
+    "fault": "bold red", "gave_up": "bold red", "mass_fault": "bold red", "node_drained": "red",
+    "node_excluded": "yellow", "warning": "yellow", "stopped": "magenta", "requeued": "magenta",
+    "restarted": "cyan", "started": "green", "completed": "bold green", "note": "bold blue",
+    "rollback": "bold magenta", "spike": "yellow", "cancelled": "magenta",
+}
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    """Which events to show: a time range (UTC seconds), kinds and nodes (any of each, when given)."""
+
+    since: float | None = None
+    until: float | None = None
+    kinds: frozenset[str] = frozenset()
+    nodes: frozenset[str] = frozenset()
+
+    def matches(self, e: Event) -> bool:
+        if self.since is not None and e.at < self.since:
+            return False
+        if self.until is not None and e.at > self.until:
+            return False
+        if self.kinds and e.kind.value not in self.kinds:
+            return False
+        return not self.nodes or bool(self.nodes & nodes_of(e))
+
+    @property
+    def active(self) -> bool:
+        return self != EventFilter()
+
+
+def nodes_of(e: Event) -> set[str]:
+    """Nodes an event is about: its evidence's node lists, and node names its message spells out."""
+    ev = e.evidence
+    found = {ev["node"]} if isinstance(ev.get("node"), str) else set()
+    for key in ("nodes", "exclude", "bad_nodes"):
+        value = ev.get(key)
+        if isinstance(value, list | tuple | dict):
+            found |= {str(n) for n in value}
+    found |= set(_NODE_WORD.findall(e.message))
+    return found
+
+
+_NODE_WORD = re.compile(r"[A-Za-z][\w-]*\d")  # candidate node names in a message (n003, gpu-117)
+
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|min|h|d)$")
+_UNIT = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_when(text: str, now: float) -> float:
+    """``2026-11-29T03:00`` (UTC unless an offset is given), ``2026-11-29 03:00:00Z``, or ``90m`` /
+    ``2h`` / ``1d`` ago. Raises ValueError naming the accepted forms."""
+    m = _AGO.match(text.strip().lower())
+    if m:
+        return now - float(m.group(1)) * _UNIT[m.group(2)]
+    try:
+        dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace(" UTC", "+00:00"))
+    except ValueError:
+        raise ValueError(f"cannot read the time {text!r}: give an ISO time in UTC such as 2026-11-29T03:00 "
+                         "(or with an offset, 2026-11-28T22:00-05:00), or a span back from now such as 90m, 2h, "
+                         "1d") from None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
+def event_text(e: Event, *, evidence: bool = False) -> Text:
+    """One logbook line for the terminal, styled by kind (plain when the output is not a terminal)."""
+    where = f"attempt {e.attempt}" if e.attempt is not None else "-"
+    t = Text()
+    t.append(ts(e.at), style="dim")
+    t.append(f"  {e.run}  {where:<10} ")
+    t.append(f"{e.kind.value:<14}", style=_KIND_STYLE.get(e.kind.value, ""))
+    t.append(f" {e.message}  ")
+    t.append(f"[{e.actor}]", style="dim")
+    if evidence and e.evidence:
+        t.append("\n    evidence: " + json.dumps(e.evidence, sort_keys=True, default=str), style="dim")
+    return t
+
+
+def print_events(console: Console, events: Iterable[Event], filt: EventFilter, *, evidence: bool = False) -> int:
+    shown = 0
+    for e in events:
+        if filt.matches(e):
+            console.print(event_text(e, evidence=evidence))
+            shown += 1
+    return shown
+
+
+def follow(read: Callable[[], list[Event]], emit: Callable[[list[Event]], object], clock: Clock, interval_s: float,
+           *, skip: int = 0) -> int:
+    """Poll ``read`` (the logbook, oldest first; append-only) every ``interval_s`` and hand new events
+    to ``emit`` until the clock is stopped. Returns how many events were seen in all."""
+    seen = skip
+    while True:
+        events = read()
+        if len(events) > seen:
+            emit(events[seen:])
+            seen = len(events)
+        if clock.wait(interval_s):
+            return seen
+
+
+def json_line(e: Event) -> str:
+    return json.dumps({"at": e.at, "run": e.run, "attempt": e.attempt, "job_id": e.job_id, "kind": e.kind.value,
+                       "message": e.message, "actor": e.actor, "evidence": e.evidence}, default=str)
+
+
+# ---------------------------------------------------------------- goodput
+
+
+def goodput_lines(g: Goodput, advice: CheckpointAdvice, parts: list[Goodput], gpus: int | None) -> list[str]:
+    rows = summary_rows(g, advice, gpus)
+    width = max(len(k) for k, _ in rows)
+    out = [f"goodput of run {g.run} from {ts(g.start)} to {ts(g.end)}", ""]
+    out += [f"{k.ljust(width)}  {v}" for k, v in rows]
+    causes = cause_rows(g)
+    if causes:
+        out += ["", *_columns([("CAUSE", "INTERRUPTIONS", "LOST", "LLAMA3 TABLE 5"), *causes])]
+    if parts:
+        out += ["", *_columns([("FROM", "TO", "ETTR", "INTERRUPTIONS", "LOST"),
+                               *((ts(p.start), ts(p.end), percent(p.ettr), str(len(p.interruptions)),
+                                  hours(p.lost.total_s)) for p in parts)])]
+    return out + ([""] + [f"note: {n}." for n in g.notes] if g.notes else [])
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def goodput_dict(g: Goodput, advice: CheckpointAdvice, parts: list[Goodput]) -> dict[str, Any]:
+    def one(x: Goodput) -> dict[str, Any]:
+        return {"start": x.start, "end": x.end, "wall_s": x.wall_s, "productive_s": x.productive_s,
+                "running_s": x.running_s, "idle_s": x.idle_s, "ettr": x.ettr, "ettr_upper_bound": bool(x.unknown_lost_work),
+                "lost_s": asdict(x.lost), "interruptions": len(x.interruptions)}
+
+    return {
+        "run": g.run, **one(g),
+        "lost_by_cause_s": {k: asdict(v) for k, v in g.by_cause.items()},
+        "interruptions_per_day": g.interruptions_per_day, "mtbi_s": g.mtbi_s,
+        "checkpoint_advice": {"interval_s": advice.interval_s, "save_s": advice.save_s, "mtbi_s": advice.mtbi_s,
+                              "expected_waste": advice.expected_waste, "reason": advice.reason},
+        "interruption_list": [
+            {"at": i.at, "attempt": i.attempt, "cause": asdict(i.cause), "detection_s": i.detection_s,
+             "restart_s": i.restart_s, "queue_s": i.queue_s, "recovery_s": i.recovery_s,
+             "lost_work_s": i.lost_work_s, "lost_steps": i.lost_steps, "resume_step": i.resume_step}
+            for i in g.interruptions
+        ],
+        "windows": [one(p) for p in parts],
+        "notes": list(g.notes),
+    }

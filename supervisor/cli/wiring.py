@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
 from supervisor.adapters.clock import SystemClock
+from supervisor.adapters.ingest import IngestServer, ReportIngest
+from supervisor.adapters.pages import mount_pages
+from supervisor.adapters.tokens import TokenBook
 from supervisor.adapters.fence import CommandFencer
 from supervisor.adapters.logtail import LogTail
 from supervisor.adapters.slurm_cli import SlurmCli
 from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.config import DaemonConfig
-from supervisor.domain.health import HeartbeatSettings
+from supervisor.domain.gpu_health import GpuHealthSettings, HealthRules
+from supervisor.domain.health import HeartbeatSettings, Severity
 from supervisor.domain.lemon import QuarantineSettings
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.run import RunSpec
@@ -81,3 +86,30 @@ def checkpoints(clock: SystemClock) -> CheckpointWatch:
     from supervisor.adapters.checkpoints.resume_file import write_resume_file
 
     return CheckpointWatch(checkpoint_store, clock, write_resume=write_resume_file)
+
+
+def gpu_health(cfg: DaemonConfig) -> GpuHealthSettings:
+    g = cfg.gpu_health
+    values = g.model_dump(exclude={"xid_overrides", "xid_ignore"})
+    return GpuHealthSettings(**values, xid_overrides={int(k): Severity(v) for k, v in g.xid_overrides.items()},
+                             xid_ignore=frozenset(g.xid_ignore))
+
+
+def ingest(cfg: DaemonConfig, clock: SystemClock) -> tuple[ReportIngest, IngestServer] | None:
+    """The agents' and hooks' endpoint, accepting each active run's token (``[ingest]``)."""
+    if not cfg.ingest.enabled:
+        return None
+    tokens_store = SqliteStore(Path(cfg.daemon.state_dir))  # the ingest thread's own connection
+    book = TokenBook(tokens_store.active_tokens,
+                     hook_token_file=str(cfg.ingest.hook_token_file) if cfg.ingest.hook_token_file else None)
+    feed = ReportIngest(book, HealthRules(gpu_health(cfg)), clock)
+    server = IngestServer(feed, cfg.ingest.bind, cfg.ingest.port, cfg.ingest.max_body_bytes)
+    mount_pages(server, tokens_store)
+    return feed, server
+
+
+def advertised_url(cfg: DaemonConfig, server: IngestServer) -> str:
+    if cfg.ingest.advertise_url:
+        return cfg.ingest.advertise_url.rstrip("/")
+    host = cfg.ingest.bind if cfg.ingest.bind not in ("0.0.0.0", "::", "") else socket.getfqdn()
+    return f"http://{host}:{server.port}"

@@ -122,6 +122,52 @@ class QuarantineSection(Section):
     max_h: FloatField = Field(default=720.0, gt=0, json_schema_extra=fix_hint("set hours above 0, e.g. 720 (30 days)"))
 
 
+class IngestSection(Section):
+    """The HTTP endpoint node agents and hooks report to (and /metrics, the logbook pages)."""
+
+    enabled: StrictBool = True
+    bind: StrictStr = Field(default="0.0.0.0", min_length=1, json_schema_extra=fix_hint(
+        'set the address to listen on, e.g. bind = "0.0.0.0" (every interface) or a login node\'s cluster address'))
+    port: StrictInt = Field(default=8471, ge=0, le=65535, json_schema_extra=fix_hint(
+        "set a TCP port from 1 to 65535 (0: any free port)"))
+    advertise_url: StrictStr | None = Field(default=None, pattern=r"^https?://", json_schema_extra=fix_hint(
+        'give the URL compute nodes reach the daemon at, e.g. advertise_url = "http://login1:8471"'))
+    max_body_bytes: StrictInt = Field(default=1 << 20, ge=4096, le=64 << 20, json_schema_extra=fix_hint(
+        "set a body size cap from 4096 to 67108864 bytes"))
+    hook_token_file: Path | None = None
+
+    @field_validator("hook_token_file", mode="before")
+    @classmethod
+    def _resolve(cls, value: Any, info: ValidationInfo) -> Any:
+        return _resolve_path(value, info)
+
+
+class GpuHealthSection(Section):
+    """Thresholds of the GPU-health rules (docs/node-agent.md)."""
+
+    persist_samples: StrictInt = Field(default=3, ge=1)
+    clear_samples: StrictInt = Field(default=5, ge=1)
+    slowdown_samples: StrictInt = Field(default=6, ge=1)
+    retired_pages_max: StrictInt = Field(default=60, ge=1)
+    ecc_corrected_burst: StrictInt = Field(default=1000, ge=1)
+    nvlink_error_burst: StrictInt = Field(default=100, ge=1)
+    temp_watch_c: StrictInt = Field(default=90, ge=1, le=200)
+    host_mem_watch_pct: FloatField = Field(default=95.0, gt=0, le=100)
+    expected_gpus: StrictInt = Field(default=0, ge=0)
+    xid_overrides: dict[str, Literal["fatal", "degraded", "watch"]] = Field(
+        default_factory=dict,
+        json_schema_extra=fix_hint('write a table of XID = severity, e.g. { "31" = "degraded" }'))
+    xid_ignore: tuple[StrictInt, ...] = ()
+
+    @field_validator("xid_overrides")
+    @classmethod
+    def _xids(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not k.isdigit()]
+        if bad:
+            raise fail(f"{bad[0]!r} is not an XID number", 'write the XID as a quoted number, e.g. "79" = "fatal"')
+        return value
+
+
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -166,4 +212,6 @@ class DaemonConfig(Section):
     hang: HangSection = Field(default_factory=HangSection)
     health: HealthSection = Field(default_factory=HealthSection)
     quarantine: QuarantineSection = Field(default_factory=QuarantineSection)
+    ingest: IngestSection = Field(default_factory=IngestSection)
+    gpu_health: GpuHealthSection = Field(default_factory=GpuHealthSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from supervisor.domain.goodput import Interruption, goodput, measured_save_s
+from supervisor.domain.goodput_text import gpus_of, hours, markdown_lines
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 
 _ROUTINE = frozenset({EventKind.REGISTERED, EventKind.SUBMITTED, EventKind.ADOPTED, EventKind.STARTED})
@@ -81,9 +83,14 @@ class _Section:
     lines: tuple[str, ...]
 
 
-def render_markdown(run: RunRecord, attempts: list[AttemptRecord], events: list[Event]) -> str:
-    """The run's chronicle as Markdown; deterministic for the same records."""
+def render_markdown(run: RunRecord, attempts: list[AttemptRecord], events: list[Event],
+                    now: float | None = None) -> str:
+    """The run's chronicle as Markdown; deterministic for the same records.
+
+    ``now`` ends the goodput accounting of a run still going; by default the last record's time."""
     by_seq = {a.seq: a for a in attempts}
+    g = goodput(run.name, attempts, events, now=last_record(attempts, events) if now is None else now)
+    lost = {i.attempt: i for i in g.interruptions}
     ordered = sorted(events, key=_order)
     timeline: list[Event] = []
     blocks: list[_Incident | Event] = []  # incidents, terminal events and notes, in the order they began
@@ -130,13 +137,22 @@ def render_markdown(run: RunRecord, attempts: list[AttemptRecord], events: list[
         out += ["## Incidents and notes", ""]
     for block in blocks:
         if isinstance(block, _Incident):
-            out += _incident(run, block, by_seq)
+            out += _incident(run, block, by_seq, lost.get(block.attempt))
         elif block.kind is EventKind.NOTE:
             out += _note(run, block)
         else:
             out += _terminal(run, block, attempts)
+    if attempts:
+        out += markdown_lines(g, g.advice(measured_save_s(events)), gpus_of(run.spec))
     out += _attempt_table(attempts)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def last_record(attempts: list[AttemptRecord], events: list[Event]) -> float:
+    """The time of the newest record: the chronicle's "now", so that it reads no clock."""
+    times = [e.at for e in events] + [t for a in attempts for t in (a.submitted_at, a.started_at, a.ended_at)
+                                      if t is not None]
+    return max(times, default=0.0)
 
 
 def _order(e: Event) -> tuple[float, int, int, str, str]:
@@ -164,7 +180,8 @@ def _title(run: RunRecord, attempts: list[AttemptRecord]) -> list[str]:
     return lines
 
 
-def _incident(run: RunRecord, inc: _Incident, by_seq: Mapping[int, AttemptRecord]) -> list[str]:
+def _incident(run: RunRecord, inc: _Incident, by_seq: Mapping[int, AttemptRecord],
+              lost: Interruption | None) -> list[str]:
     faults = inc.of(EventKind.FAULT)
     cause = _cause(inc)
     if inc.has(EventKind.RESTARTED) or inc.has(EventKind.REQUEUED):
@@ -185,6 +202,8 @@ def _incident(run: RunRecord, inc: _Incident, by_seq: Mapping[int, AttemptRecord
         lines += ["- **Decision**:", *(f"  - {d}" for d in decisions)]
     lines += [f"- **Warning**: {_strip_label(w)}" for w in inc.of(EventKind.WARNING)]
     lines.append(f"- **Cost**: {_cost(run, inc, by_seq)}")
+    if lost is not None:
+        lines.append(f"- **Lost work**: {_lost_work(run, lost)}")
     lines.append("")
     return lines
 
@@ -349,6 +368,21 @@ def _cost(run: RunRecord, inc: _Incident, by_seq: Mapping[int, AttemptRecord]) -
     elif inc.has(EventKind.REQUEUED):
         parts.append(f"one restart spent of {run.spec.max_restarts}")
     return "; ".join(parts) + "."
+
+
+def _lost_work(run: RunRecord, i: Interruption) -> str:
+    cause = i.cause.category + (f" ({i.cause.component})" if i.cause.component else "")
+    where = "Llama 3 Table 5" if i.cause.table5 else "not a Llama 3 Table 5 category"
+    if i.lost_work_s is None:
+        work = "work since the checkpoint not on record (no resume step or lost steps in the evidence)"
+    else:
+        steps = f"{i.lost_steps} steps, " if i.lost_steps is not None else ""
+        resumed = f" (resumed from step {i.resume_step})" if i.resume_step is not None else ""
+        work = f"{steps}{hours(i.lost_work_s)} of work since the checkpoint{resumed}"
+    gpus = gpus_of(run.spec)
+    down = (i.detection_s or 0.0) + (i.lost_work_s or 0.0) + (i.recovery_s or 0.0)
+    cost = f"; {down * gpus / 3600:,.1f} GPU-hours" if gpus and down else ""
+    return f"{work}{cost}; cause: {cause}, {where} — {i.cause.basis}."
 
 
 def _strip_label(e: Event) -> str:

@@ -55,7 +55,8 @@ def stale_heartbeats(nodes: tuple[str, ...], ages: Mapping[str, float], running_
     job has no peer to compare with and is left to Slurm."""
     if running_for < settings.startup_grace_s:
         return {}
-    known = {n: ages[n] for n in nodes if n in ages}
+    # a report older than this incarnation (an earlier job's agent on the node) counts as none
+    known = {n: ages[n] for n in nodes if n in ages and ages[n] < running_for}
     fresh = [n for n, age in known.items() if age <= settings.timeout_s]
     if not fresh:
         return {}

@@ -49,10 +49,14 @@ def submit_tag(run: str, store_id: str, intent_id: int) -> str:
     return f"{REASON_PREFIX}:{run}:{store_id}:{intent_id}"
 
 
-def submit_request(spec: RunSpec, action: Submit, tag: str, seq_hint: int) -> SubmitRequest:
+def submit_request(spec: RunSpec, action: Submit, tag: str, seq_hint: int, *, token: str | None = None,
+                   ingest_url: str | None = None) -> SubmitRequest:
     env = dict(spec.env)
     env["SLURM_SUPERVISOR_RUN"] = spec.name
     env["SLURM_SUPERVISOR_ATTEMPT"] = str(seq_hint)
+    if token and ingest_url:  # for the node agents: `slurm-supervisor agent` reads both
+        env["SLURM_SUPERVISOR_URL"] = ingest_url
+        env["SLURM_SUPERVISOR_TOKEN"] = token
     if action.resume is not None:
         env.update(resume_env(action.resume))
     return SubmitRequest(

@@ -71,6 +71,7 @@ class EngineSettings:
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     finding_ttl_s: float = 3600.0  # a node finding not repeated for this long is forgotten
     quarantine: QuarantineSettings = QuarantineSettings()
+    ingest_url: str | None = None  # where node agents report (handed to jobs with the run's token)
 
 
 @dataclass
@@ -345,7 +346,9 @@ class Engine:
         if isinstance(action, Submit):
             seq = (run.attempt.seq + 1) if run.attempt else 0
             tag = submit_tag(run.name, self.store.instance_id, intent)
-            job_id = sched.submit(submit_request(run.spec, action, tag, seq))
+            url = self.settings.ingest_url
+            token = self.store.run_token(run.name) if url else None
+            job_id = sched.submit(submit_request(run.spec, action, tag, seq, token=token, ingest_url=url))
             return {"job_id": job_id}
         if isinstance(action, Cancel):
             sched.cancel(action.job_id)

@@ -1,0 +1,49 @@
+"""The HTML logbook in a real browser: it loads offline, runs its script, logs nothing to the
+console, and shows its timeline, curves and chronicle."""
+
+import re
+from pathlib import Path
+
+from supervisor.adapters.html_logbook import render_html
+from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.sim.demo import RUN, DemoSettings, run_demo
+
+T0 = 1795910400.0  # the demo's start, 2026-11-29 00:00 UTC
+
+
+def _page(tmp_path: Path) -> Path:
+    """The demo run's page, with a made-up progress series (the demo's trainer writes none) so the
+    curves are drawn: a loss spike at 6 h."""
+    run_demo(DemoSettings(hours=12, crashes=2, seed=7), state_dir=str(tmp_path / "state"))
+    store = SqliteStore(tmp_path / "state")
+    try:
+        series = [(T0 + t, t // 10, 3.0 - t / 40000 + (1.5 if 21600 <= t < 22000 else 0.0), 41000.0 + (t % 700))
+                  for t in range(0, 43200, 60)]
+        html = render_html(store.get_run(RUN), store.attempts(RUN), store.events(RUN), series, now=T0 + 43200)
+    finally:
+        store.close()
+    page = tmp_path / "logbook.html"
+    page.write_text(html, encoding="utf-8")
+    return page
+
+
+def test_the_page_loads_without_console_messages_and_shows_its_timeline(chromium, tmp_path):
+    loaded = chromium.load(_page(tmp_path))
+    assert loaded.console == [], loaded.console
+    assert 'data-ready="1"' in loaded.dom  # the inline script ran to its end
+    assert re.search(r'<svg id="timeline"[^>]*>.*?<g class="bar run', loaded.dom, re.S)
+    assert loaded.dom.count('class="mark fault"') == 2
+    assert '<svg id="loss"' in loaded.dom and '<svg id="throughput"' in loaded.dom
+    assert "Lost time by cause" in loaded.dom
+    assert "restart after node fault on n002" in loaded.dom
+
+
+def test_the_console_check_catches_errors_and_blocked_fetches(chromium, tmp_path):
+    """The check above can fail: a page that fetches from the network and throws is caught."""
+    page = tmp_path / "bad.html"
+    html = _page(tmp_path).read_text()
+    html = html.replace("</main>", '</main><img src="https://cdn.example.com/x.png"><script>nosuch();</script>')
+    page.write_text(html)
+    loaded = chromium.load(page)
+    assert any("Content Security Policy" in line for line in loaded.console), loaded.stderr[-2000:]
+    assert any("nosuch is not defined" in line for line in loaded.console)

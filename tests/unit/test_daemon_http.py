@@ -1,0 +1,79 @@
+"""The daemon's HTTP endpoint as the daemon wires it: run tokens from the store (an ended run's
+telemetry is refused), the site hook token, /metrics and the HTML logbook page."""
+
+from __future__ import annotations
+
+import http.client
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from supervisor.adapters.ingest import IngestServer, ReportIngest
+from supervisor.adapters.pages import mount_pages
+from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.tokens import HOOKS, TokenBook
+from supervisor.domain.gpu_health import HealthRules
+from supervisor.domain.run import RunSpec, RunState
+from test_ingest import FakeClock, body
+
+SPEC = RunSpec(name="llm", script="/x.sbatch", partition="gpu", nodes=2)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[tuple[IngestServer, SqliteStore, Path]]:
+    store = SqliteStore(tmp_path)
+    store.add_run(SPEC, time.time())
+    hook_file = tmp_path / "hook.token"
+    hook_file.write_text("site-hook-token-0123456789\n")
+    reader = SqliteStore(tmp_path)  # the ingest thread's own connection, as in the daemon
+    book = TokenBook(reader.active_tokens, hook_token_file=str(hook_file), refresh_s=0.0)
+    server = IngestServer(ReportIngest(book, HealthRules(), FakeClock()), port=0)
+    mount_pages(server, reader)
+    server.start()
+    yield server, store, hook_file
+    server.stop()
+
+
+def request(server: IngestServer, method: str, path: str, data: bytes = b"", token: str | None = None
+            ) -> tuple[int, str, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    conn.request(method, path, body=data or None, headers=headers)
+    response = conn.getresponse()
+    out = response.status, response.getheader("Content-Type") or "", response.read()
+    conn.close()
+    return out
+
+
+def test_a_runs_token_is_made_once_and_accepted_until_the_run_ends(world) -> None:
+    server, store, _ = world
+    token = store.run_token("llm")
+    assert token == store.run_token("llm") and len(token) >= 40
+    assert request(server, "POST", "/v1/reports/llm", body(), token)[0] == 200
+    assert request(server, "POST", "/v1/reports/llm", body(), "guessed-token-0000000000")[0] == 403
+    store.set_state("llm", RunState.CANCELLED, time.time(), "done")
+    assert request(server, "POST", "/v1/reports/llm", body(node="gpu002"), token)[0] in (403, 404)
+
+
+def test_hooks_report_with_the_site_token_under_their_pseudo_run(world) -> None:
+    server, store, hook_file = world
+    assert request(server, "POST", f"/v1/reports/{HOOKS}", body(), "site-hook-token-0123456789")[0] == 200
+    assert request(server, "POST", f"/v1/reports/{HOOKS}", body(node="gpu003"), store.run_token("llm"))[0] == 403
+    hook_file.unlink()  # no hook token configured: hook reports are refused
+    assert request(server, "POST", f"/v1/reports/{HOOKS}", body(node="gpu004"),
+                   "site-hook-token-0123456789")[0] in (403, 404)
+
+
+def test_metrics_and_the_logbook_page_are_served_read_only(world) -> None:
+    server, _, _ = world
+    status, ctype, text = request(server, "GET", "/metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    names = {f.name for f in text_string_to_metric_families(text.decode())}
+    assert any(n.endswith("runs") for n in names), names
+    status, ctype, page = request(server, "GET", "/runs/llm/logbook")
+    assert status == 200 and ctype.startswith("text/html") and b"llm" in page
+    assert request(server, "GET", "/runs/nope/logbook")[0] == 404
+    assert request(server, "POST", "/metrics", b"x")[0] == 405
