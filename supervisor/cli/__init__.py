@@ -88,9 +88,17 @@ def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: 
                 checkpoints=wiring.checkpoints(clock), health=ingest[0] if ingest else None,
             )
             try:
+                paging = wiring.pager(cfg, store, clock)
+            except (OSError, ValueError) as exc:
+                raise click.ClickException(str(exc)) from None
+            if paging is not None:
+                paging[0].start()
+            try:
                 run_loop(engine, Pacing(cfg.daemon.poll_interval_s), SystemdNotifier(),
-                         max_ticks=1 if once else None)
+                         max_ticks=1 if once else None, after_tick=paging[1] if paging else None)
             finally:
+                if paging is not None:
+                    paging[0].close()
                 if ingest is not None:
                     ingest[1].stop()
     except AlreadyRunning as exc:

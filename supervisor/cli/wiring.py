@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.ingest import IngestServer, ReportIngest
+from supervisor.adapters.notify import Pager, PagerSettings, WebhookNotifier, notify_new_events, read_secret
 from supervisor.adapters.pages import mount_pages
 from supervisor.adapters.tokens import TokenBook
 from supervisor.adapters.fence import CommandFencer
@@ -113,3 +115,21 @@ def advertised_url(cfg: DaemonConfig, server: IngestServer) -> str:
         return cfg.ingest.advertise_url.rstrip("/")
     host = cfg.ingest.bind if cfg.ingest.bind not in ("0.0.0.0", "::", "") else socket.getfqdn()
     return f"http://{host}:{server.port}"
+
+
+def pager(cfg: DaemonConfig, store: SqliteStore, clock: SystemClock) -> tuple[WebhookNotifier, Callable[[], None]] | None:
+    """The webhook notifier and the after-tick call that feeds it new logbook events (``[notify]``)."""
+    n = cfg.notify
+    if n.webhook_url_file is None:
+        return None
+    url = read_secret(n.webhook_url_file, "webhook_url_file")
+    key = read_secret(n.routing_key_file, "routing_key_file") if n.routing_key_file else None
+    notifier = WebhookNotifier(url, n.format, routing_key=key, timeout_s=n.timeout_s, retries=n.retries,
+                               pager=Pager(PagerSettings(frozenset(n.kinds), n.rollbacks, n.rollback_window_s)),
+                               source=socket.getfqdn())
+    cursor = [clock.now()]  # events from before this daemon started do not page again
+
+    def after_tick() -> None:
+        cursor[0] = notify_new_events(store, notifier, cursor[0])
+
+    return notifier, after_tick

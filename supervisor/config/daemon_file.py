@@ -142,6 +142,25 @@ class IngestSection(Section):
         return _resolve_path(value, info)
 
 
+class NotifySection(Section):
+    """Paging through a webhook (Slack or PagerDuty Events v2) for page-worthy logbook events."""
+
+    webhook_url_file: Path | None = None
+    format: Literal["slack", "pagerduty"] = "slack"
+    routing_key_file: Path | None = None
+    kinds: tuple[Literal["gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked"], ...] = (
+        "gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked")
+    rollbacks: StrictInt = Field(default=3, ge=1)
+    rollback_window_s: FloatField = Field(default=86400.0, gt=0)
+    timeout_s: FloatField = Field(default=5.0, gt=0, le=120)
+    retries: StrictInt = Field(default=3, ge=0, le=20)
+
+    @field_validator("webhook_url_file", "routing_key_file", mode="before")
+    @classmethod
+    def _resolve(cls, value: Any, info: ValidationInfo) -> Any:
+        return _resolve_path(value, info)
+
+
 class GpuHealthSection(Section):
     """Thresholds of the GPU-health rules (docs/node-agent.md)."""
 
@@ -214,4 +233,5 @@ class DaemonConfig(Section):
     quarantine: QuarantineSection = Field(default_factory=QuarantineSection)
     ingest: IngestSection = Field(default_factory=IngestSection)
     gpu_health: GpuHealthSection = Field(default_factory=GpuHealthSection)
+    notify: NotifySection = Field(default_factory=NotifySection)
     logging: LoggingSection = Field(default_factory=LoggingSection)

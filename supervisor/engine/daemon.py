@@ -6,6 +6,7 @@ and are re-adopted by the next one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,8 +48,9 @@ class Pacing:
 
 
 def run_loop(engine: Engine, pacing: Pacing, service: ServiceManager | None = None,
-             max_ticks: int | None = None) -> int:
-    """Tick until the clock's wait is interrupted (stop requested). Returns the number of ticks."""
+             max_ticks: int | None = None, after_tick: Callable[[], object] | None = None) -> int:
+    """Tick until the clock's wait is interrupted (stop requested). Returns the number of ticks.
+    ``after_tick`` runs after every tick (paging); its errors are logged, never fatal."""
     service = service or NullServiceManager()
     runs = engine.adopt()
     log.info("daemon_started", runs=[r.name for r in runs], poll_interval_s=pacing.poll_interval_s)
@@ -59,6 +61,11 @@ def run_loop(engine: Engine, pacing: Pacing, service: ServiceManager | None = No
         result = engine.tick()
         ticks += 1
         service.watchdog()
+        if after_tick is not None:
+            try:
+                after_tick()
+            except Exception as exc:  # noqa: BLE001 - paging trouble must never stop supervision
+                log.error("after_tick_failed", error=str(exc), error_type=type(exc).__name__)
         if result.ok:
             backoff = pacing.poll_interval_s
             busy = busy + 1 if result.acted else 0

@@ -77,3 +77,53 @@ def test_metrics_and_the_logbook_page_are_served_read_only(world) -> None:
     assert status == 200 and ctype.startswith("text/html") and b"llm" in page
     assert request(server, "GET", "/runs/nope/logbook")[0] == 404
     assert request(server, "POST", "/metrics", b"x")[0] == 405
+
+
+def test_the_daemons_pager_posts_a_page_worthy_event_once(tmp_path: Path) -> None:
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from supervisor.cli import wiring
+    from supervisor.config import load_daemon_config
+    from supervisor.domain.records import Event, EventKind
+
+    received: list[dict] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url_file = tmp_path / "webhook.url"
+    url_file.write_text(f"http://127.0.0.1:{httpd.server_port}/hook\n")
+    url_file.chmod(0o600)
+    config = tmp_path / "supervisor.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n[notify]\nwebhook_url_file = "{url_file}"\n')
+    cfg = load_daemon_config(config)
+    store = wiring.store(cfg)
+    store.add_run(SPEC, time.time())
+    clock = wiring.clock()
+    paging = wiring.pager(cfg, store, clock)
+    assert paging is not None
+    notifier, after_tick = paging
+    notifier.start()
+    try:
+        after_tick()
+        store.record_event(Event("llm", EventKind.GAVE_UP, "restart budget spent", "k1", time.time() + 1))
+        after_tick()
+        after_tick()  # the same incident pages once
+        deadline = time.time() + 10
+        while not received and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+    finally:
+        notifier.close()
+        httpd.shutdown()
+    assert len(received) == 1 and "restart budget spent" in json.dumps(received[0])
