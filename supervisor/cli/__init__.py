@@ -426,3 +426,11 @@ main.add_command(agent)
 from supervisor.cli.quarantine import quarantine  # noqa: E402
 
 main.add_command(quarantine)
+
+
+from supervisor.cli.hooks import hook  # noqa: E402
+
+main.add_command(hook)
+
+from supervisor.cli.simulate import simulate  # noqa: E402
+main.add_command(simulate)

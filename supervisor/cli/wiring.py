@@ -91,10 +91,7 @@ def checkpoints(clock: SystemClock) -> CheckpointWatch:
 
 
 def gpu_health(cfg: DaemonConfig) -> GpuHealthSettings:
-    g = cfg.gpu_health
-    values = g.model_dump(exclude={"xid_overrides", "xid_ignore"})
-    return GpuHealthSettings(**values, xid_overrides={int(k): Severity(v) for k, v in g.xid_overrides.items()},
-                             xid_ignore=frozenset(g.xid_ignore))
+    return cfg.gpu_health.to_settings()
 
 
 def ingest(cfg: DaemonConfig, clock: SystemClock) -> tuple[ReportIngest, IngestServer] | None:

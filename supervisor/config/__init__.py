@@ -23,6 +23,7 @@ from supervisor.config.daemon_file import (
     ProbeSection,
     SlurmSection,
 )
+from supervisor.config.hooks_file import HooksConfig
 from supervisor.config.errors import ConfigError, ConfigProblem, did_you_mean, syntax_problem, toml_value, translate
 from supervisor.config.run_file import RestartSection, RunFile, RunSection, SparesSection
 from supervisor.domain.run import RunSpec
@@ -42,6 +43,8 @@ __all__ = [
     "SparesSection",
     "check_partition",
     "load_daemon_config",
+    "load_hooks_config",
+    "HooksConfig",
     "load_run_file",
     "load_run_spec",
 ]
@@ -66,6 +69,14 @@ def load_daemon_config(path: str | os.PathLike[str] | None) -> DaemonConfig:
         return DaemonConfig()
     file = Path(path)
     return _validate(DaemonConfig, _read_toml(file), file)
+
+
+def load_hooks_config(path: str | os.PathLike[str] | None) -> HooksConfig:
+    """Read and check a ``hooks.toml``; ``None`` gives every default."""
+    if path is None:
+        return HooksConfig()
+    file = Path(path)
+    return _validate(HooksConfig, _read_toml(file), file)
 
 
 def check_partition(spec: RunSpec, partitions: Collection[str]) -> None:

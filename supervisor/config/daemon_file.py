@@ -10,6 +10,8 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, fi
 
 from supervisor.config._shared import FloatField, Section, absolute, not_empty
 from supervisor.config.errors import fail, fix_hint
+from supervisor.domain.gpu_health import GpuHealthSettings
+from supervisor.domain.health import Severity
 
 
 def _resolve_path(value: Any, info: ValidationInfo) -> Any:
@@ -185,6 +187,11 @@ class GpuHealthSection(Section):
         if bad:
             raise fail(f"{bad[0]!r} is not an XID number", 'write the XID as a quoted number, e.g. "79" = "fatal"')
         return value
+
+    def to_settings(self) -> GpuHealthSettings:
+        values = self.model_dump(exclude={"xid_overrides", "xid_ignore"})
+        return GpuHealthSettings(**values, xid_overrides={int(k): Severity(v) for k, v in self.xid_overrides.items()},
+                                 xid_ignore=frozenset(self.xid_ignore))
 
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")

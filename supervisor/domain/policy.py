@@ -302,6 +302,10 @@ def _node_change(
     """DOWN (Slurm ends or requeues the job at once), then DRAIN (stays out until an admin resumes it)."""
     info = obs.snapshot.nodes.get(node)
     reason = node_reason(run.name, why)
+    if info is not None and info.drained and info.responding and not _marked_by_us(info.reason, run.name):
+        msg = f"{node} excluded from run {run.name}; already drained in Slurm ({info.reason or 'no reason'})"
+        return [_event(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node, "slurm_reason": info.reason},
+                       f"{node}:drained")], drains_left
     if info is not None and _handled(run, node, obs):
         done = info.drained
         return ([] if done else [ChangeNode(run.name, node, NodeChange.DRAIN, info.reason)]), drains_left
@@ -393,6 +397,11 @@ def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, 
         why = f"job {job.job_id} exited with do-not-restart code {job.exit_code}; not restarting"
         return done + _set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
     if job.state is JobState.CANCELLED:
+        failed_on = _launch_failed_on(job, obs)
+        if failed_on:  # not a person's cancel: Slurm ended a job it could not requeue (--no-requeue)
+            return done + _recover_finished(run, a, job, failed_on, obs, policy)
+        if _just_launched(job) and obs.now - (job.end_time or obs.now) < LAUNCH_WINDOW_S:
+            return done  # cancelled as it started: give Slurm a moment to show a prolog's drain
         return done + _set_terminal(run, RunState.CANCELLED, EventKind.CANCELLED,
                                     f"job {job.job_id} was cancelled outside the supervisor; not restarting", obs)
     bad = faulty_nodes(run, a.nodes or job.nodes, obs)
@@ -402,6 +411,26 @@ def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, 
     fault = _event(run, a, EventKind.FAULT, why, obs, {"state": job.state.value, "exit_code": job.exit_code,
                                                       "state_reason": job.state_reason})
     return done + Decision((fault, SetState(run.name, RunState.RECOVERING, reason=why)))
+
+
+def _launch_failed_on(job: JobInfo, obs: Observation) -> dict[str, str]:
+    """Nodes whose prolog failed the job's launch: Slurm drained them ("Prolog error") and, the job
+    not being requeueable, cancelled it the second it started."""
+    if not _just_launched(job):
+        return {}
+    out = {}
+    for name in job.nodes:
+        info = obs.snapshot.nodes.get(name)
+        if info is not None and info.drained and info.reason.lower().startswith("prolog error"):
+            out[name] = f"the job's prolog failed on it: Slurm drained it ({info.reason})"
+    return out
+
+
+LAUNCH_WINDOW_S = 10.0
+
+
+def _just_launched(job: JobInfo) -> bool:
+    return job.start_time is not None and job.end_time is not None and job.end_time - job.start_time <= LAUNCH_WINDOW_S
 
 
 def _recover_finished(

@@ -163,10 +163,21 @@ class Engine:
         fresh = (self._nodes is None or self._urgent or self._in_motion()
                  or self._ticks % max(1, self.settings.node_refresh_ticks) == 0)
         snap = self.scheduler.snapshot(include_nodes=fresh)
+        if not fresh and self._a_job_ended(snap):  # decisions on a job's end read its nodes' state
+            snap, fresh = self.scheduler.snapshot(include_nodes=True), True
         if fresh:
             self._nodes = snap.nodes
             return snap
         return ClusterSnapshot(snap.taken_at, snap.jobs, self._nodes or {})
+
+    def _a_job_ended(self, snap: ClusterSnapshot) -> bool:
+        for run in self.store.runs(active_only=True):
+            a = run.attempt
+            if a is not None and a.ended_at is None:
+                job = snap.jobs.get(a.job_id)
+                if job is None or job.state.finished:
+                    return True
+        return False
 
     def _in_motion(self) -> bool:
         if self.store.open_actions():

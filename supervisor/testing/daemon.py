@@ -21,18 +21,20 @@ class SupervisorProcess:
     """A daemon config in ``workdir``, the daemon started as a subprocess, and the CLI beside it."""
 
     def __init__(self, cluster: LocalSlurm, workdir: Path, *, poll_interval_s: float = 0.5,
-                 probe: bool = True, may_change_nodes: bool = True, extra: str = "") -> None:
+                 probe: bool = True, may_change_nodes: bool = True, extra: str = "", ingest_port: int = 0,
+                 hook_token_file: Path | None = None) -> None:
         self.cluster = cluster
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.state_dir = self.workdir / "state"
         self.config = self.workdir / "supervisor.toml"
+        hook_line = f'hook_token_file = "{hook_token_file}"\n' if hook_token_file else ""
         self.config.write_text(
             f'[daemon]\nstate_dir = "{self.state_dir}"\npoll_interval_s = {poll_interval_s}\n'
             f"may_change_nodes = {'true' if may_change_nodes else 'false'}\n"
             f'[slurm]\nslurm_conf = "{cluster.slurm_conf}"\ncommand_timeout_s = 5.0\n'
             f"[probe]\nenabled = {'true' if probe else 'false'}\ntimeout_s = 1.0\nconfirm_after_s = 1.0\n"
-            f'[ingest]\nbind = "127.0.0.1"\nport = 0\n'
+            f'[ingest]\nbind = "127.0.0.1"\nport = {ingest_port}\n{hook_line}'
             f'[logging]\nlevel = "info"\nformat = "json"\n{extra}'
         )
         self.proc: subprocess.Popen[bytes] | None = None
