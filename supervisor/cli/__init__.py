@@ -415,7 +415,9 @@ def _user() -> str:
         return f"uid {os.getuid()}"
 
 
+from supervisor.cli.ckpt import ckpt  # noqa: E402
 
+main.add_command(ckpt)
 
 
 from supervisor.cli.agent import agent  # noqa: E402
@@ -432,5 +434,3 @@ from supervisor.cli.hooks import hook  # noqa: E402
 
 main.add_command(hook)
 
-from supervisor.cli.simulate import simulate  # noqa: E402
-main.add_command(simulate)

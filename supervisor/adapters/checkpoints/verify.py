@@ -1,0 +1,372 @@
+"""Checkpoint verification over any ObjectBackend (S3, POSIX): three outcomes, never a guess.
+
+* **metadata**: read the manifest, list the checkpoint's prefix once (paginated), HEAD the shards
+  whose stored checksum the listing does not give (in parallel; when a first batch of HEADs shows
+  that the storage keeps neither a checksum of the manifest's algorithm nor object versions, as
+  Ceph 16 or uploads without ``ChecksumAlgorithm``, the rest are skipped), and compare with the manifest
+  (``check_listing``): presence, size, stored checksum where the storage keeps one, object version,
+  a manifest whose step is not the checkpoint's (stale).
+* **full**: the same listing checks, then every shard streamed once (one GET per shard, shards in
+  parallel, memory bounded by ``workers x chunk_size``) through ``Digest`` and compared with the
+  manifest (``check_digests``). Optionally under a bandwidth limit (a token bucket shared by the
+  readers) so that it can run in the background beside training.
+
+Outcomes: VERIFIED; CORRUPT when the storage answered and what it holds does not match (which
+shard, why); UNVERIFIABLE for every storage error, timeout or deadline — never CORRUPT. Definite
+evidence wins: a missing shard found before a timeout elsewhere still makes the checkpoint CORRUPT.
+
+A checkpoint without its commit marker (``committed=False``) is never VERIFIED. While its newest
+object is younger than ``uncommitted_grace_s`` it may be an upload in progress: UNVERIFIABLE,
+"commit marker not written yet". Older than that it is a torn upload: CORRUPT, problem
+"uncommitted". (A restart never resumes from either; the difference is what the logbook says and
+whether the supervisor keeps looking at it.)
+
+Adopted layouts (DCP, Megatron, NeMo) have no checksums: metadata runs the layout's presence checks
+(``check_adopted``); full also reads every byte of every object and compares the count with the
+listing. The result carries the weaker ``guarantee``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from supervisor.adapters.checkpoints.backend import ObjectBackend, StorageError
+from supervisor.adapters.checkpoints.checksums import Digest
+from supervisor.adapters.checkpoints.throttle import TokenBucket
+from supervisor.domain.checkpoints import (
+    MANIFEST_NAME,
+    ChecksumAlgorithm,
+    CheckpointRef,
+    Guarantee,
+    Level,
+    Manifest,
+    ManifestError,
+    ObjectInfo,
+    Outcome,
+    ShardProblem,
+    VerifyResult,
+    check_digests,
+    check_listing,
+    summarize,
+)
+from supervisor.domain.ckpt_layouts import check_adopted
+from supervisor.ports import Clock
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_GRACE_S = 2 * 3600.0  # an upload of a large checkpoint can take tens of minutes
+
+
+class _Stopped(Exception):
+    """This verification is over (deadline passed, or another worker hit a storage error)."""
+
+
+@dataclass
+class _Run:
+    """One verification in progress: its deadline, its stop flag, what it has read."""
+
+    ref: CheckpointRef
+    level: Level
+    prefix: str  # the checkpoint's key prefix, relative to the backend's root ("" or "a/b/")
+    started: float
+    deadline: float | None
+    monotonic: Callable[[], float]
+    stop: threading.Event = field(default_factory=threading.Event)
+    why_stopped: str = ""
+    bytes_read: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def check(self) -> None:
+        if self.stop.is_set():
+            raise _Stopped(self.why_stopped)
+        if self.deadline is not None and self.monotonic() > self.deadline:
+            self.halt("deadline passed")
+            raise _Stopped(self.why_stopped)
+
+    def halt(self, why: str) -> None:
+        with self.lock:
+            if not self.stop.is_set():
+                self.why_stopped = why
+                self.stop.set()
+
+    def remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - self.monotonic())
+
+
+@dataclass(frozen=True)
+class _Found:
+    outcome: Outcome
+    reason: str
+    problems: tuple[ShardProblem, ...] = ()
+    shards: int = 0
+    bytes: int = 0
+
+
+def relative_prefix(backend: ObjectBackend, location: str) -> str:
+    """The key prefix of a checkpoint at ``location`` relative to the backend's root, with a
+    trailing "/" ("" for the root itself). ValueError when it is not under the root."""
+    base = backend.location("").rstrip("/")
+    loc = location.rstrip("/")
+    if loc == base:
+        return ""
+    if not loc.startswith(base + "/"):
+        raise ValueError(f"checkpoint {location} is not under the store's root {backend.root}")
+    return loc[len(base) + 1:] + "/"
+
+
+class Verifier:
+    """Verifies checkpoints of one backend. Thread-safe; one verification at a time per call."""
+
+    def __init__(self, backend: ObjectBackend, *, clock: Clock, workers: int = 8, chunk_size: int = 4 << 20,
+                 bandwidth_bytes_s: float | None = None, deadline_s: float | None = 6 * 3600.0,
+                 uncommitted_grace_s: float = DEFAULT_GRACE_S, read_attempts: int = 2,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        if workers < 1 or chunk_size < 1 or read_attempts < 1:
+            raise ValueError("verification workers, chunk_size and read_attempts must be >= 1")
+        if deadline_s is not None and deadline_s <= 0:
+            raise ValueError(f"verification deadline_s must be > 0 seconds or unset, not {deadline_s}")
+        self.backend = backend
+        self.clock = clock
+        self.workers = workers
+        self.chunk_size = chunk_size
+        self.bandwidth_bytes_s = bandwidth_bytes_s
+        self.deadline_s = deadline_s
+        self.uncommitted_grace_s = uncommitted_grace_s
+        self.read_attempts = read_attempts
+        self.monotonic = monotonic
+        if bandwidth_bytes_s is not None and bandwidth_bytes_s <= 0:
+            raise ValueError(f"bandwidth_bytes_s must be > 0 or unset, not {bandwidth_bytes_s}")
+
+    # ----------------------------------------------------------------- entry point
+
+    def verify(self, ref: CheckpointRef, level: Level, *, deadline_s: float | None = None) -> VerifyResult:
+        started = self.monotonic()
+        limit = deadline_s if deadline_s is not None else self.deadline_s
+        try:
+            prefix = relative_prefix(self.backend, ref.location)
+        except ValueError as exc:
+            return self._result(ref, level, started, _Found(Outcome.UNVERIFIABLE, str(exc)))
+        run = _Run(ref, level, prefix, started, started + limit if limit else None, self.monotonic)
+        try:
+            found = self._verify(run)
+        except StorageError as exc:
+            found = _Found(Outcome.UNVERIFIABLE, f"storage error: {exc}")
+        except _Stopped as exc:
+            found = _Found(Outcome.UNVERIFIABLE, f"stopped: {exc}")
+        finally:
+            run.halt("verification over")
+        result = self._result(ref, level, started, found, run.bytes_read)
+        log.info("ckpt.verified", location=ref.location, level=level.value, outcome=result.outcome.value,
+                 reason=result.reason, seconds=round(result.seconds, 3), bytes_read=run.bytes_read)
+        return result
+
+    def _result(self, ref: CheckpointRef, level: Level, started: float, found: _Found,
+                bytes_read: int = 0) -> VerifyResult:
+        return VerifyResult(ref.location, ref.step, level, found.outcome, found.reason, ref.guarantee,
+                            found.problems, found.shards, bytes_read if level is Level.FULL else found.bytes,
+                            self.monotonic() - started, self.clock.now())
+
+    def _verify(self, run: _Run) -> _Found:
+        if run.ref.guarantee is Guarantee.MANIFEST:
+            return self._verify_manifest(run)
+        return self._verify_adopted(run)
+
+    # ----------------------------------------------------------------- our manifest layout
+
+    def _verify_manifest(self, run: _Run) -> _Found:
+        ref, prefix = run.ref, run.prefix
+        try:
+            raw = self.backend.get_small(prefix + MANIFEST_NAME)
+        except ValueError as exc:
+            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", f"unreadable: {exc}"))
+        run.check()
+        listing = {o.key[len(prefix):]: o for o in self.backend.list(prefix)}
+        if raw is None:
+            if not ref.committed:
+                return self._uncommitted(run, listing.values())
+            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest",
+                                         "missing: the commit marker of a committed checkpoint is gone"))
+        try:
+            manifest = Manifest.from_json(raw)
+        except ManifestError as exc:
+            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", str(exc)))
+        run.check()
+        failure = None
+        if run.level is Level.METADATA:
+            listing, failure = self._with_heads(run, manifest, listing)
+        problems = list(check_listing(manifest, listing, name=ref.name))
+        if run.level is Level.FULL:
+            keys = [s.key for s in manifest.shards if s.key in listing and listing[s.key].size == s.size]
+            digests, missing, failure = self._stream(run, keys, manifest.algorithm)
+            problems += check_digests(manifest, digests)
+            problems += [ShardProblem(k, "missing", "vanished between the listing and the read") for k in missing]
+        return _judge(problems, failure, len(manifest.shards), manifest.total_bytes,
+                      f"{len(manifest.shards)} shards, {manifest.total_bytes} bytes match the manifest "
+                      f"(step {manifest.step}, {manifest.algorithm.value})")
+
+    def _with_heads(self, run: _Run, manifest: Manifest,
+                    listing: Mapping[str, ObjectInfo]) -> tuple[dict[str, ObjectInfo], str | None]:
+        """The listing, with each shard's HEAD where the listing lacks its stored checksum; and why
+        some HEADs were not done, if they were not."""
+        merged = dict(listing)
+        if not getattr(self.backend, "stores_checksums", True):
+            return merged, None
+        algo = manifest.algorithm
+        wanted = [s.key for s in manifest.shards
+                  if s.key in listing and listing[s.key].size == s.size and algo.value not in listing[s.key].checksums]
+        # HEADs only tell what a listing does not (a stored checksum, a version): when a first batch
+        # shows the storage keeps neither for this checkpoint, the rest would be wasted requests.
+        sample = wanted[: self.workers]
+        heads, failure = self._parallel(run, sample, lambda key: self.backend.head(run.prefix + key, algo))
+        useful = any(isinstance(h, ObjectInfo) and (algo.value in h.checksums or h.version_id) for h in heads.values())
+        if useful or any(s.version_id for s in manifest.shards):
+            rest, failure_rest = self._parallel(run, wanted[len(sample):],
+                                                lambda key: self.backend.head(run.prefix + key, algo))
+            heads.update(rest)
+            failure = failure or failure_rest
+        elif not failure and len(wanted) > len(sample):
+            log.info("ckpt.heads_skipped", location=run.ref.location, algorithm=algo.value,
+                     skipped=len(wanted) - len(sample), why="no stored checksum or version in the first HEADs")
+        for key, info in heads.items():
+            if info is None:
+                merged.pop(key, None)  # deleted since the listing: reported missing
+            elif isinstance(info, ObjectInfo):
+                merged[key] = ObjectInfo(key, info.size, info.checksums, info.version_id, info.modified_at)
+        return merged, failure
+
+    # ----------------------------------------------------------------- adopted layouts
+
+    def _verify_adopted(self, run: _Run) -> _Found:
+        ref, prefix = run.ref, run.prefix
+        objects = list(self.backend.list(prefix))
+        if not objects and prefix:  # a single-file checkpoint (NeMo .ckpt)
+            single = self.backend.head(prefix.rstrip("/"))
+            objects = [single] if single is not None else []
+        if not ref.committed:
+            return self._uncommitted(run, objects)
+        context = list(objects)
+        if ref.guarantee is Guarantee.NEMO:  # its -unfinished marker lies next to it
+            parent = prefix.rstrip("/").rpartition("/")[0]
+            context += [o for o in self.backend.list(parent + "/" if parent else "")
+                        if o.key.count("/") == parent.count("/") + (1 if parent else 0)]
+        run.check()
+        problems = list(check_adopted(ref, context, prefix=prefix.rstrip("/")))
+        failure = None
+        if run.level is Level.FULL and objects:
+            sizes = {o.key: o.size for o in objects}
+            digests, missing, failure = self._stream(run, sorted(sizes), ChecksumAlgorithm.CRC32C, rooted=True)
+            problems += [ShardProblem(k, "size", f"read {got} bytes, listing says {sizes[k]}")
+                         for k, (got, _) in sorted(digests.items()) if got != sizes[k]]
+            problems += [ShardProblem(k, "missing", "vanished between the listing and the read") for k in missing]
+        total = sum(o.size for o in objects)
+        return _judge(problems, failure, len(objects), total,
+                      f"{len(objects)} objects, {total} bytes present; weak guarantee: {ref.guarantee.describe}")
+
+    # ----------------------------------------------------------------- torn or in progress
+
+    def _uncommitted(self, run: _Run, objects: Iterable[ObjectInfo]) -> _Found:
+        times = [o.modified_at for o in objects if o.modified_at is not None]
+        objects = list(objects)
+        if not objects:
+            return _corrupt(ShardProblem(run.ref.name, "missing", "no objects under the checkpoint"))
+        newest = max(times) if times else run.ref.seen_at
+        age = self.clock.now() - newest if newest else None
+        if age is not None and age > self.uncommitted_grace_s:
+            return _corrupt(ShardProblem(run.ref.name, "uncommitted",
+                                         f"{len(objects)} objects without a commit marker, the newest written "
+                                         f"{age:.0f} s ago (grace {self.uncommitted_grace_s:.0f} s): a torn upload"))
+        when = f"newest object {age:.0f} s old" if age is not None else "object times unknown"
+        return _Found(Outcome.UNVERIFIABLE, f"commit marker not written yet ({when}; torn after "
+                      f"{self.uncommitted_grace_s:.0f} s): an upload may be in progress", shards=len(objects))
+
+    # ----------------------------------------------------------------- parallel work
+
+    def _parallel(self, run: _Run, keys: Sequence[str],
+                  work: Callable[[str], object]) -> tuple[dict[str, object], str | None]:
+        """``work(key)`` for every key on ``workers`` threads. Returns the results and, when some
+        keys were left undone (a storage error, the deadline), why."""
+        results: dict[str, object] = {}
+        errors: list[StorageError] = []
+        if not keys:
+            return results, None
+
+        def one(key: str) -> None:
+            try:
+                run.check()
+                results[key] = work(key)
+            except StorageError as exc:
+                errors.append(exc)
+                run.halt(f"storage error: {exc}")
+            except _Stopped:
+                pass
+
+        pool = cf.ThreadPoolExecutor(max_workers=min(self.workers, len(keys)), thread_name_prefix="ssv-verify")
+        try:
+            _, pending = cf.wait([pool.submit(one, k) for k in keys], timeout=run.remaining())
+            if pending:
+                run.halt("deadline passed")
+        finally:
+            pool.shutdown(wait=not run.stop.is_set(), cancel_futures=True)
+        if errors:
+            return results, f"storage error: {errors[0]}"
+        if run.stop.is_set():
+            return results, run.why_stopped
+        return results, None
+
+    def _stream(self, run: _Run, keys: Sequence[str], algorithm: ChecksumAlgorithm, *,
+                rooted: bool = False) -> tuple[dict[str, tuple[int, str]], list[str], str | None]:
+        """Digest every key once. Returns (digests, keys found missing, why some were left unread)."""
+        bucket = None
+        if self.bandwidth_bytes_s:
+            bucket = TokenBucket(self.bandwidth_bytes_s, burst_bytes=max(self.chunk_size, self.bandwidth_bytes_s / 4),
+                                 monotonic=self.monotonic, wait=run.stop.wait)
+        missing: list[str] = []
+
+        def one(key: str) -> tuple[int, str] | None:
+            try:
+                return self._digest(run, key if rooted else run.prefix + key, algorithm, bucket)
+            except KeyError:
+                missing.append(key)
+                return None
+
+        got, failure = self._parallel(run, keys, one)
+        digests = {k: v for k, v in got.items() if isinstance(v, tuple)}
+        return digests, missing, failure
+
+    def _digest(self, run: _Run, key: str, algorithm: ChecksumAlgorithm,
+                bucket: TokenBucket | None) -> tuple[int, str]:
+        for attempt in range(1, self.read_attempts + 1):
+            digest = Digest(algorithm)
+            try:
+                for chunk in self.backend.read(key, self.chunk_size):
+                    run.check()
+                    if bucket is not None:
+                        bucket.take(len(chunk))
+                    digest.update(chunk)
+                    with run.lock:
+                        run.bytes_read += len(chunk)
+                return digest.size, digest.value()
+            except StorageError as exc:
+                if not exc.transient or attempt == self.read_attempts or run.stop.is_set():
+                    raise
+                log.info("ckpt.read_retry", location=self.backend.location(key), attempt=attempt, error=str(exc))
+        raise AssertionError("unreachable")
+
+
+def _corrupt(problem: ShardProblem) -> _Found:
+    return _Found(Outcome.CORRUPT, summarize([problem]), (problem,))
+
+
+def _judge(problems: Sequence[ShardProblem], failure: str | None, shards: int, total: int, ok: str) -> _Found:
+    """Definite evidence of damage wins; then any failure to look makes it unverifiable."""
+    if problems:
+        return _Found(Outcome.CORRUPT, summarize(problems), tuple(problems), shards, total)
+    if failure:
+        return _Found(Outcome.UNVERIFIABLE, f"not every shard could be checked: {failure}", (), shards, total)
+    return _Found(Outcome.VERIFIED, ok, (), shards, total)

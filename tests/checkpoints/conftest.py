@@ -1,0 +1,117 @@
+"""Checkpoint storage fixtures: the same suite on a POSIX directory, moto and Ceph's RADOS Gateway.
+
+* ``moto_s3`` / ``ceph_rgw``: one server each for the whole session (moto ~0.5 s, Ceph ~13 s),
+  started on first use, stopped at the end. When one cannot start here the test is skipped,
+  except under ``CI=true``, where it fails with the reason (the tests' rule for real servers).
+* ``store_env``: parametrized over ``posix``, ``moto`` and ``rgw``: a fresh root (a temporary
+  directory, or a new bucket) with the means to damage what is in it (``flip``, ``truncate_at_rest``,
+  ``remove``, ``put``), and ``backend(...)`` / ``store(...)`` factories.
+* ``s3_env``: the same for the S3 servers only (the fault-proxy tests).
+
+Tests using an S3 server are marked ``s3`` automatically. ``CEPH_KEEP=1`` keeps Ceph's directory.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.testing.s3servers import CephRgw, MotoS3, S3Server, S3ServerError
+
+from ckpt_env import StoreEnv
+
+S3_KINDS = ("moto", "rgw")
+
+
+def _under_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() == "true"
+
+
+def _cannot_run(what: str, reason: str) -> None:
+    if _under_ci():
+        pytest.fail(f"{what} is required under CI=true but cannot run: {reason}", pytrace=False)
+    pytest.skip(f"{what} not available: {reason}")
+
+
+def _session_server(cls: type[MotoS3] | type[CephRgw], **kwargs: Any) -> Iterator[S3Server | str]:
+    reason = cls.unavailable_reason()
+    if reason:
+        yield reason
+        return
+    server = cls(**kwargs)
+    try:
+        server.start()
+    except S3ServerError as exc:
+        yield str(exc)
+        return
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _moto_session() -> Iterator[S3Server | str]:
+    yield from _session_server(MotoS3)
+
+
+@pytest.fixture(scope="session")
+def _rgw_session() -> Iterator[S3Server | str]:
+    yield from _session_server(CephRgw, keep_dir=os.environ.get("CEPH_KEEP") == "1")
+
+
+@pytest.fixture
+def moto_s3(_moto_session: S3Server | str) -> S3Server:
+    if isinstance(_moto_session, str):
+        _cannot_run("moto S3 server", _moto_session)
+    assert isinstance(_moto_session, S3Server)
+    return _moto_session
+
+
+@pytest.fixture
+def ceph_rgw(_rgw_session: S3Server | str) -> S3Server:
+    if isinstance(_rgw_session, str):
+        _cannot_run("Ceph RADOS Gateway", _rgw_session)
+    assert isinstance(_rgw_session, S3Server)
+    return _rgw_session
+
+
+def _s3_env(kind: str, server: S3Server, monkeypatch: pytest.MonkeyPatch) -> StoreEnv:
+    for name, value in server.credentials_env().items():
+        monkeypatch.setenv(name, value)  # S3Backend takes credentials from boto3's normal chain
+    bucket = f"ssv-{uuid.uuid4().hex[:12]}"
+    server.create_bucket(bucket)
+    return StoreEnv(kind, f"s3://{bucket}/run42/ckpt/", server, bucket, prefix="run42/ckpt/")
+
+
+@pytest.fixture(params=("posix", *S3_KINDS))
+def store_env(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StoreEnv:
+    kind = request.param
+    if kind == "posix":
+        path = tmp_path / "ckpt"
+        path.mkdir()
+        return StoreEnv(kind, str(path), path=path)
+    server = request.getfixturevalue("moto_s3" if kind == "moto" else "ceph_rgw")
+    env = _s3_env(kind, server, monkeypatch)
+    env.path = None
+    return env
+
+
+@pytest.fixture(params=S3_KINDS)
+def s3_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> StoreEnv:
+    server = request.getfixturevalue("moto_s3" if request.param == "moto" else "ceph_rgw")
+    return _s3_env(request.param, server, monkeypatch)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params = set(callspec.params.values()) if callspec is not None else set()
+        names = set(getattr(item, "fixturenames", ()))
+        if names & {"moto_s3", "ceph_rgw", "s3_env"} or ("store_env" in names and params & set(S3_KINDS)):
+            item.add_marker(pytest.mark.s3)
