@@ -434,3 +434,5 @@ from supervisor.cli.hooks import hook  # noqa: E402
 
 main.add_command(hook)
 
+from supervisor.cli.simulate import simulate  # noqa: E402
+main.add_command(simulate)

@@ -21,13 +21,14 @@ DEFAULT_START = 1795910400.0
 class Timer:
     """A scheduled callback. ``cancel()`` makes it a no-op (it is dropped lazily)."""
 
-    __slots__ = ("when", "_fn", "_args", "cancelled")
+    __slots__ = ("when", "_fn", "_args", "cancelled", "background")
 
-    def __init__(self, when: float, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def __init__(self, when: float, fn: Callable[..., Any], args: tuple[Any, ...], background: bool = False) -> None:
         self.when = when
         self._fn = fn
         self._args = args
         self.cancelled = False
+        self.background = background  # housekeeping nobody needs to look at when it happens
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -107,10 +108,19 @@ class VirtualClock:
     def call_later(self, delay: float, fn: Callable[..., Any], *args: Any) -> Timer:
         return self.call_at(self._now + max(0.0, float(delay)), fn, *args)
 
-    def next_event_time(self) -> float | None:
+    def call_background(self, when: float, fn: Callable[..., Any], *args: Any) -> Timer:
+        """Like ``call_at``, for housekeeping (e.g. purging a finished job's record) that a driver
+        skipping quiet time need not stop for: see ``next_event_time(foreground_only=True)``."""
+        timer = Timer(max(float(when), self._now), fn, args, background=True)
+        heapq.heappush(self._queue, (timer.when, next(self._seq), timer))
+        return timer
+
+    def next_event_time(self, *, foreground_only: bool = False) -> float | None:
         while self._queue and self._queue[0][2].cancelled:
             heapq.heappop(self._queue)
-        return self._queue[0][0] if self._queue else None
+        if not foreground_only or not self._queue or not self._queue[0][2].background:
+            return self._queue[0][0] if self._queue else None
+        return min((when for when, _, t in self._queue if not t.cancelled and not t.background), default=None)
 
     def pending_events(self) -> int:
         return sum(1 for _, _, timer in self._queue if not timer.cancelled)

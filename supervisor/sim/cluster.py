@@ -13,8 +13,9 @@ Error choices follow slurmctld: requeue of a pending job or of a job submitted w
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import MappingProxyType
 
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange, NodeInfo
 from supervisor.domain.cluster import SubmitRequest
@@ -68,6 +69,8 @@ class SimCluster:
             first_job_id=first_job_id,
         )
         self._controller_down = False
+        self._nodes_cache: Mapping[str, NodeInfo] | None = None
+        self._nodes_seen = -1
         #: Every port call, accepted or not: (method, *args), e.g. ("requeue", 1000, False).
         self.calls: list[Call] = []
         #: The subset of ``calls`` that raised a PortError.
@@ -170,6 +173,26 @@ class SimCluster:
             raise ValueError(f"job {job_id} is not running ({job.state})")
         self._state.script_exit(job, job.execution, exit_code)
 
+    def job_request(self, job_id: int) -> SubmitRequest:
+        """What the job was submitted with (its environment reaches the simulated trainer)."""
+        return self._job(job_id).request
+
+    def health_check_drain(self, name: str, reason: str) -> None:
+        """Slurm's HealthCheckProgram (NHC) found the node bad: DRAIN it (its job keeps running)."""
+        node = self._node(name)
+        if not node.drain:
+            self._state.drain(node, reason)
+
+    def repair_node(self, name: str) -> None:
+        """The node is repaired and back: slurmd up, and an operator resumes it if it is DOWN or
+        drained (whoever did that)."""
+        node = self._node(name)
+        if not node.slurmd_up:
+            self._state.restore(node)
+        if node.down or node.drain:
+            self._state.resume(node)
+        self._state.schedule()
+
     def controller_down(self, down: bool = True) -> None:
         """While down, every port call raises TransientError (the cluster itself carries on)."""
         self._controller_down = down
@@ -189,8 +212,22 @@ class SimCluster:
         return ClusterSnapshot(
             taken_at=self.clock.now(),
             jobs={job_id: job.info() for job_id, job in state.jobs.items()},
-            nodes={name: node.info() for name, node in state.nodes.items()},
+            nodes=self._node_map(),
         )
+
+    def _node_map(self) -> Mapping[str, NodeInfo]:
+        """All nodes' info, rebuilt only when a node changed (read-only: shared between snapshots)."""
+        if self._nodes_seen != SimNode.changes or self._nodes_cache is None:
+            self._nodes_cache = MappingProxyType({name: node.info() for name, node in self._state.nodes.items()})
+            self._nodes_seen = SimNode.changes
+        return self._nodes_cache
+
+    def dead_slurmds(self, names: Iterable[str]) -> set[str]:
+        """Of ``names``, the nodes whose slurmd refuses a connection: crashed. A frozen (hung)
+        slurmd's port still accepts — the kernel completes the handshake — so, like the real TCP
+        probe, it is not among them; Slurm's NOT_RESPONDING or the agents' heartbeats catch it."""
+        nodes = self._state.nodes
+        return {name for name in names if name in nodes and not nodes[name].slurmd_up and not nodes[name].frozen}
 
     def job_info(self, job_id: int) -> JobInfo:
         return self._job(job_id).info()

@@ -17,11 +17,8 @@ class SimProbe:
         self.cluster = cluster
 
     def probe(self, nodes: Iterable[NodeInfo]) -> Mapping[str, str | None]:
-        out: dict[str, str | None] = {}
-        for info in nodes:
-            alive, frozen = self.cluster.slurmd_status(info.name)
-            if not alive and not frozen:  # a frozen slurmd's port still accepts, as on a real node
-                out[info.name] = f"connect to {info.name}:6818: ECONNREFUSED (simulated)"
-            else:
-                out[info.name] = None
+        names = [info.name for info in nodes]
+        out: dict[str, str | None] = dict.fromkeys(names)
+        for name in self.cluster.dead_slurmds(names):
+            out[name] = f"connect to {name}:6818: ECONNREFUSED (simulated)"
         return out

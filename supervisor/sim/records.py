@@ -7,6 +7,7 @@ domain's frozen ``NodeInfo``/``JobInfo``; ``Incarnation`` is the frozen view of 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from supervisor.domain.cluster import JobInfo, JobState, NodeInfo, NodeState, SubmitRequest
 from supervisor.sim.clock import Timer
@@ -78,6 +79,20 @@ class SimNode:
     prolog_fails: bool = False
     procs: set[Execution] = field(default_factory=set)
     timers: list[Timer] = field(default_factory=list)
+    _info: NodeInfo | None = field(default=None, repr=False, compare=False)
+    # The node's NodeInfo per distinct state: a node going IDLE <-> ALLOCATED reuses them.
+    _seen: dict[tuple[bool, bool, bool, bool, str], NodeInfo] = field(default_factory=dict, repr=False)
+
+    #: Bumped by any change of any node: a snapshot reuses its node map while it is unchanged.
+    changes: ClassVar[int] = 0
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # Any change of a field drops the cached NodeInfo: snapshots of thousands of nodes then
+        # rebuild only the nodes that changed since the last one.
+        object.__setattr__(self, name, value)
+        if name != "_info":
+            object.__setattr__(self, "_info", None)
+            SimNode.changes += 1
 
     @property
     def free(self) -> bool:
@@ -92,6 +107,16 @@ class SimNode:
         self.timers.clear()
 
     def info(self) -> NodeInfo:
+        info = self._info
+        if info is None:
+            key = (self.down, self.job is None, self.drain, self.not_responding, self.reason)
+            info = self._seen.get(key)
+            if info is None:
+                info = self._seen[key] = self._build_info()
+            object.__setattr__(self, "_info", info)
+        return info
+
+    def _build_info(self) -> NodeInfo:
         if self.down:
             state = NodeState.DOWN
         elif self.job is not None:

@@ -170,7 +170,7 @@ class ClusterState:
         job.exit_code = exit_code
         job.term_signal = term_signal
         job.reason = reason
-        job.purge_timer = self.clock.call_later(self.min_job_age, self._purge, job)
+        job.purge_timer = self.clock.call_background(self.clock.now() + self.min_job_age, self._purge, job)
 
     def requeue(self, job: SimJob, *, hold: bool = False, hold_reason: str = HELD_USER) -> None:
         """Back to PENDING with restart_count+1; startable again after ``cred_expire``."""

@@ -1,0 +1,95 @@
+"""Llama 3 405B at scale in the simulator: 16,384 GPUs (2,048 nodes), 54 days, Table 5's failure mix.
+
+For each seed the same failure draw runs twice: with the supervisor (the real engine, store and
+logbook on the simulated cluster, 64 named spares) and with plain Slurm requeue (baseline: detection
+by NCCL's watchdog or SlurmdTimeout, no spares, restart from the newest checkpoint whatever its
+state). Prints a table per seed, the assumed costs, and as its last line one JSON object:
+``interruptions_mean``, ``ettr_supervisor``, ``ettr_baseline``, ``wall_s_per_run``.
+
+    python bench/simulate.py              # 10 seeds (the issue's figure), both modes
+    python bench/simulate.py --seeds 2    # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import table  # noqa: E402
+
+from supervisor.adapters.logging import configure_logging  # noqa: E402
+from supervisor.sim.failures import TABLE5_DAYS, TABLE5_GPUS, TABLE5_TOTAL  # noqa: E402
+from supervisor.sim.plan import assumptions, make_plan  # noqa: E402
+from supervisor.sim.runner import Simulation  # noqa: E402
+from supervisor.sim.settings import Mode, SimSettings  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 (default 10)")
+    ap.add_argument("--days", type=float, default=TABLE5_DAYS)
+    ap.add_argument("--gpus", type=int, default=TABLE5_GPUS)
+    ap.add_argument("--spares", type=int, default=64)
+    ap.add_argument("--checkpoint-interval", default="auto")
+    ap.add_argument("--node-agents", action="store_true", help="the engine reads SimHealthFeed findings")
+    args = ap.parse_args()
+    configure_logging("warning", "json")
+    plan = make_plan(SimSettings(gpus=args.gpus, days=args.days, spares=args.spares,
+                                 node_agents=args.node_agents), args.checkpoint_interval)
+    rows, sup, base, walls = [], [], [], []
+    with tempfile.TemporaryDirectory(prefix="ssv-bench-sim-") as tmp:
+        for seed in range(args.seeds):
+            settings = replace(plan.settings, seed=seed)
+            draw = settings.failures.draw(seed, settings.gpus, settings.seconds)
+            started = time.perf_counter()
+            s = Simulation(settings, Mode.SUPERVISOR, Path(tmp) / f"seed-{seed}").run(draw)
+            wall = time.perf_counter() - started
+            started = time.perf_counter()
+            b = Simulation(settings, Mode.BASELINE).run(draw)
+            wall_b = time.perf_counter() - started
+            sup.append(s)
+            base.append(b)
+            walls.append(wall)
+            rows.append((seed, len(draw), s.interruptions, f"{s.ettr:.2%}", f"{b.ettr:.2%}",
+                         _q(s.recover_quantile(0.5)), _q(b.recover_quantile(0.5)), s.crash_restarts,
+                         s.ticks, f"{wall:.1f}", f"{wall_b:.1f}"))
+            print(f"seed {seed}: supervisor ETTR {s.ettr:.2%}, baseline {b.ettr:.2%} ({wall:.1f} s + {wall_b:.1f} s)",
+                  file=sys.stderr, flush=True)
+    print(table(rows, ("seed", "failures", "interrupts", "ettr_sup", "ettr_base", "recover_p50_sup",
+                       "recover_p50_base", "crash_restarts", "ticks", "wall_sup_s", "wall_base_s")))
+    print(f"\nexpected failures per run: {TABLE5_TOTAL * args.gpus / TABLE5_GPUS * args.days / TABLE5_DAYS:.1f}"
+          f" (Table 5: {TABLE5_TOTAL} in {TABLE5_DAYS:g} days on {TABLE5_GPUS} GPUs)")
+    print("assumed:")
+    for key, value in assumptions(plan):
+        print(f"  {key}: {value}")
+    ettr_s = statistics.fmean(r.ettr for r in sup)
+    figures = {
+        "interruptions_mean": round(statistics.fmean(r.interruptions for r in sup), 1),
+        "failures_drawn_mean": round(statistics.fmean(len(r.strikes) for r in sup), 1),
+        "ettr_supervisor": round(ettr_s, 4),
+        "ettr_baseline": round(statistics.fmean(r.ettr for r in base), 4),
+        "ettr_supervisor_min": round(min(r.ettr for r in sup), 4),
+        "wall_s_per_run": round(statistics.fmean(walls), 1),
+        "cpu_s_per_run": round(statistics.fmean(r.cpu_s for r in sup), 1),
+        "seeds": args.seeds,
+        "goal_ettr_met": ettr_s >= 0.95,
+        "goal_wall_met": statistics.fmean(walls) < 60.0,
+    }
+    print(json.dumps(figures))
+    return 0
+
+
+def _q(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""One simulation: the real engine (supervisor mode) or plain Slurm (baseline) over a ``World``.
+
+Time is event-driven. The engine's loop is the daemon's (``run_loop``'s pacing: a tick every
+``poll_interval_s`` when quiet, back-to-back ticks while acting, urgent ticks during a recovery),
+but a quiet tick that could see nothing new is skipped: the loop jumps to the first tick of the
+same poll grid at or after the next moment something could be seen —
+
+* the next event on the virtual clock (a failure, a repair, a health check, a job start or end),
+* the engine's own next deadline (``Engine.next_deadline``: a hang threshold running out),
+* the first log lines of each attempt (the hang detector learns the step pace from them, so they
+  are read on the real grid) and the last line before a drawn hang (so the silence is measured
+  from when a real daemon would have read it),
+* at most ``max_skip_s`` later.
+
+So detection latency is the real one: a failure at t is seen at the first grid tick after t.
+The baseline has no daemon: only the cluster's own events run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.domain.cluster import SubmitRequest
+from supervisor.domain.progress.hang import HangSettings
+from supervisor.domain.progress.outputs import output_path
+from supervisor.domain.records import Event, EventKind
+from supervisor.domain.run import RunSpec, SparePolicy
+from supervisor.engine.daemon import Pacing
+from supervisor.engine.progress import ProgressWatch
+from supervisor.engine.reconcile import Engine, EngineSettings
+from supervisor.sim.clock import VirtualClock
+from supervisor.sim.failures import Failure
+from supervisor.sim.probe import SimProbe
+from supervisor.sim.results import SimResult, mark_recoveries
+from supervisor.sim.settings import Mode, SimSettings
+from supervisor.sim.world import World
+
+RUN = "llama3-405b"
+Progress = Callable[[float], None]  # fraction of simulated time done
+
+
+@dataclass
+class Simulation:
+    settings: SimSettings
+    mode: Mode
+    state_dir: Path | None = None  # supervisor mode: where the SQLite store (the logbook) goes
+    on_progress: Progress | None = None
+    run_name: str = RUN
+
+    def run(self, failures: list[Failure] | None = None) -> SimResult:
+        started = time.process_time()
+        s = self.settings
+        draw = failures if failures is not None else s.failures.draw(s.seed, s.gpus, s.seconds)
+        clock = VirtualClock()
+        spec = self._spec(clock)
+        world = World(s, self.mode, clock, path_of=lambda job_id: output_path(spec, job_id))
+        world.schedule(draw)
+        end = clock.now() + s.seconds
+        ticks = 0
+        store = None
+        if self.mode is Mode.SUPERVISOR:
+            if self.state_dir is None:
+                raise ValueError("supervisor mode needs a state directory for its store (the logbook)")
+            store = SqliteStore(self.state_dir)
+            ticks = self._supervise(world, store, spec, end)
+        else:
+            self._baseline(world, spec, end)
+        wall = clock.now() - world.start
+        mark_recoveries(world.strikes, world.attempts(), clock.now())
+        result = SimResult(s, self.mode, wall, world.kept_steps(), world.strikes, len(world.attempts()),
+                           world.torn_restarts, world.crash_restarts, ticks, time.process_time() - started,
+                           str(self.state_dir) if store is not None else None, self.run_name,
+                           {"health_findings": len(world.health.emitted)})
+        if store is not None:
+            store.close()
+        return result
+
+    def _spec(self, clock: VirtualClock) -> RunSpec:
+        s = self.settings
+        names = [f"n{i:0{max(3, len(str(s.pool(self.mode))))}d}" for i in range(1, s.pool(self.mode) + 1)]
+        spares = tuple(names[s.nodes_per_job:]) if self.mode is Mode.SUPERVISOR else ()
+        return RunSpec(name=self.run_name, script="/sim/train.sbatch", partition="gpu", nodes=s.nodes_per_job,
+                       sbatch_args=(f"--gpus-per-node={s.gpus_per_node}",), output="/sim/logs/%x-%j.out",
+                       spare_policy=SparePolicy.NAMED if spares else SparePolicy.PARTITION_IDLE,
+                       spare_nodes=spares, max_restarts=1_000_000)
+
+    # -- baseline: Slurm alone ------------------------------------------------------------------
+
+    def _baseline(self, world: World, spec: RunSpec, end: float) -> None:
+        request = SubmitRequest(run=spec.name, script=spec.script, job_name=spec.name, partition=spec.partition,
+                                nodes=spec.nodes, comment="baseline", extra_args=spec.sbatch_args,
+                                output=spec.output, requeue=True)
+        world.cluster.submit(request)
+        clock = world.clock
+        step = max(3600.0, (end - clock.now()) / 200)
+        while clock.now() < end:
+            clock.advance_to(min(end, clock.now() + step))
+            self._report(clock.now(), world.start, end)
+
+    # -- supervisor: the real engine ------------------------------------------------------------
+
+    def _supervise(self, world: World, store: SqliteStore, spec: RunSpec, end: float) -> int:
+        s = self.settings
+        clock = world.clock
+        now = clock.now()
+        store.add_run(spec, now)
+        store.record_event(Event(spec.name, EventKind.REGISTERED,
+                                 f"simulated run registered: {spec.nodes} nodes x {s.gpus_per_node} GPUs, "
+                                 f"{len(spec.spare_nodes)} named spares, seed {s.seed}",
+                                 f"{spec.name}:registered", now, actor="simulator"))
+        progress = ProgressWatch(world.trainer.opener, HangSettings(multiple=s.hang_multiple))
+        engine = Engine(scheduler=world.cluster, store=store, clock=clock,
+                        settings=EngineSettings(probe_confirm_s=s.probe_confirm_s, node_refresh_ticks=1,
+                                                max_drains_per_hour=s.max_drains_per_hour),
+                        probe=SimProbe(world.cluster), progress=progress,
+                        health=world.health if s.node_agents else None)
+        return self._loop(engine, world, Pacing(s.poll_interval_s), end)
+
+    def _loop(self, engine: Engine, world: World, pacing: Pacing, end: float) -> int:
+        clock = world.clock
+        engine.adopt()
+        ticks = busy = 0
+        backoff = pacing.poll_interval_s
+        while clock.now() < end:
+            result = engine.tick()
+            ticks += 1
+            if result.ok:
+                backoff = pacing.poll_interval_s
+                busy = busy + 1 if result.acted else 0
+                delay = 0.0 if 0 < busy < pacing.max_busy_ticks else pacing.poll_interval_s
+                if result.urgent and delay:
+                    delay = min(delay, pacing.urgent_interval_s)
+            else:
+                backoff = min(pacing.max_backoff_s, max(backoff * 2, result.retry_in or 0.0))
+                delay = backoff
+            if result.ok and not result.urgent and delay == pacing.poll_interval_s and self.settings.skip_quiet_ticks:
+                clock.advance_to(self._next_tick(engine, world, pacing.poll_interval_s, end))
+            elif delay:
+                clock.advance_to(min(end, clock.now() + delay))
+            if ticks % 64 == 0:
+                self._report(clock.now(), world.start, end)
+        return ticks
+
+    def _next_tick(self, engine: Engine, world: World, poll: float, end: float) -> float:
+        """The first tick of the poll grid at or after the next moment something could be seen."""
+        clock = world.clock
+        now = clock.now()
+        candidates = [end, now + self.settings.max_skip_s]
+        event = clock.next_event_time(foreground_only=True)
+        if event is not None:
+            candidates.append(event)
+        a = world.trainer.current()
+        deadline = engine.next_deadline()
+        if deadline is not None and (a is None or not world.trainer.writes_by(a, max(deadline, now))):
+            # Only a silence can run the hang detector's deadline out: a tick after a new line
+            # reads it before it checks.
+            candidates.append(deadline)
+        hang = world.next_hang_ends_attempt(now)
+        if a is not None and a.frozen_at is None and hang is not None:
+            # This attempt will hang: its log is read on the real grid while the detector learns
+            # the pace, and its last line before the hang is read when a real daemon would.
+            # (An attempt that ends otherwise never meets a silence the detector could judge.)
+            later = [t for t in world.trainer.learning_times(a) if t > now]
+            if later:
+                candidates.append(later[0])
+            near = hang - world.trainer.lookahead_s(a)
+            if near > now:
+                candidates.append(near)
+            else:
+                last = world.trainer.last_line_before(a, hang)
+                if last is not None and last > now:
+                    candidates.append(last)
+        target = min(candidates)
+        k = max(1, math.ceil((target - now) / poll - 1e-9))
+        return min(end, now + k * poll)
+
+    def _report(self, now: float, start: float, end: float) -> None:
+        if self.on_progress is not None:
+            self.on_progress(min(1.0, (now - start) / (end - start)))

@@ -1,0 +1,199 @@
+"""The simulated world below the supervisor: cluster, trainer, failures, repairs, Slurm's own checks.
+
+``World`` wires the ``SimCluster`` to the ``SimTrainer`` (each job incarnation runs one trainer
+attempt), lands each drawn failure on a node of the run's job and makes it show the way it does
+on a real cluster (see ``failures.Manifestation``):
+
+* a GPU/ECC/NIC fault kills the job's processes at once; the node stays broken until repaired,
+  a job started on it dies at CUDA/NCCL init; Slurm's HealthCheckProgram drains it at its next
+  check; the node agent (``SimHealthFeed``) reports it within one sample;
+* a dead host takes slurmd down (Slurm: NOT_RESPONDING, DOWN after SlurmdTimeout; the direct probe
+  sees it at once); the other ranks hang until NCCL's watchdog kills them;
+* a hang stops progress; NCCL's watchdog kills the job after ``nccl_timeout_s``;
+* fabric errors, software bugs and silent corruption kill the job and leave no node broken;
+* a slow node slows every step of the job on it until repaired.
+
+When the job's processes exit, the job script's exit status reaches Slurm: with the supervisor
+the job ends FAILED; in the baseline the script's trap requeues it (``scontrol requeue``), the
+usual way of getting automatic restarts from plain Slurm.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+from supervisor.domain.cluster import JobState
+from supervisor.sim.checkpoints import SimCheckpointStore
+from supervisor.sim.clock import Timer, VirtualClock
+from supervisor.sim.cluster import SimCluster
+from supervisor.sim.failures import Category, Failure, Manifestation
+from supervisor.sim.health import SimHealthFeed
+from supervisor.sim.records import Incarnation
+from supervisor.sim.results import Strike
+from supervisor.sim.settings import Mode, SimSettings
+from supervisor.sim.trainer import Attempt, SimTrainer
+
+NHC_REASON = "NHC: {what} failed"
+_CRASH_NOW = (Manifestation.XID, Manifestation.ECC, Manifestation.NIC, Manifestation.NCCL_ERROR,
+              Manifestation.SOFTWARE, Manifestation.SDC)
+_BROKEN = (Manifestation.XID, Manifestation.ECC, Manifestation.NIC)
+
+
+class World:
+    def __init__(self, settings: SimSettings, mode: Mode, clock: VirtualClock, path_of: object = None) -> None:
+        self.settings = settings
+        self.mode = mode
+        self.clock = clock
+        self.start = clock.now()
+        self.cluster = SimCluster(clock, settings.pool(mode), "gpu", slurmd_timeout=settings.slurmd_timeout_s / 3,
+                                  down_after=settings.slurmd_timeout_s, cred_expire=settings.cred_expire_s,
+                                  min_job_age=300.0)
+        self.checkpoints = SimCheckpointStore(clock)
+        self.trainer = SimTrainer(settings.trainer, clock, self.checkpoints, settings.seed,
+                                  resume_uncommitted=mode is Mode.BASELINE)
+        self.health = SimHealthFeed(clock, self.cluster.node_names, settings.agent_sample_s)
+        self.broken: dict[str, Category] = {}  # nodes with a lasting fault, until repaired
+        self.slow: dict[str, float] = {}
+        self.strikes: list[Strike] = []
+        self.crash_restarts = 0
+        self.torn_restarts = 0
+        self.hang_times: list[float] = []  # absolute times of drawn hangs, for the driver's look-ahead
+        self.interrupt_times: list[float] = []  # of every drawn failure that stops a computing attempt
+        self._attempts: dict[tuple[int, int], Attempt] = {}
+        self._timers: dict[tuple[int, int], list[Timer]] = {}  # an attempt's pending exits
+        self._last_nodes: tuple[str, ...] = self.cluster.node_names[: settings.nodes_per_job]
+        self._path_of = path_of
+        self.cluster.on_incarnation(self._incarnation)
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def schedule(self, failures: list[Failure]) -> None:
+        for f in failures:
+            when = self.start + f.at
+            if f.category.shows is Manifestation.HANG:
+                self.hang_times.append(when)
+            if f.category.shows.interrupts:
+                self.interrupt_times.append(when)
+            self.clock.call_at(when, self._strike, f)
+
+    def log_path(self, job_id: int) -> str:
+        if callable(self._path_of):
+            return str(self._path_of(job_id))
+        return f"/sim/logs/job-{job_id}.out"
+
+    # -- the job's life -------------------------------------------------------------------------
+
+    def _incarnation(self, kind: str, inc: Incarnation) -> None:
+        key = (inc.job_id, inc.restart_count)
+        if kind == "end":
+            a = self._attempts.get(key)
+            if a is not None:
+                self.trainer.end(a, inc.end if inc.end is not None else self.clock.now())
+            for timer in self._timers.pop(key, []):
+                timer.cancel()  # a watchdog or crash of an attempt that is gone is no event
+            return
+        env = dict(self.cluster.job_request(inc.job_id).env)
+        slow = max((self.slow.get(n, 1.0) for n in inc.nodes), default=1.0)
+        a = self.trainer.start(key, self.log_path(inc.job_id), inc.nodes, env, slow)
+        self._attempts[key] = a
+        self._last_nodes = inc.nodes
+        bad = sorted(n for n in inc.nodes if n in self.broken)
+        if bad:
+            self.crash_restarts += 1
+            self._later(a, a.started_at + self.settings.trainer.crash_at_start_s, self._exit)
+        elif a.resume_torn:
+            self.torn_restarts += 1
+            self._later(a, a.computing_at, self._exit)
+
+    def _later(self, a: Attempt, when: float, fn: Callable[[Attempt], None]) -> None:
+        self._timers.setdefault(a.key, []).append(self.clock.call_at(when, fn, a))
+
+    def _exit(self, a: Attempt) -> None:
+        """The attempt's processes exit with an error (crash, watchdog, failed load)."""
+        if not a.active:
+            return
+        job_id = a.key[0]
+        try:
+            info = self.cluster.job_info(job_id)
+        except Exception:  # noqa: BLE001 - the job was purged: nothing left to exit
+            return
+        if info.state is not JobState.RUNNING or info.restart_count != a.key[1]:
+            return
+        if self.mode is Mode.BASELINE:
+            self.cluster.requeue(job_id)  # the job script's trap: scontrol requeue $SLURM_JOB_ID
+        else:
+            self.cluster.finish_job(job_id, 1)
+        if a.active:  # the batch host was dead: the processes elsewhere just go
+            self.trainer.end(a, self.clock.now())
+
+    def _watchdog(self, a: Attempt) -> None:
+        if a.active and a.frozen_at is not None:
+            self._exit(a)
+
+    # -- failures -------------------------------------------------------------------------------
+
+    def _strike(self, f: Failure) -> None:
+        now = self.clock.now()
+        a = self.trainer.current()
+        computing = a is not None and a.frozen_at is None
+        nodes = a.nodes if a is not None else self._last_nodes
+        node = nodes[min(len(nodes) - 1, int(f.u_node * len(nodes)))]
+        cat, shows = f.category, f.category.shows
+        interrupts = computing and shows.interrupts
+        strike = Strike(now, cat.component, shows.value, node, interrupts,
+                        self.trainer.reached(a, now) if a is not None else None)
+        self.strikes.append(strike)
+        self.health.fault(node, cat, now, f.u_phase)
+        repair_s = self.settings.repair.draw(cat.repair, f.u_repair)
+        if shows in _BROKEN:
+            self.broken[node] = cat
+            nhc_at = now + f.u_phase * self.settings.health_check_s
+            self.clock.call_at(nhc_at, self._health_check, node, cat)
+        elif shows is Manifestation.HOST_DOWN:
+            self.cluster.crash_node(node)
+        elif shows is Manifestation.STRAGGLER:
+            self.slow[node] = self.settings.straggler_slowdown
+            if a is not None and node in a.nodes:
+                self.trainer.set_slow(a, self.settings.straggler_slowdown)
+        if a is not None and interrupts:
+            if shows in _CRASH_NOW:
+                self._exit(a)
+            elif shows in (Manifestation.HANG, Manifestation.HOST_DOWN):
+                self.trainer.freeze(a, now)
+                self._later(a, now + self.settings.nccl_timeout_s, self._watchdog)
+        if repair_s > 0 and shows not in (Manifestation.NCCL_ERROR, Manifestation.SOFTWARE, Manifestation.SDC,
+                                          Manifestation.HANG):
+            self.clock.call_at(now + repair_s, self._repair, node)
+
+    def _health_check(self, node: str, cat: Category) -> None:
+        if self.broken.get(node) is cat:
+            what = {Manifestation.NIC: "IB port check"}.get(cat.shows, "GPU check")
+            self.cluster.health_check_drain(node, NHC_REASON.format(what=what))
+
+    def _repair(self, node: str) -> None:
+        self.broken.pop(node, None)
+        self.slow.pop(node, None)
+        self.health.repaired(node)
+        self.cluster.repair_node(node)
+
+    # -- ground truth at the end ----------------------------------------------------------------
+
+    def next_hang_ends_attempt(self, now: float) -> float | None:
+        """When the next interrupting failure after ``now`` is a hang: its time (else None)."""
+        i = bisect.bisect_right(self.interrupt_times, now)
+        if i >= len(self.interrupt_times):
+            return None
+        j = bisect.bisect_right(self.hang_times, now)
+        return self.hang_times[j] if j < len(self.hang_times) and self.hang_times[j] == self.interrupt_times[i] else None
+
+    def kept_steps(self) -> int:
+        """Progress that survives: the running attempt's step, else the checkpoint a restart loads."""
+        a = self.trainer.current()
+        if a is not None and a.frozen_at is None and a.computing_at <= self.clock.now():
+            return self.trainer.reached(a)
+        save = self.checkpoints.newest(committed_only=True)
+        return save.step if save is not None else 0
+
+    def attempts(self) -> list[Attempt]:
+        return list(self.trainer.attempts)
