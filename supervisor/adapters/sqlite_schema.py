@@ -120,6 +120,13 @@ MIGRATIONS: tuple[str, ...] = (
         created_at REAL NOT NULL
     );
     """,
+    # 5: indexes for the per-tick queries (faults by kind and time, the last event of a kind,
+    # node changes in the blast-radius window)
+    """
+    CREATE INDEX events_kind_at ON events(kind, at);
+    CREATE INDEX events_run_kind ON events(run, kind, id);
+    CREATE INDEX actions_node_changes ON actions(kind, status, completed_at);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

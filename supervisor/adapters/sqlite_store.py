@@ -112,6 +112,9 @@ class SqliteStore:
             (run, node, reason, now),
         )
 
+    def unexclude(self, run: str, node: str) -> None:
+        self._db.execute("DELETE FROM exclusions WHERE run = ? AND node = ?", (run, node))
+
     def defer(self, run: str, node: str, reason: str, now: float) -> None:
         """Keep a degraded node out of the run from its next restart or checkpoint boundary on."""
         self._db.execute(

@@ -131,6 +131,14 @@ class Defer:
 
 
 @dataclass(frozen=True)
+class Unexclude:
+    """Record: the node is back in service (someone returned it in Slurm): the run may use it again."""
+
+    run: str
+    node: str
+
+
+@dataclass(frozen=True)
 class SetState:
     run: str
     state: RunState
@@ -138,7 +146,7 @@ class SetState:
     spend_restart: bool = False
 
 
-Record = AttemptStarted | AttemptEnded | AttemptRequeued | Exclude | Defer | SetState | Event | NodeVerdict
+Record = AttemptStarted | AttemptEnded | AttemptRequeued | Exclude | Defer | Unexclude | SetState | Event | NodeVerdict
 
 
 @dataclass(frozen=True)

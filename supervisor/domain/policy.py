@@ -22,6 +22,7 @@ from supervisor.domain.actions import (
     Decision,
     Defer,
     Exclude,
+    Unexclude,
     Fence,
     Release,
     SetExcluded,
@@ -49,6 +50,7 @@ class Observation:
     quarantined: Mapping[str, str] = field(default_factory=dict)  # node -> why every run keeps out
     checkpoint_at: Mapping[str, float] = field(default_factory=dict)  # run -> newest verified checkpoint
     rollbacks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # run -> rollback decided
+    returned: frozenset[str] = frozenset()  # nodes we drained that someone returned to service since
 
     @property
     def now(self) -> float:
@@ -67,12 +69,27 @@ def node_reason(run: str, why: str) -> str:
 
 
 def decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
-    decision = _decide(run, obs, policy)
+    decision = _returned(run, obs) + _decide(run, obs, policy)
     drains = _finish_drains(run, obs)
     if not drains:
         return decision
     actions = drains + tuple(a for a in decision.actions if a not in drains)
     return Decision(decision.records, actions, decision.notes)
+
+
+def _returned(run: RunRecord, obs: Observation) -> Decision:
+    """Nodes this run keeps out that an operator (or a repair) returned to service: usable again
+    from the next submission on. Repeat offenders stay out through the bad-node memory."""
+    if run.state.terminal:
+        return Decision()
+    records: list = []
+    for node in sorted(set(run.excluded) & obs.returned):
+        quarantine = f"; still quarantined: {obs.quarantined[node]}" if node in obs.quarantined else ""
+        records += [Unexclude(run.name, node),
+                    _event(run, run.attempt, EventKind.NODE_RETURNED,
+                           f"{node} is back in service in Slurm; the run may use it again{quarantine}", obs,
+                           {"node": node, "was": run.excluded[node]}, f"{node}:{obs.now:.0f}")]
+    return Decision(tuple(records))
 
 
 def _finish_drains(run: RunRecord, obs: Observation) -> tuple[ChangeNode, ...]:

@@ -94,6 +94,7 @@ class EventKind(StrEnum):
     CHECKPOINT_CORRUPT = "checkpoint_corrupt"
     CHECKPOINT_UNVERIFIABLE = "checkpoint_unverifiable"
     CHECKPOINT_STALE = "checkpoint_stale"  # no verified checkpoint for k expected intervals
+    NODE_RETURNED = "node_returned"  # a node this supervisor drained is back in service: usable again
     NODE_DEGRADED = "node_degraded"  # kept out from the next restart or checkpoint boundary
     MASS_FAULT = "mass_fault"  # more nodes faulted at once than the blast radius allows: a human decides
     SPIKE = "spike"  # a loss / grad-norm spike, a non-finite loss, a loss-scale collapse began

@@ -23,6 +23,7 @@ from supervisor.domain.actions import (
     Decision,
     Defer,
     Exclude,
+    Unexclude,
     Fence,
     Release,
     SetExcluded,
@@ -139,12 +140,14 @@ class Engine:
                 self.checkpoints.update(runs, self.store)
                 checkpoint_at = self.checkpoints.verified_at(runs, self.store)
             dead = {**self._stale_agents(runs, snap), **dead}
+            returned = self._returned(snap)
             obs = Observation(snap, dead, hangs, self._active_findings(runs, snap), self._quarantined(),
-                              checkpoint_at, pending_rollbacks(runs, self.store))
+                              checkpoint_at, pending_rollbacks(runs, self.store), returned)
             for run in runs:
                 if run.name in blocked:
                     continue
                 self._reconcile_run(run, obs, result)
+            self._forget_returned(returned, blocked)
         except TransientError as exc:
             log.warning("tick_interrupted", error=str(exc), retry_in=exc.delay)
             result.ok, result.error, result.retry_in = False, str(exc), exc.delay
@@ -280,6 +283,24 @@ class Engine:
             stale.update(stale_heartbeats(job.nodes, ages, now - run.attempt.started_at, self.settings.heartbeat))
         return stale
 
+    def _returned(self, snap: ClusterSnapshot) -> frozenset[str]:
+        """Nodes this supervisor drained or downed that Slurm shows back in service."""
+        out = set()
+        for v in self.store.verdicts():
+            info = snap.nodes.get(v.node)
+            if (v.verdict is Verdict.BAD and v.action in ("drained", "down") and info is not None
+                    and info.responding and not info.down and not info.drained):
+                out.add(v.node)
+        return frozenset(out)
+
+    def _forget_returned(self, returned: frozenset[str], blocked: set[str]) -> None:
+        if blocked:
+            return  # a run waiting on an intent has not seen them yet: next tick
+        now = self.clock.now()
+        for node in returned:
+            self.store.set_verdict(NodeVerdict(node, Verdict.HEALTHY, "back in service in Slurm", {}, None,
+                                               "returned", now))
+
     def _quarantined(self) -> dict[str, str]:
         q = self.settings.quarantine
         now = self.clock.now()
@@ -315,6 +336,8 @@ class Engine:
             s.exclude(rec.run, rec.node, rec.reason, now)
         elif isinstance(rec, Defer):
             s.defer(rec.run, rec.node, rec.reason, now)
+        elif isinstance(rec, Unexclude):
+            s.unexclude(rec.run, rec.node)
         elif isinstance(rec, NodeVerdict):
             s.set_verdict(rec)
         else:  # pragma: no cover - a new record type without a handler is a programming error

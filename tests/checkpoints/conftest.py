@@ -109,9 +109,12 @@ def s3_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> S
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
     for item in items:
+        if here not in Path(str(item.fspath)).parents:
+            continue  # this hook sees the whole session's items: mark only this folder's
         callspec = getattr(item, "callspec", None)
-        params = set(callspec.params.values()) if callspec is not None else set()
+        params = {v for v in callspec.params.values() if isinstance(v, str)} if callspec is not None else set()
         names = set(getattr(item, "fixturenames", ()))
         if names & {"moto_s3", "ceph_rgw", "s3_env"} or ("store_env" in names and params & set(S3_KINDS)):
             item.add_marker(pytest.mark.s3)

@@ -186,3 +186,22 @@ def test_a_node_that_faults_in_two_runs_is_quarantined_for_every_run_until_clear
     w.cluster.finish_job(c_job.job_id, exit_code=1)
     w.until(lambda: w.running(1, "c"))
     assert "n001" not in w.cluster.inspect().jobs[w.run("c").attempt.job_id].excluded_nodes
+
+
+def test_a_drained_node_an_operator_returns_to_service_may_serve_the_run_again(tmp_path):
+    spec = replace(SPEC, nodes=4, spare_nodes=(), spare_policy=SparePolicy.PARTITION_IDLE)
+    w = World(tmp_path, specs=(spec,), nodes=5)
+    w.until(w.running)
+    victim = w.run().attempt.nodes[0]
+    w.feed.report(victim, Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
+    w.until(lambda: w.running(1))
+    assert victim in w.run().excluded
+    w.cluster.set_node_state(victim, NodeChange.RESUME, "GPU reseated")
+    for _ in range(3):
+        w.step()
+    assert victim not in w.run().excluded
+    returned = w.events(EventKind.NODE_RETURNED)
+    assert len(returned) == 1 and victim in returned[0].message
+    w.cluster.crash_node(w.run().attempt.nodes[1])  # the only other node left is the returned one
+    w.until(lambda: w.running(2))
+    assert victim in w.run().attempt.nodes
