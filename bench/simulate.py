@@ -39,11 +39,12 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=TABLE5_GPUS)
     ap.add_argument("--spares", type=int, default=64)
     ap.add_argument("--checkpoint-interval", default="auto")
-    ap.add_argument("--node-agents", action="store_true", help="the engine reads SimHealthFeed findings")
+    ap.add_argument("--no-node-agents", action="store_true",
+                    help="the engine reads no node-agent findings (GPU faults seen only when the job dies)")
     args = ap.parse_args()
     configure_logging("warning", "json")
     plan = make_plan(SimSettings(gpus=args.gpus, days=args.days, spares=args.spares,
-                                 node_agents=args.node_agents), args.checkpoint_interval)
+                                 node_agents=not args.no_node_agents), args.checkpoint_interval)
     rows, sup, base, walls = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="ssv-bench-sim-") as tmp:
         for seed in range(args.seeds):

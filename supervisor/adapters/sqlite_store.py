@@ -188,9 +188,11 @@ class SqliteStore:
             (at, end_state, reason, exit_code, run, seq),
         )
 
-    def attempts(self, run: str) -> list[AttemptRecord]:
-        rows = self._db.execute("SELECT * FROM attempts WHERE run = ? ORDER BY seq", (run,)).fetchall()
-        return [_attempt_from_row(r) for r in rows]
+    def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]:
+        """The run's attempts in order; only the newest ``last`` when given."""
+        rows = self._db.execute("SELECT * FROM attempts WHERE run = ? ORDER BY seq DESC LIMIT ?",
+                                (run, -1 if last is None else last)).fetchall()
+        return [_attempt_from_row(r) for r in reversed(rows)]
 
     # ------------------------------------------------------------------ nodes
 
@@ -269,6 +271,13 @@ class SqliteStore:
         )
         return cur.rowcount == 1
 
+    def events_of(self, run: str, kinds: tuple[EventKind, ...], limit: int | None = None) -> list[Event]:
+        """The run's events of these kinds, oldest first; only the newest ``limit`` when given."""
+        marks = ", ".join("?" for _ in kinds)
+        rows = self._db.execute(f"SELECT * FROM events WHERE run = ? AND kind IN ({marks}) ORDER BY id DESC LIMIT ?",
+                                (run, *[k.value for k in kinds], -1 if limit is None else limit)).fetchall()
+        return [_event_from_row(r) for r in reversed(rows)]
+
     def last_event(self, run: str, kinds: tuple[EventKind, ...]) -> Event | None:
         marks = ", ".join("?" for _ in kinds)
         row = self._db.execute(f"SELECT * FROM events WHERE run = ? AND kind IN ({marks}) ORDER BY id DESC LIMIT 1",
@@ -314,10 +323,12 @@ class SqliteStore:
         with self.transaction() as db:
             db.execute("UPDATE checkpoints SET demoted = ? WHERE run = ? AND location = ?", (why, run, location))
 
-    def checkpoints(self, run: str) -> list[tuple[CheckpointRef, VerifyResult | None, VerifyResult | None, str | None]]:
-        """(ref, metadata result, full result, demoted reason) per checkpoint, newest step first."""
-        rows = self._db.execute("SELECT * FROM checkpoints WHERE run = ? ORDER BY step DESC, first_seen DESC",
-                                (run,)).fetchall()
+    def checkpoints(self, run: str, limit: int | None = None
+                    ) -> list[tuple[CheckpointRef, VerifyResult | None, VerifyResult | None, str | None]]:
+        """(ref, metadata result, full result, demoted reason) per checkpoint, newest step first;
+        only the newest ``limit`` when given."""
+        rows = self._db.execute("SELECT * FROM checkpoints WHERE run = ? ORDER BY step DESC, first_seen DESC LIMIT ?",
+                                (run, -1 if limit is None else limit)).fetchall()
         out = []
         for r in rows:
             ref = CheckpointRef(r["location"], r["name"], r["step"], Guarantee(r["guarantee"]), bool(r["committed"]),

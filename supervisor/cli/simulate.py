@@ -49,7 +49,8 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, float], None] | None]:
 @click.option("--days", type=float, default=None, help="Simulated days. [default: 54, demo: 1]")
 @click.option("--checkpoint-interval", default="auto", show_default=True,
               help='Seconds of training between saves, or "auto" (Young/Daly from the failure rate and save cost).')
-@click.option("--save-cost", type=float, default=10.0, show_default=True, help="Seconds one save blocks training.")
+@click.option("--save-cost", type=float, default=5.0, show_default=True,
+              help="Seconds one save blocks training (an asynchronous save stalls only to stage to host memory).")
 @click.option("--restore-cost", type=float, default=60.0, show_default=True, help="Seconds to load a checkpoint.")
 @click.option("--startup-cost", type=float, default=60.0, show_default=True,
               help="Seconds from job start to training (launch, NCCL init), before the restore.")
@@ -67,7 +68,7 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, float], None] | None]:
 @click.option("--replace-hours", type=float, default=4.0, show_default=True, help="Median part/node replacement time.")
 @click.option("--titan-trace", type=click.Path(dir_okay=False, exists=True), default=None,
               help="GPU failures from the ORNL Titan trace (gc_full.csv) instead of Llama 3's Table 5.")
-@click.option("--node-agents/--no-node-agents", default=False, show_default=True,
+@click.option("--node-agents/--no-node-agents", default=True, show_default=True,
               help="The engine reads simulated node agents' findings (XID, ECC, IB port) through HealthFeed.")
 @click.option("--demo", is_flag=True, help="The README demo: 16 nodes, 1 day, four faults of different causes.")
 @click.option("--state-dir", "state_dir", type=click.Path(file_okay=False), default=None,

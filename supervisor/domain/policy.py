@@ -51,6 +51,7 @@ class Observation:
     checkpoint_at: Mapping[str, float] = field(default_factory=dict)  # run -> newest verified checkpoint
     rollbacks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # run -> rollback decided
     returned: frozenset[str] = frozenset()  # nodes we drained that someone returned to service since
+    agents: frozenset[str] = frozenset()  # nodes whose node agent reports (fresh heartbeat)
 
     @property
     def now(self) -> float:
@@ -62,6 +63,7 @@ class Policy:
     may_change_nodes: bool = True
     drains_left: int = 8  # blast radius left in the current window
     fence: bool = False  # a site fence command is configured
+    evidence_wait_s: float = 0.0  # after an unexplained job death, wait this long for node agents' evidence
 
 
 def node_reason(run: str, why: str) -> str:
@@ -424,6 +426,12 @@ def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, 
     bad = faulty_nodes(run, a.nodes or job.nodes, obs)
     if bad:
         return done + _recover_finished(run, a, job, bad, obs, policy)
+    nodes = a.nodes or job.nodes
+    ended = job.end_time or obs.now
+    if policy.evidence_wait_s > 0 and set(nodes) & obs.agents and obs.now < ended + policy.evidence_wait_s:
+        # A GPU fault kills the job at once; the node's agent says which node at its next sample.
+        # Restarting before that would put the run back on the broken node: wait that long.
+        return done + Decision(notes={"recheck_at": ended + policy.evidence_wait_s})
     why = f"job {job.job_id} ended {job.state.value}" + (f" with exit code {job.exit_code}" if job.exit_code else "")
     fault = _event(run, a, EventKind.FAULT, why, obs, {"state": job.state.value, "exit_code": job.exit_code,
                                                       "state_reason": job.state_reason})

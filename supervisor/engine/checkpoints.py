@@ -42,8 +42,9 @@ log = structlog.get_logger("supervisor.checkpoints")
 
 # A checkpoint that two incarnations in a row failed on soon after resuming from it (not for a
 # node fault) is passed over at the next restart: fall back step by step instead of looping.
-LOAD_FAILURE_WINDOW_S = 1800.0
+LOAD_FAILURE_WINDOW_S = 900.0
 LOAD_FAILURES_TO_DEMOTE = 2
+RECENT = 64  # checkpoints looked at when choosing (the newest verified and its fallbacks are among them)
 
 StoreFactory = Callable[[RunSpec], CheckpointStore]
 ResumeWriter = Callable[[str, str], None]  # (path, JSON text): atomic write on a shared filesystem
@@ -63,17 +64,25 @@ class _RunState:
     pending: list[tuple[CheckpointRef, Level, Future[VerifyResult]]] = field(default_factory=list)
     queued: set[tuple[str, Level]] = field(default_factory=set)
     retry: list[tuple[CheckpointRef, Level]] = field(default_factory=list)  # unverifiable: again next scan
+    known: dict[str, tuple[bool, float]] = field(default_factory=dict)  # location -> (committed, seen_at) stored
 
 
 class CheckpointWatch:
     def __init__(self, factory: StoreFactory, clock: Clock, *, inline: bool = False, workers: int = 2,
-                 write_resume: ResumeWriter | None = None) -> None:
+                 write_resume: ResumeWriter | None = None,
+                 last_step: Callable[[int, int], int | None] | None = None) -> None:
         self._factory = factory
         self._clock = clock
         self._inline = inline
         self._pool = None if inline else ThreadPoolExecutor(workers, thread_name_prefix="ckpt-verify")
         self._write_resume = write_resume
         self._runs: dict[str, _RunState] = {}
+        # (job id, restart count) -> newest step the attempt logged: an attempt that trained past
+        # its checkpoint loaded it, whatever killed it later (the engine wires ProgressWatch here)
+        self._last_step = last_step or (lambda job_id, restart_count: None)
+
+    def follow_progress(self, last_step: Callable[[int, int], int | None]) -> None:
+        self._last_step = last_step
 
     def close(self) -> None:
         if self._pool is not None:
@@ -120,7 +129,7 @@ class CheckpointWatch:
                 log.warning("checkpoint_listing_failed", run=run.name, error=str(exc))
                 refs = []
             for ref in refs:
-                if store.checkpoint_seen(run.name, ref, self._clock.now()):
+                if self._seen(run, st, store, ref):
                     self._queue(run, st, ref, Level.METADATA)
             retry, st.retry = st.retry, []
             for ref, level in retry:
@@ -133,6 +142,14 @@ class CheckpointWatch:
                     continue
                 st.queued.discard((ref.location, level))
                 self._record(run, st, store, ref, _result_of(ref, level, verifying))  # may queue more
+
+    def _seen(self, run: RunRecord, st: _RunState, store: Store, ref: CheckpointRef) -> bool:
+        """Store a listed checkpoint unless this watch stored it unchanged already (a root holds
+        hundreds of old checkpoints; each scan must cost only what is new)."""
+        if st.known.get(ref.location) == (ref.committed, ref.seen_at):
+            return False
+        st.known[ref.location] = (ref.committed, ref.seen_at)
+        return store.checkpoint_seen(run.name, ref, self._clock.now())
 
     def _queue(self, run: RunRecord, st: _RunState, ref: CheckpointRef, level: Level) -> None:
         if (ref.location, level) in st.queued:
@@ -161,9 +178,11 @@ class CheckpointWatch:
             a.seq if a else None, a.job_id if a else None, evidence=result.evidence()))
 
     def _alarm(self, run: RunRecord, policy: CheckpointPolicy, store: Store, now: float) -> None:
+        if not policy.expected_interval_s:
+            return
         if run.state is not RunState.RUNNING or run.attempt is None or run.attempt.started_at is None:
             return
-        newest = _newest_verified(store.checkpoints(run.name))
+        newest = _newest_verified(store.checkpoints(run.name, RECENT))
         age = staleness(now, run.created_at, newest.seen_at if newest else None, policy.expected_interval_s,
                         policy.alarm_intervals)
         if age is None:
@@ -184,7 +203,7 @@ class CheckpointWatch:
         for run in runs:
             if run.spec.checkpoints is None or run.state.terminal:
                 continue
-            newest = _newest_verified(store.checkpoints(run.name))
+            newest = _newest_verified(store.checkpoints(run.name, RECENT))
             if newest is not None:
                 out[run.name] = newest.seen_at
         return out
@@ -219,7 +238,7 @@ class CheckpointWatch:
         return plan
 
     def choose(self, run: RunRecord, store: Store, before_step: int | None = None) -> ResumeChoice:
-        rows = store.checkpoints(run.name)
+        rows = store.checkpoints(run.name, None if before_step is not None else RECENT)
         refs = [ref for ref, *_ in rows]
         results: dict[str, VerifyResult] = {}
         for ref, meta, full, demoted in rows:
@@ -237,10 +256,10 @@ class CheckpointWatch:
         verified one that have no verdict yet (found by the last scan, or never scanned)."""
         try:
             for ref in st.store.discover():
-                store.checkpoint_seen(run.name, ref, self._clock.now())
+                self._seen(run, st, store, ref)
         except PortError as exc:
             log.warning("checkpoint_listing_failed", run=run.name, error=str(exc))
-        rows = store.checkpoints(run.name)
+        rows = store.checkpoints(run.name, RECENT)
         newest = _newest_verified(rows)
         for ref, meta, full, demoted in rows:
             if newest is not None and (ref.step or 0) <= (newest.step or 0):
@@ -252,19 +271,27 @@ class CheckpointWatch:
 
 
     def _demote_failed_loads(self, run: RunRecord, store: Store) -> None:
+        window = 2 * LOAD_FAILURES_TO_DEMOTE + 2
         handed: dict[int, str] = {}  # attempt seq -> checkpoint location it was handed
-        for e in store.events(run.name):
-            if e.kind in (EventKind.SUBMITTED, EventKind.RESTARTED) and e.attempt is not None:
+        for e in store.events_of(run.name, (EventKind.SUBMITTED, EventKind.RESTARTED), window):
+            if e.attempt is not None:
                 chosen = (e.evidence.get("resume") or {}).get("checkpoint") or {}
                 if chosen.get("location"):
                     handed[e.attempt] = chosen["location"]
-        attempts = sorted(store.attempts(run.name), key=lambda a: a.seq, reverse=True)
+        attempts = sorted(store.attempts(run.name, window), key=lambda a: a.seq, reverse=True)
         streak: list[str] = []
         location = None
+        steps: dict[str, int | None] = {loc: None for loc in handed.values()}
+        for ref, *_ in store.checkpoints(run.name, RECENT):
+            if ref.location in steps:
+                steps[ref.location] = ref.step
         for a in attempts:
             loc = handed.get(a.seq)
             if loc is None or (location is not None and loc != location) or not _failed_soon(a, run):
                 break
+            logged = self._last_step(a.job_id, a.restart_count)
+            if logged is not None and steps.get(loc) is not None and logged > (steps[loc] or 0):
+                break  # it trained past the checkpoint: the checkpoint loaded
             location = loc
             streak.append(f"{a.label} ended {a.end_state} after {(a.ended_at or 0) - (a.started_at or 0):.0f} s")
         if location is not None and len(streak) >= LOAD_FAILURES_TO_DEMOTE:

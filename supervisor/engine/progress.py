@@ -66,6 +66,11 @@ class ProgressWatch:
         self.settings = settings
         self._watches: dict[str, _Watch] = {}
         self._notices: list[SpikeNotice] = []
+        self._last_steps: dict[tuple[int, int], int] = {}  # (job id, restart count) -> newest step logged
+
+    def last_step(self, job_id: int, restart_count: int) -> int | None:
+        """The newest step an attempt logged (None: never followed, or nothing parsed)."""
+        return self._last_steps.get((job_id, restart_count))
 
     def take_notices(self) -> list[SpikeNotice]:
         """Spike events and outcomes read since the last call."""
@@ -138,6 +143,10 @@ class ProgressWatch:
             watch.records += 1
             if record.step is not None:
                 watch.detector.observe(record.step, now)
+                if record.step > self._last_steps.get(watch.key, -1):
+                    self._last_steps[watch.key] = record.step
+                    if len(self._last_steps) > 256:
+                        self._last_steps.pop(next(iter(self._last_steps)))
                 watch.series.append((record.step, record.loss, record.grad_norm, record.lr))
             if watch.spikes is not None:
                 for notice in watch.spikes.feed(record):

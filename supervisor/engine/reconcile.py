@@ -73,6 +73,9 @@ class EngineSettings:
     finding_ttl_s: float = 3600.0  # a node finding not repeated for this long is forgotten
     quarantine: QuarantineSettings = QuarantineSettings()
     ingest_url: str | None = None  # where node agents report (handed to jobs with the run's token)
+    # An unexplained job death on nodes with agents waits this long for their evidence (an XID is
+    # reported at the agent's next sample) before restarting: not back onto the broken node.
+    evidence_wait_s: float = 12.0
 
 
 @dataclass
@@ -107,8 +110,11 @@ class Engine:
         self.fencer = fencer
         self.progress = progress
         self.checkpoints = checkpoints
+        if checkpoints is not None and progress is not None:
+            checkpoints.follow_progress(progress.last_step)
         self.health = health
         self._findings: dict[str, NodeFinding] = {}  # node -> active finding (degraded or fatal)
+        self._recheck_at: float | None = None  # a decision waits for evidence until then
         self.probes = ProbeTracker(probe, settings.probe_confirm_s)
         self._crash = crash_hook or (lambda boundary, kind: None)
         self._node_rights = settings.may_change_nodes
@@ -138,11 +144,12 @@ class Engine:
             checkpoint_at: dict[str, float] = {}
             if self.checkpoints is not None:
                 self.checkpoints.update(runs, self.store)
-                checkpoint_at = self.checkpoints.verified_at(runs, self.store)
+                checkpoint_at = self.checkpoints.verified_at([r for r in runs if r.deferred], self.store)
             dead = {**self._stale_agents(runs, snap), **dead}
             returned = self._returned(snap)
             obs = Observation(snap, dead, hangs, self._active_findings(runs, snap), self._quarantined(),
-                              checkpoint_at, pending_rollbacks(runs, self.store), returned)
+                              checkpoint_at, pending_rollbacks(runs, self.store), returned, self._agents())
+            self._recheck_at = None
             for run in runs:
                 if run.name in blocked:
                     continue
@@ -156,9 +163,12 @@ class Engine:
         return result
 
     def next_deadline(self) -> float | None:
-        """The earliest time at which the engine's own timers (hang detection) could act although
-        nothing else changed; None when it has none. The simulator skips quiet ticks up to it."""
-        return self.progress.next_deadline(self.clock.now()) if self.progress else None
+        """The earliest time at which the engine's own timers (hang detection, a wait for node
+        evidence) could act although nothing else changed; None when it has none. The simulator
+        skips quiet ticks up to it."""
+        hang = self.progress.next_deadline(self.clock.now()) if self.progress else None
+        times = [t for t in (hang, self._recheck_at) if t is not None]
+        return min(times) if times else None
 
     def _observe(self) -> ClusterSnapshot:
         """Jobs every tick; nodes when anything is in motion or every ``node_refresh_ticks``."""
@@ -203,8 +213,12 @@ class Engine:
     def _reconcile_run(self, run: RunRecord, obs: Observation, result: TickResult) -> None:
         structlog.contextvars.bind_contextvars(run=run.name, job_id=run.attempt.job_id if run.attempt else None)
         try:
-            policy = Policy(self._node_rights, self._drains_left(run.name), self.fencer is not None)
+            policy = Policy(self._node_rights, self._drains_left(run.name), self.fencer is not None,
+                            self.settings.evidence_wait_s if self.health is not None else 0.0)
             decision = decide(run, obs, policy)
+            recheck = decision.notes.get("recheck_at")
+            if recheck is not None:
+                self._recheck_at = min(recheck, self._recheck_at or recheck)
             result.decisions[run.name] = decision
             self._apply_records(decision.records)
             fresh = self.store.get_run(run.name) or run
@@ -268,6 +282,13 @@ class Engine:
         self.store.set_verdict(NodeVerdict(found.node, verdict, found.reason,
                                            {"rule": found.rule, "source": found.source, **found.evidence},
                                            found.run, None, found.at))
+
+    def _agents(self) -> frozenset[str]:
+        """Nodes whose agent reported within the heartbeat timeout."""
+        if self.health is None:
+            return frozenset()
+        limit = self.settings.heartbeat.timeout_s
+        return frozenset(n for n, age in self.health.heartbeat_ages(self.clock.now()).items() if age <= limit)
 
     def _stale_agents(self, runs: list[RunRecord], snap: ClusterSnapshot) -> dict[str, str]:
         """Nodes whose agent stopped reporting while the job's other nodes' agents still report."""

@@ -59,8 +59,7 @@ def pending_rollbacks(runs: Iterable[RunRecord], store: Store) -> dict[str, dict
 
 def rollback_history(store: Store, run: str) -> list[dict[str, Any]]:
     """Every rollback of the run, oldest first: the evidence of its ``rollback`` events."""
-    return [{**e.evidence, "at": e.at, "attempt": e.attempt}
-            for e in store.events(run) if e.kind is EventKind.ROLLBACK]
+    return [{**e.evidence, "at": e.at, "attempt": e.attempt} for e in store.events_of(run, (EventKind.ROLLBACK,))]
 
 
 def _series(n: SpikeNotice) -> list[list[Any]]:

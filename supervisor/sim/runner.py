@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from supervisor.adapters.sqlite_store import SqliteStore
@@ -29,7 +29,8 @@ from supervisor.domain.cluster import SubmitRequest
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.records import Event, EventKind
-from supervisor.domain.run import RunSpec, SparePolicy
+from supervisor.domain.run import CheckpointPolicy, RunSpec, SparePolicy
+from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.daemon import Pacing
 from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.reconcile import Engine, EngineSettings
@@ -108,16 +109,23 @@ class Simulation:
         s = self.settings
         clock = world.clock
         now = clock.now()
+        spec = replace(spec, checkpoints=CheckpointPolicy(root=world.checkpoints.root, full_verify=False,
+                                                          scan_interval_s=600.0))
         store.add_run(spec, now)
         store.record_event(Event(spec.name, EventKind.REGISTERED,
                                  f"simulated run registered: {spec.nodes} nodes x {s.gpus_per_node} GPUs, "
                                  f"{len(spec.spare_nodes)} named spares, seed {s.seed}",
                                  f"{spec.name}:registered", now, actor="simulator"))
         progress = ProgressWatch(world.trainer.opener, HangSettings(multiple=s.hang_multiple))
+        # The real checkpoint watch: every restart is handed the newest *verified* save (a torn
+        # one is never resumed from), checked through the CheckpointStore port like S3 or Lustre.
+        watch = CheckpointWatch(lambda _spec: world.checkpoints, clock, inline=True)
         engine = Engine(scheduler=world.cluster, store=store, clock=clock,
                         settings=EngineSettings(probe_confirm_s=s.probe_confirm_s, node_refresh_ticks=1,
-                                                max_drains_per_hour=s.max_drains_per_hour),
-                        probe=SimProbe(world.cluster), progress=progress,
+                                                max_drains_per_hour=s.max_drains_per_hour,
+                                                max_drains_per_run_per_hour=s.max_drains_per_hour,
+                                                evidence_wait_s=s.agent_sample_s + s.poll_interval_s),
+                        probe=SimProbe(world.cluster), progress=progress, checkpoints=watch,
                         health=world.health if s.node_agents else None)
         return self._loop(engine, world, Pacing(s.poll_interval_s), end)
 

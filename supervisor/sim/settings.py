@@ -35,10 +35,10 @@ class SimSettings:
     agent_sample_s: float = 10.0  # the node agent's sample interval (SimHealthFeed)
     cred_expire_s: float = 120.0  # a requeued job may start again after this
     max_skip_s: float = 6 * 3600.0  # quiet ticks skipped at most this long (bounds log backlogs)
-    # Supervisor mode: the engine reads the node agents' findings (SimHealthFeed). Off by default for
-    # now: the run then keeps every GPU-faulted node out for good (repaired ones never rejoin), and
-    # at 54 days x 2,048 nodes the spares run out (see the report of issue 8).
-    node_agents: bool = False
+    # Supervisor mode: the engine reads the node agents' findings (SimHealthFeed): a faulty GPU is
+    # drained at once, and a repaired node rejoins (node_returned). False: GPU faults surface only
+    # through the job's death and Slurm's periodic health check (NHC).
+    node_agents: bool = True
     skip_quiet_ticks: bool = True  # False: tick on every poll like the daemon (slow; for checking)
     max_drains_per_hour: int = 8
     straggler_slowdown: float = 1.3

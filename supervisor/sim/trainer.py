@@ -32,7 +32,7 @@ class TrainerSettings:
     step_noise: float = 0.02  # relative standard deviation of one log interval's duration
     log_every: int = 10  # steps per iteration line (Megatron's --log-interval)
     checkpoint_steps: int = 150  # steps between saves
-    save_s: float = 10.0  # blocking part of one save
+    save_s: float = 5.0  # blocking part of one save (asynchronous saves stall only to stage to host memory)
     restore_s: float = 60.0  # loading the checkpoint at start
     startup_s: float = 60.0  # launch, NCCL init, data loader, before the restore
     crash_at_start_s: float = 30.0  # a job started on a node with a broken GPU dies this soon

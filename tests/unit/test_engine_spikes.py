@@ -161,3 +161,16 @@ def test_without_checkpoints_an_unhealed_spike_pages_a_human_and_the_job_keeps_r
     blocked = t.events(EventKind.ROLLBACK_BLOCKED)
     assert len(blocked) == 1 and "no [checkpoints] section" in blocked[0].message
     assert t.running(0) and not t.events(EventKind.ROLLBACK)
+
+
+def test_a_checkpoint_is_not_passed_over_when_the_failed_attempts_had_trained_past_it(tmp_path):
+    t = Trainer(tmp_path)
+    t.until(lambda: t.running(0))
+    t.train(1100, 0)  # checkpoints 500 and 1000
+    for seq in (0, 1, 2):
+        t.cluster.finish_job(t.run().attempt.job_id, exit_code=1)  # e.g. an NCCL error, not the checkpoint
+        t.until(lambda seq=seq: t.running(seq + 1))
+        assert t.env()["SSV_RESUME_STEP"] == "1000"
+        t.step = 1000
+        t.train(1050, seq + 1)  # it loaded 1000 and trained on
+    assert not [e for e in t.events(EventKind.WARNING) if "passed over" in e.message]

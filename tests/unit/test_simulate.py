@@ -215,5 +215,5 @@ def test_with_node_agents_a_gpu_fault_is_pinned_on_its_node_and_the_node_kept_ou
     assert any("XID 79" in e.message for e in faults)
     node = sup.strikes[0].node
     assert sup.crash_restarts <= 1  # at most the one restart that beat the agent's next sample
-    without = supervise(tmp_path, draw((3 * 3600.0 + 0.7, "Faulty GPU")), SMALL, "plain")
+    without = supervise(tmp_path, draw((3 * 3600.0 + 0.7, "Faulty GPU")), replace(SMALL, node_agents=False), "plain")
     assert not any(node in e.message for e in faults_in_logbook(without))  # no agent: nobody names it
