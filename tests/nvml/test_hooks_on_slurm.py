@@ -78,8 +78,8 @@ def test_a_prolog_fault_drains_the_node_and_the_run_starts_on_healthy_nodes(make
     node = SlurmCli(slurm_conf=str(cluster.slurm_conf)).snapshot().nodes[bad]
     assert node.drained and "prolog" in node.reason.lower(), node
     book = sup.logbook("llm")
-    if mode == "requeue":
-        assert any(e["kind"] == "released" for e in book), [e["kind"] for e in book]
+    if mode == "requeue":  # released from Slurm's hold, or requeued once the prolog's report drained it
+        assert {"released", "requeued"} & {e["kind"] for e in book}, [e["kind"] for e in book]
     else:
         fault = next(e for e in book if e["kind"] == "fault")
         assert "prolog" in fault["message"].lower() and any(e["kind"] == "restarted" for e in book)

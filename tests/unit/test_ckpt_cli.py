@@ -3,7 +3,6 @@ happy paths, injected corruption, and clear errors (with their exit statuses) fo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from click.testing import CliRunner, Result
 
 from supervisor.cli import main
 from supervisor.domain.checkpoints import MANIFEST_NAME, Manifest
+from supervisor.testing.privileges import as_nobody, open_path_to
 
 
 def ssv(*args: str) -> Result:
@@ -131,26 +131,12 @@ def test_verify_a_torn_checkpoint_by_name_is_not_verified(root: Path) -> None:
     assert res.exit_code in (1, 2) and "VERIFIED" not in res.output, res.output
 
 
-@contextlib.contextmanager
-def unprivileged() -> Iterator[None]:
-    """Run the block as 'nobody' when the tests run as root (root reads through permission bits)."""
-    if os.geteuid() != 0:
-        yield
-        return
-    os.seteuid(65534)
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-
-
 def test_verify_unreadable_shard_is_unverifiable_not_corrupt(root: Path, tmp_path: Path) -> None:
     assert ssv("commit", str(root), "step_000100", "--step", "100").exit_code == 0
-    for d in (tmp_path.parent, tmp_path):  # pytest makes its temporary directories 0700
-        d.chmod(0o755)
+    open_path_to(tmp_path)
     shard = root / "step_000100" / "model" / "rank0.pt"
     shard.chmod(0)  # the storage answers, but refuses to hand over the bytes: EACCES
-    with unprivileged():
+    with as_nobody():
         meta = ssv("verify", str(root), "step_000100")
         full = ssv("verify", str(root), "step_000100", "--level", "full")
     assert meta.exit_code == 0, meta.output  # stat needs no read permission: sizes match

@@ -4,7 +4,6 @@ chunked reads, the size cap, the no-overwrite put under concurrency, and errno m
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -16,6 +15,7 @@ import pytest
 
 from supervisor.adapters.checkpoints.backend import StorageError
 from supervisor.adapters.checkpoints.posix import PosixBackend, storage_error
+from supervisor.testing.privileges import as_nobody, open_path_to
 
 
 @pytest.fixture
@@ -123,27 +123,13 @@ def test_errno_mapping() -> None:
         assert not storage_error(OSError(code, os.strerror(code)), "reading x").transient
 
 
-@contextlib.contextmanager
-def unprivileged() -> Iterator[None]:
-    """Run the block as 'nobody' when the tests run as root (root reads through permission bits)."""
-    if os.geteuid() != 0:
-        yield
-        return
-    os.seteuid(65534)
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-
-
 def test_unreadable_directory_is_a_permanent_storage_error(tmp_path: Path) -> None:
-    tmp_path.parent.chmod(0o755)
-    tmp_path.chmod(0o755)
+    open_path_to(tmp_path)
     backend = PosixBackend(str(tmp_path / "ckpt"))
     backend.put("locked/a", b"x")
     os.chmod(Path(backend.root) / "locked", 0)
     try:
-        with unprivileged(), pytest.raises(StorageError) as caught:
+        with as_nobody(), pytest.raises(StorageError) as caught:
             list(backend.list())
         assert not caught.value.transient and "EACCES" in str(caught.value)
     finally:

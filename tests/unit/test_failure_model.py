@@ -21,7 +21,7 @@ from supervisor.sim.failures import (
     young_daly_interval,
 )
 
-SHARED_CSV = Path(__file__).resolve().parents[3] / "shared/data/failure_tables/llama3_405b_table5_unexpected_interruptions.csv"
+SHARED_CSV = Path(__file__).resolve().parents[1] / "data/failure_tables/llama3_405b_table5_unexpected_interruptions.csv"
 
 
 def test_table5_sums_to_419_and_keeps_the_papers_faulty_gpu_typo():
@@ -35,7 +35,6 @@ def test_table5_sums_to_419_and_keeps_the_papers_faulty_gpu_typo():
     assert gpu_rows == 268 and round(sum(c.printed_percent for c in TABLE5 if c.group == "GPU"), 1) == 58.7
 
 
-@pytest.mark.skipif(not SHARED_CSV.exists(), reason="the shared transcription is not on this machine")
 def test_table5_matches_the_shared_transcription_row_by_row():
     with open(SHARED_CSV, newline="") as fh:
         rows = list(csv.DictReader(fh))

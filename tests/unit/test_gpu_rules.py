@@ -17,7 +17,7 @@ from supervisor.domain.gpu_text import parse_smi_query, parse_xid_lines
 from supervisor.domain.health import NodeFinding, Severity
 from supervisor.domain.node_report import SCHEMA_VERSION, GpuSample, HostSample, NodeReport, XidEvent
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "gpu_errors"
+DATA = Path(__file__).resolve().parents[1] / "data" / "gpu_errors"  # copies of ../shared/data/gpu_errors
 
 
 def healthy(i: int) -> GpuSample:

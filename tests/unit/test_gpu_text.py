@@ -9,7 +9,7 @@ import pytest
 from supervisor.domain.gpu_text import parse_smi_query, parse_xid_lines, pci_key, with_xids
 from supervisor.domain.node_report import GpuSample
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "gpu_errors"
+DATA = Path(__file__).resolve().parents[1] / "data" / "gpu_errors"  # copies of ../shared/data/gpu_errors
 
 
 def read(name: str) -> str:
