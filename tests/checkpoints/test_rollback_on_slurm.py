@@ -1,0 +1,84 @@
+"""A loss spike that does not heal, on real parts: the real daemon, a real Slurm, checkpoints on a
+POSIX root committed with the trainer API. The synthetic trainer logs Megatron lines and commits a
+checkpoint every 50 steps; from step 330 its loss jumps and stays up. The supervisor must stop the
+job and restart it from the newest verified checkpoint at least `min_steps_before` steps before the
+onset, with the skip range in its environment — and the logbook must say so."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from supervisor.testing.daemon import SupervisorProcess, write_run
+
+pytestmark = pytest.mark.slurm
+
+TRAINER = '''
+import os, sys, time
+from supervisor.adapters.checkpoints.commit import build_manifest, commit_checkpoint
+from supervisor.adapters.checkpoints.posix import PosixBackend
+
+root, marks = os.environ["CKPT_ROOT"], os.environ["MARKS"]
+attempt = os.environ["SLURM_SUPERVISOR_ATTEMPT"]
+with open(marks, "a") as f:
+    f.write("start attempt=%s step=%s skip=%s lr=%s\\n" % (attempt, os.environ.get("SSV_RESUME_STEP"),
+            os.environ.get("SSV_SKIP_ITERATIONS"), os.environ.get("SSV_LR_SCALE")))
+if attempt != "0":
+    time.sleep(3600)
+backend = PosixBackend(root)
+for step in range(10, 2001, 10):
+    loss = 2.0 - step * 1e-4
+    if step >= 330:
+        loss *= 1.8  # a spike that never heals
+    print(" iteration %8d/ 100000 | consumed samples: %d | elapsed time per iteration (ms): 100.0 | "
+          "learning rate: 1.000E-04 | global batch size: 64 | lm loss: %.6E | loss scale: 1.0 | "
+          "grad norm: 1.000 | number of skipped iterations: 0 | number of nan iterations: 0 |"
+          % (step, step * 64, loss), flush=True)
+    if step % 50 == 0:
+        name = "step_%06d" % step
+        os.makedirs(os.path.join(root, name), exist_ok=True)
+        with open(os.path.join(root, name, "model.pt"), "wb") as f:
+            f.write(os.urandom(4096))
+        commit_checkpoint(backend, name, build_manifest(backend, name, step, writer="rank0"))
+    time.sleep(0.1)
+time.sleep(3600)
+'''
+
+
+def test_an_unhealed_spike_rolls_back_to_a_verified_checkpoint_before_it(slurm_cluster, tmp_path):
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    marks = tmp_path / "marks.txt"
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(TRAINER)
+    spec = write_run(tmp_path, "llm", nodes=2, partition=slurm_cluster.partition, spares=slurm_cluster.nodes[-1],
+                     script_body=f'exec "{sys.executable}" "{trainer}"\n',
+                     env={"MARKS": str(marks), "CKPT_ROOT": str(root)})
+    with spec.open("a") as f:
+        f.write(f'[checkpoints]\nroot = "{root}"\nscan_interval_s = 1\nfull_verify = false\n'
+                "[spikes]\nheal_window_steps = 40\nmin_steps_before = 50\nskip_batches = 60\n")
+    sup = SupervisorProcess(slurm_cluster, tmp_path)
+    sup.start()
+    try:
+        sup.cli("submit", str(spec))
+        sup.wait_running("llm", attempt=1, timeout=120, interval=0.2)
+        deadline = time.monotonic() + 30
+        while "start attempt=1" not in (marks.read_text() if marks.exists() else ""):
+            assert time.monotonic() < deadline, marks.read_text()
+            time.sleep(0.2)
+    finally:
+        sup.stop()
+    second = next(line for line in marks.read_text().splitlines() if line.startswith("start attempt=1"))
+    book = sup.logbook("llm")
+    rollback = next(e for e in book if e["kind"] == "rollback")
+    ev = rollback["evidence"]
+    assert ev["onset_step"] == 330 and ev["checkpoint_step"] == 250, ev  # newest verified <= 330 - 50
+    assert (ev["skip_first"], ev["skip_last"]) == (251, 380) and ev["series"]
+    assert second == "start attempt=1 step=250 skip=251-380 lr=None", second
+    restarted = [e for e in book if e["kind"] == "restarted"][0]
+    assert "rollback to step 250" in restarted["message"] and "skipping iterations 251-380" in restarted["message"]
+    assert [e for e in book if e["kind"] == "spike"]
