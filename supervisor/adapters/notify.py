@@ -34,10 +34,11 @@ from supervisor.ports import Store
 
 log = structlog.get_logger(__name__)
 
-PAGE_KINDS = frozenset({"gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked"})
+PAGE_KINDS = frozenset({"gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked",
+                        "slowdown"})
 FORMATS = ("slack", "pagerduty")
 _SEVERITY = {"gave_up": "critical", "mass_fault": "critical", "checkpoint_stale": "error",
-             "repeated_rollbacks": "error", "rollback_blocked": "error"}
+             "repeated_rollbacks": "error", "rollback_blocked": "error", "slowdown": "warning"}
 _ENDS = frozenset({EventKind.COMPLETED, EventKind.CANCELLED})
 
 
@@ -100,13 +101,15 @@ class Pager:
                                  f"run {e.run}: {e.message}")
         if kind == "rollback":
             return self._rollback(e)
+        if kind == "slowdown":
+            return self._trigger(f"{e.run}:slowdown:{e.attempt}", "slowdown", e, f"run {e.run}: {e.message}")
         if kind == "rollback_blocked":
             return self._trigger(f"{e.run}:rollback_blocked:{e.attempt}", "rollback_blocked", e,
                                  f"run {e.run}: a loss spike did not heal and was not rolled back: {e.message}")
         if kind == "checkpoint_verified":
             return self._resolve(lambda a: a.run == e.run and a.kind == "checkpoint_stale", e)
         if e.kind is EventKind.STARTED:
-            return self._resolve(lambda a: a.run == e.run and a.kind in ("mass_fault", "rollback_blocked")
+            return self._resolve(lambda a: a.run == e.run and a.kind in ("mass_fault", "rollback_blocked", "slowdown")
                                  and e.attempt is not None and a.details.get("attempt") != e.attempt, e)
         if e.kind in _ENDS:
             return self._resolve(lambda a: a.run == e.run, e)

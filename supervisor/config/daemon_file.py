@@ -150,8 +150,9 @@ class NotifySection(Section):
     webhook_url_file: Path | None = None
     format: Literal["slack", "pagerduty"] = "slack"
     routing_key_file: Path | None = None
-    kinds: tuple[Literal["gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked"], ...] = (
-        "gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked")
+    kinds: tuple[Literal["gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked",
+                         "slowdown"], ...] = (
+        "gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked", "slowdown")
     rollbacks: StrictInt = Field(default=3, ge=1)
     rollback_window_s: FloatField = Field(default=86400.0, gt=0)
     timeout_s: FloatField = Field(default=5.0, gt=0, le=120)

@@ -95,6 +95,7 @@ class EventKind(StrEnum):
     CHECKPOINT_UNVERIFIABLE = "checkpoint_unverifiable"
     CHECKPOINT_STALE = "checkpoint_stale"  # no verified checkpoint for k expected intervals
     NODE_RETURNED = "node_returned"  # a node this supervisor drained is back in service: usable again
+    SLOWDOWN = "slowdown"  # the job's throughput fell below its own baseline, sustained
     NODE_DEGRADED = "node_degraded"  # kept out from the next restart or checkpoint boundary
     MASS_FAULT = "mass_fault"  # more nodes faulted at once than the blast radius allows: a human decides
     SPIKE = "spike"  # a loss / grad-norm spike, a non-finite loss, a loss-scale collapse began

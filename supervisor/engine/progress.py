@@ -18,9 +18,11 @@ from supervisor.domain.cluster import ClusterSnapshot, JobState
 from supervisor.domain.progress import ProgressParser, parser_for
 from supervisor.domain.progress.hang import HangDetector, HangSettings
 from supervisor.domain.progress.outputs import output_path
+from supervisor.domain.health import NodeFinding
 from supervisor.domain.records import RunRecord
 from supervisor.domain.run import SpikePolicy
 from supervisor.domain.spikes import Notice, SpikeDetector, SpikeSettings
+from supervisor.engine.pace import Pace
 from supervisor.ports import LogOpener, LogSource
 
 log = structlog.get_logger("supervisor.progress")
@@ -34,6 +36,7 @@ class _Watch:
     parser: ProgressParser
     detector: HangDetector
     spikes: SpikeDetector | None = None
+    pace: Pace | None = None
     last_step: int | None = None
     records: int = 0
     recent: list[str] = field(default_factory=list)
@@ -67,10 +70,22 @@ class ProgressWatch:
         self._watches: dict[str, _Watch] = {}
         self._notices: list[SpikeNotice] = []
         self._last_steps: dict[tuple[int, int], int] = {}  # (job id, restart count) -> newest step logged
+        self._findings: list[NodeFinding] = []  # stragglers named from per-rank step times
+        self._slowdowns: list[tuple[str, tuple[int, int], dict[str, Any]]] = []
 
     def last_step(self, job_id: int, restart_count: int) -> int | None:
         """The newest step an attempt logged (None: never followed, or nothing parsed)."""
         return self._last_steps.get((job_id, restart_count))
+
+    def take_findings(self) -> list[NodeFinding]:
+        """Straggler findings (degraded) named since the last call."""
+        out, self._findings = self._findings, []
+        return out
+
+    def take_slowdowns(self) -> list[tuple[str, tuple[int, int], dict[str, Any]]]:
+        """(run, attempt key, evidence) of throughput drops first sustained since the last call."""
+        out, self._slowdowns = self._slowdowns, []
+        return out
 
     def take_notices(self) -> list[SpikeNotice]:
         """Spike events and outcomes read since the last call."""
@@ -87,7 +102,7 @@ class ProgressWatch:
             if a is None or job is None or job.state is not JobState.RUNNING or a.started_at is None:
                 continue
             seen.add(run.name)
-            watch = self._watch(run, (a.job_id, a.restart_count), a.started_at)
+            watch = self._watch(run, (a.job_id, a.restart_count), a.started_at, job.nodes)
             if watch is None:
                 continue
             self._read(run.name, watch, now)
@@ -114,7 +129,8 @@ class ProgressWatch:
                 deadlines.append(probe - verdict.since_s + verdict.threshold_s)
         return min(deadlines) if deadlines else None
 
-    def _watch(self, run: RunRecord, key: tuple[int, int], started_at: float) -> _Watch | None:
+    def _watch(self, run: RunRecord, key: tuple[int, int], started_at: float,
+               nodes: tuple[str, ...] = ()) -> _Watch | None:
         current = self._watches.get(run.name)
         if current is not None and current.key == key:
             return current
@@ -126,7 +142,7 @@ class ProgressWatch:
             current.source.close()
         watch = _Watch(key, path, self.opener(path, same_file), parser_for(None),
                        HangDetector(self.settings, started_at=started_at),
-                       SpikeDetector(spike_settings(run.spec.spikes)))
+                       SpikeDetector(spike_settings(run.spec.spikes)), Pace(run.name, tuple(nodes)))
         self._watches[run.name] = watch
         log.info("progress_following", run=run.name, log=path, attempt_key=list(key))
         return watch
@@ -148,6 +164,11 @@ class ProgressWatch:
                     if len(self._last_steps) > 256:
                         self._last_steps.pop(next(iter(self._last_steps)))
                 watch.series.append((record.step, record.loss, record.grad_norm, record.lr))
+            if watch.pace is not None:
+                found, slow = watch.pace.feed(record, now)
+                self._findings += found
+                if slow is not None:
+                    self._slowdowns.append((run, watch.key, slow))
             if watch.spikes is not None:
                 for notice in watch.spikes.feed(record):
                     self._notices.append(SpikeNotice(run, watch.key, notice, tuple(watch.series)))

@@ -141,6 +141,7 @@ class Engine:
             hangs = self.progress.update(runs, snap, self.clock.now()) if self.progress else {}
             if self.progress is not None:
                 handle_spikes(self.progress.take_notices(), runs, self.store, self.clock)
+                self._record_slowdowns(runs)
             checkpoint_at: dict[str, float] = {}
             if self.checkpoints is not None:
                 self.checkpoints.update(runs, self.store)
@@ -260,8 +261,10 @@ class Engine:
     def _active_findings(self, runs: list[RunRecord], snap: ClusterSnapshot) -> dict[str, NodeFinding]:
         """Drain the health feed; keep each node's worst degraded or fatal finding for a while."""
         now = self.clock.now()
+        new = self.progress.take_findings() if self.progress is not None else []
         if self.health is not None:
-            new = self.health.drain_findings()
+            new += self.health.drain_findings()
+        if new:
             for node, found in worst(new).items():
                 if found.severity is Severity.WATCH:
                     log.info("node_watch", node=node, reason=found.reason, rule=found.rule)
@@ -273,6 +276,20 @@ class Engine:
         ttl = self.settings.finding_ttl_s
         self._findings = {n: f for n, f in self._findings.items() if now - f.at <= ttl and not _acted_on(snap, n)}
         return dict(self._findings)
+
+    def _record_slowdowns(self, runs: list[RunRecord]) -> None:
+        assert self.progress is not None
+        by_name = {r.name: r for r in runs}
+        for name, key, evidence in self.progress.take_slowdowns():
+            run = by_name.get(name)
+            a = run.attempt if run else None
+            if a is None or (a.job_id, a.restart_count) != key:
+                continue
+            blame = evidence.get("stragglers") or {}
+            linked = f"; explained by straggler {', '.join(sorted(blame))}" if blame else "; no straggler named"
+            self.store.record_event(Event(name, EventKind.SLOWDOWN, f"{a.label}: slowdown: {evidence['reason']}{linked}",
+                                          f"{name}:{a.seq}:slowdown", self.clock.now(), a.seq, a.job_id,
+                                          evidence=evidence))
 
     def _note_outside_runs(self, found: NodeFinding, runs: list[RunRecord], snap: ClusterSnapshot) -> None:
         """A finding on a node none of our runs uses: remembered as the node's verdict."""

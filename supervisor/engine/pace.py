@@ -1,0 +1,74 @@
+"""Stragglers and slowdowns of one attempt, from the records of its log.
+
+* Per-rank step times (the JSONL protocol's ``rank_step_times``; ``record.per_rank_step_time_s``)
+  are folded into per-node times — ranks are laid out in blocks over the job's nodes in Slurm's
+  order, as ``srun``'s default block distribution does — and scored across nodes
+  (``domain.stragglers.StragglerScorer``: robust z, CUSUM). A node named is a *degraded* finding:
+  the engine keeps it out from the next restart, or restarts at the next verified checkpoint and
+  drains it then — work since the last checkpoint is not thrown away for a 5 % slowdown.
+* Throughput (tokens/s, samples/s, else 1 / step time) against the attempt's own baseline
+  (``SlowdownDetector``): a sustained drop is reported once per attempt, with the straggler that
+  explains it when one was named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from supervisor.domain.health import NodeFinding, Severity
+from supervisor.domain.progress import ProgressRecord
+from supervisor.domain.stragglers import SlowdownDetector, SlowdownState, StragglerScorer, node_step_times
+
+STRAGGLER_RULE = "straggler@1"
+
+
+@dataclass
+class Pace:
+    run: str
+    nodes: tuple[str, ...]
+    scorer: StragglerScorer | None = None
+    slowdown: SlowdownDetector = field(default_factory=SlowdownDetector)
+    named: dict[str, NodeFinding] = field(default_factory=dict)
+    slow_reported: bool = False
+
+    def feed(self, record: ProgressRecord, now: float) -> tuple[list[NodeFinding], dict[str, Any] | None]:
+        """New straggler findings, and the slowdown evidence when the drop is first sustained."""
+        return self._stragglers(record, now), self._slowdown(record)
+
+    def _stragglers(self, record: ProgressRecord, now: float) -> list[NodeFinding]:
+        ranks = record.per_rank_step_time_s
+        if not ranks or not self.nodes or len(ranks) % len(self.nodes):
+            return []
+        if self.scorer is None:
+            if len(self.nodes) < 3:
+                return []  # a median of two says nothing
+            self.scorer = StragglerScorer(len(self.nodes), self.nodes)
+        times = node_step_times(np.asarray(ranks, dtype=np.float64), len(ranks) // len(self.nodes))
+        new = []
+        for v in self.scorer.update(times):
+            if v.name in self.named:
+                continue
+            finding = NodeFinding(v.name, Severity.DEGRADED, f"straggler: {v.reason}", STRAGGLER_RULE, now,
+                                  "progress", self.run,
+                                  {"slowdown": round(v.slowdown, 4), "score": round(v.score, 2),
+                                   "steps_observed": v.steps_observed, "step": record.step})
+            self.named[v.name] = finding
+            new.append(finding)
+        return new
+
+    def _slowdown(self, record: ProgressRecord) -> dict[str, Any] | None:
+        rate = record.tokens_per_s or record.samples_per_s
+        if rate is None and record.step_time_s:
+            rate = 1.0 / record.step_time_s
+        if rate is None or self.slow_reported:
+            return None
+        verdict = self.slowdown.update(rate)
+        if verdict.state is not SlowdownState.SLOW:
+            return None
+        self.slow_reported = True
+        return {"reason": verdict.reason, "baseline": verdict.baseline, "recent": verdict.recent,
+                "drop": round(verdict.drop or 0.0, 4), "step": record.step,
+                "stragglers": {n: f.reason for n, f in self.named.items()}}
