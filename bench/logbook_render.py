@@ -71,7 +71,7 @@ def synthetic(n_events: int, seed: int) -> tuple[RunRecord, list[AttemptRecord],
         last = step + int(run_s / 12)
         if rng.random() < 0.15:
             ev(EventKind.FAULT, fault_at, f"attempt {seq}: hang: no training step for 600 s", last_step=last,
-               silent_s=600.0, step_interval_s=12.0, nodes=nodes[:4])
+               silent_s=600.0, step_interval_s=12.0, step_time_s=12.0, nodes=nodes[:4])
         else:
             ev(EventKind.FAULT, fault_at, f"attempt {seq}: fault on {node}: {why}", node=node, observed=why, rule=rule,
                lost_steps=int(run_s / 12) % 300, step_time_s=12.0)

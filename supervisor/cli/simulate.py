@@ -92,7 +92,7 @@ def simulate(gpus: int | None, gpus_per_node: int, nodes_per_job: int | None, sp
     (`slurm-supervisor --state-dir DIR logbook llama3-405b`)."""
     from supervisor.adapters.logging import configure_logging
     from supervisor.sim import plan as planning
-    from supervisor.sim.failures import FailureModel, RepairTimes, titan_model
+    from supervisor.sim.failures import FailureModel, RepairTimes, titan_model, young_daly_interval
     from supervisor.sim.runner import Simulation
     from supervisor.sim.settings import Mode, SimSettings
     from supervisor.sim.trainer import TrainerSettings
@@ -114,6 +114,9 @@ def simulate(gpus: int | None, gpus_per_node: int, nodes_per_job: int | None, sp
                            repair=RepairTimes(reboot_minutes * 60.0, replace_hours * 3600.0),
                            poll_interval_s=poll_interval, hang_multiple=hang_multiple, nccl_timeout_s=nccl_timeout,
                            slurmd_timeout_s=slurmd_timeout, node_agents=node_agents)
+        if demo and checkpoint_interval == "auto":  # Young/Daly for the demo's own fault rate, not Table 5's
+            mtbf = settings.seconds / len(planning.DEMO_FAULTS)
+            checkpoint_interval = str(round(young_daly_interval(settings.trainer.save_s, mtbf)))
         plan = planning.make_plan(settings, checkpoint_interval)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -131,7 +131,7 @@ def render_markdown(run: RunRecord, attempts: list[AttemptRecord], events: list[
 
     out = _title(run, attempts)
     out += ["## Timeline", ""]
-    out += [f"- {stamp(e.at)} [{e.actor}]: {_strip_label(e)}" for e in timeline] or ["- (no routine events)"]
+    out += _timeline_lines(timeline) or ["- (no routine events)"]
     out.append("")
     if blocks:
         out += ["## Incidents and notes", ""]
@@ -146,6 +146,28 @@ def render_markdown(run: RunRecord, attempts: list[AttemptRecord], events: list[
         out += markdown_lines(g, g.advice(measured_save_s(events)), gpus_of(run.spec))
     out += _attempt_table(attempts)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _timeline_lines(timeline: list[Event]) -> list[str]:
+    """One line per routine event; a run of consecutive verified checkpoints is one line (a long
+    run verifies hundreds: the reader wants to know they were, not each one)."""
+    out: list[str] = []
+    i = 0
+    while i < len(timeline):
+        e = timeline[i]
+        j = i
+        while j + 1 < len(timeline) and e.kind is EventKind.CHECKPOINT_VERIFIED \
+                and timeline[j + 1].kind is EventKind.CHECKPOINT_VERIFIED:
+            j += 1
+        if j - i >= 2:
+            steps = [x.evidence.get("step") for x in timeline[i:j + 1] if x.evidence.get("step") is not None]
+            span = f"steps {min(steps)} to {max(steps)}" if steps else "checkpoints"
+            out.append(f"- {stamp(e.at)} to {stamp(timeline[j].at)} [{e.actor}]: {j - i + 1} checkpoint "
+                       f"verifications passed ({span})")
+        else:
+            out += [f"- {stamp(x.at)} [{x.actor}]: {_strip_label(x)}" for x in timeline[i:j + 1]]
+        i = j + 1
+    return out
 
 
 def last_record(attempts: list[AttemptRecord], events: list[Event]) -> float:

@@ -197,9 +197,7 @@ def _interruption(opening: list[Event], incident: list[Event], nxt: AttemptRecor
     lost_steps = _int(ev, "lost_steps")
     if lost_steps is None and resume is not None and _int(ev, "last_step") is not None:
         lost_steps = max(0, int(ev["last_step"]) - resume)
-    step_time = _num(ev, "step_time_s")
-    if step_time is None:
-        step_time = _num(ev, "step_interval_s")
+    step_time = _num(ev, "step_time_s")  # per step; a hang's step_interval_s is per log record
     lost_work = _num(ev, "lost_work_s")
     if lost_work is None and lost_steps is not None and step_time is not None:
         lost_work = lost_steps * step_time

@@ -70,12 +70,17 @@ class ProgressWatch:
         self._watches: dict[str, _Watch] = {}
         self._notices: list[SpikeNotice] = []
         self._last_steps: dict[tuple[int, int], int] = {}  # (job id, restart count) -> newest step logged
+        self._step_times: dict[tuple[int, int], float] = {}  # ... -> its latest seconds per step
         self._findings: list[NodeFinding] = []  # stragglers named from per-rank step times
         self._slowdowns: list[tuple[str, tuple[int, int], dict[str, Any]]] = []
 
     def last_step(self, job_id: int, restart_count: int) -> int | None:
         """The newest step an attempt logged (None: never followed, or nothing parsed)."""
         return self._last_steps.get((job_id, restart_count))
+
+    def step_time(self, job_id: int, restart_count: int) -> float | None:
+        """The attempt's latest logged seconds per step (None: its log prints none)."""
+        return self._step_times.get((job_id, restart_count))
 
     def take_findings(self) -> list[NodeFinding]:
         """Straggler findings (degraded) named since the last call."""
@@ -111,10 +116,13 @@ class ProgressWatch:
                 hangs[run.name] = {
                     "reason": verdict.reason, "last_step": verdict.last_step, "silent_s": round(verdict.since_s, 1),
                     "step_interval_s": verdict.interval_s, "threshold_s": verdict.threshold_s,
+                    "step_time_s": self._step_times.get(watch.key),
                     "log": watch.path, "records_read": watch.records, "last_lines": list(watch.recent),
                 }
         for name in set(self._watches) - seen:
-            self._watches.pop(name).source.close()
+            watch = self._watches.pop(name)
+            self._read(name, watch, now)  # the lines the attempt wrote before it ended: its last step
+            watch.source.close()
         return hangs
 
     def next_deadline(self, now: float) -> float | None:
@@ -163,6 +171,10 @@ class ProgressWatch:
                     self._last_steps[watch.key] = record.step
                     if len(self._last_steps) > 256:
                         self._last_steps.pop(next(iter(self._last_steps)))
+                if record.step_time_s and record.step_time_s > 0:
+                    self._step_times[watch.key] = record.step_time_s
+                    if len(self._step_times) > 256:
+                        self._step_times.pop(next(iter(self._step_times)))
                 watch.series.append((record.step, record.loss, record.grad_norm, record.lr))
             if watch.pace is not None:
                 found, slow = watch.pace.feed(record, now)

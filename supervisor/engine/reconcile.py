@@ -457,6 +457,9 @@ class Engine:
                 evidence["resume"] = dict(action.resume)
                 chosen = action.resume.get("checkpoint") or {}
                 evidence["resume_step"] = chosen.get("step")
+            if self.progress is not None and a is not None:  # what the replaced attempt had reached
+                evidence["last_step"] = self.progress.last_step(a.job_id, a.restart_count)
+                evidence["step_time_s"] = self.progress.step_time(a.job_id, a.restart_count)
             s.record_event(Event(run.name, kind, f"{new.label}: {verb} job {new.job_id}{excl} ({action.reason}){resume}",
                                  f"{run.name}:{new.seq}:{kind.value}:", now, new.seq, new.job_id,
                                  evidence=evidence))

@@ -35,7 +35,7 @@ def scenario() -> tuple[list[AttemptRecord], list[Event]]:
         _ev(EventKind.SUBMITTED, 0, 0),
         _ev(EventKind.STARTED, 600, 0),
         _ev(EventKind.FAULT, 10000, 0, "attempt 0 (job 500, restart 0): hang: no training step for 400 s",
-            last_step=900, silent_s=400.0, step_interval_s=10.0, nodes=["gpu-1", "gpu-2"]),
+            last_step=900, silent_s=400.0, step_interval_s=10.0, step_time_s=10.0, nodes=["gpu-1", "gpu-2"]),
         _ev(EventKind.STOPPED, 10060, 0),
         _ev(EventKind.RESTARTED, 10100, 1, resume_step=800, exclude=[]),
         _ev(EventKind.STARTED, 10400, 1),
