@@ -57,7 +57,11 @@ def megatron(step):
             f"grad norm: 1.0 | number of skipped iterations: 0 | number of nan iterations: 0 |")
 
 
-def test_a_trainer_that_stops_logging_is_restarted(tmp_path):
+@pytest.mark.parametrize(("multiple", "floor_s", "step_s", "tick_s"), [
+    (3, 5, 1.0, 1.0),  # the floor dominates
+    (2, 1, 10.0, 5.0),  # issue 4's goal: within 2 x the median step time plus one tick
+])
+def test_a_trainer_that_stops_logging_is_restarted(tmp_path, multiple, floor_s, step_s, tick_s):
     clock = VirtualClock()
     cluster = SimCluster(clock, 4, "main")
     store = SqliteStore(tmp_path)
@@ -68,27 +72,30 @@ def test_a_trainer_that_stops_logging_is_restarted(tmp_path):
         files[path] = MemoryLog()
         return files[path]
 
-    settings = HangSettings(multiple=3, floor_s=5, cap_s=600, startup_grace_s=60)
+    settings = HangSettings(multiple=multiple, floor_s=floor_s, cap_s=600, startup_grace_s=60)
     engine = Engine(scheduler=cluster, store=store, clock=clock, progress=ProgressWatch(opener, settings))
     step = 0
     hung_at = None
-    for _ in range(400):
+    next_line = 0.0
+    for _ in range(2000):
         engine.tick()
         run = store.get_run("llm")
         if run.attempt and run.attempt.seq == 1 and run.state is RunState.RUNNING:
             break
         if run.attempt and run.attempt.started_at and run.attempt.seq == 0:
             path = f"/logs/llm-{run.attempt.job_id}.out"
-            if path in files and step < 40:
+            if path in files and step < 40 and clock.now() >= next_line:
                 step += 1
                 files[path].lines.append(megatron(step))
+                next_line = clock.now() + step_s
             elif step >= 40 and hung_at is None:
                 hung_at = clock.now()
-        clock.wait(1.0)
+        clock.wait(tick_s)
     run = store.get_run("llm")
     assert run.attempt.seq == 1 and run.state is RunState.RUNNING
     fault = next(e for e in store.events("llm") if e.kind is EventKind.FAULT)
     assert "hang" in fault.message and fault.evidence["last_step"] == 40
-    assert fault.at - hung_at <= 3 * 1.0 + 5 + 2  # within the threshold (floor 5 s) plus ticks
+    threshold = max(multiple * step_s, floor_s)
+    assert fault.at - hung_at <= threshold + tick_s + 1.0  # within the threshold plus a tick
     assert run.excluded == {}  # a hang blames no node
     assert files["/logs/llm-1000.out"].closed
