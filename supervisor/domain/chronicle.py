@@ -160,7 +160,7 @@ def _timeline_lines(timeline: list[Event]) -> list[str]:
                 and timeline[j + 1].kind is EventKind.CHECKPOINT_VERIFIED:
             j += 1
         if j - i >= 2:
-            steps = [x.evidence.get("step") for x in timeline[i:j + 1] if x.evidence.get("step") is not None]
+            steps = [int(x.evidence["step"]) for x in timeline[i:j + 1] if isinstance(x.evidence.get("step"), int)]
             span = f"steps {min(steps)} to {max(steps)}" if steps else "checkpoints"
             out.append(f"- {stamp(e.at)} to {stamp(timeline[j].at)} [{e.actor}]: {j - i + 1} checkpoint "
                        f"verifications passed ({span})")

@@ -15,6 +15,7 @@ never resumes from a torn or unverified checkpoint.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -232,9 +233,19 @@ class CheckpointWatch:
             plan["rollback"] = {"onset_step": pending.get("onset_step"), "checkpoint_step": pending["checkpoint_step"],
                                 "skip": f"{pending['skip_first']}-{pending['skip_last']}"}
         if path and self._write_resume is not None:
-            import json
-
-            self._write_resume(path, json.dumps({"run": run.name, **plan}, indent=1))
+            try:
+                self._write_resume(path, json.dumps({"run": run.name, **plan}, indent=1))
+            except OSError as exc:  # the job still gets the choice in its environment
+                plan["file"] = None
+                log.error("resume_file_unwritable", run=run.name, path=path, error=str(exc))
+                a = run.attempt
+                store.record_event(Event(
+                    run.name, EventKind.WARNING,
+                    f"could not write the resume file {path} ({exc.strerror or exc}); the job gets the checkpoint "
+                    "in its environment only. Fix: let the supervisor's user write there (under systemd, add the "
+                    "folder to ReadWritePaths in a drop-in)",
+                    f"{run.name}:resume-file:{path}:{exc.errno}", self._clock.now(),
+                    a.seq if a else None, a.job_id if a else None, evidence={"path": path, "error": str(exc)}))
         return plan
 
     def choose(self, run: RunRecord, store: Store, before_step: int | None = None) -> ResumeChoice:

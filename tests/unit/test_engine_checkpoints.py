@@ -265,3 +265,18 @@ def test_a_checkpoint_the_job_keeps_failing_on_is_passed_over_for_the_next_older
     assert w.submitted_env()["SSV_RESUME_STEP"] == "100"
     warning = [e for e in w.events(EventKind.WARNING) if "passed over" in e.message]
     assert len(warning) == 1 and "step_000200" in warning[0].message
+
+
+def test_an_unwritable_resume_file_is_a_warning_and_the_job_still_gets_its_checkpoint(tmp_path):
+    w = World(tmp_path)
+
+    def refuse(path: str, text: str) -> None:
+        raise PermissionError(13, "Read-only file system", path)
+
+    w.engine.checkpoints._write_resume = refuse
+    w.ckpt.save(100)
+    w.until(w.running)
+    env = w.submitted_env(0)
+    assert env["SSV_RESUME_STEP"] == "100" and "SSV_RESUME_FILE" not in env
+    warning = [e for e in w.events(EventKind.WARNING) if "resume file" in e.message]
+    assert len(warning) == 1 and "ReadWritePaths" in warning[0].message
