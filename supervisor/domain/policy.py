@@ -363,7 +363,7 @@ def _pending(run: RunRecord, job: JobInfo, obs: Observation) -> Decision:
     want = set(run.excluded) | set(job.excluded_nodes)
     if not set(run.excluded) <= set(job.excluded_nodes):
         actions.append(SetExcluded(run.name, job.job_id, tuple(sorted(want))))
-    if job.held and _held_after_launch_failure(job):
+    if job.held and (_held_after_launch_failure(job) or _held_after_our_prolog(run, job)):
         actions.append(Release(run.name, job.job_id, f"Slurm held the job after a launch failure ({job.state_reason})"))
     return Decision(tuple(records), tuple(actions))
 
@@ -372,6 +372,14 @@ def _held_after_launch_failure(job: JobInfo) -> bool:
     """Slurm holds a job whose prolog failed; a person's hold (same state_reason in 22.05) is kept."""
     text = f"{job.state_description} {job.state_reason}".lower().replace("_", " ")
     return LAUNCH_FAILED in text
+
+
+def _held_after_our_prolog(run: RunRecord, job: JobInfo) -> bool:
+    """The prolog's failure and this run's own drain of the same node race: Slurm may then keep the
+    launch-failure hold (JobHeldAdmin) but lose its description. The hold is ours to lift when the
+    requeued incarnation's fault was a prolog finding on a node this run excluded for it."""
+    return (job.restart_count > 0 and job.state_reason == "JobHeldAdmin"
+            and any("[prolog" in why for why in run.excluded.values()))
 
 
 def _requeued_by_slurm(

@@ -195,6 +195,17 @@ def test_a_persons_hold_is_never_released():
     assert any(isinstance(a, Release) for a in d.actions)
 
 
+def test_an_admin_hold_left_by_our_prolog_racing_our_drain_is_released():
+    held = JobInfo(7, "llm", JobState.PENDING, held=True, state_reason="JobHeldAdmin", restart_count=1)
+    requeued = replace(A0, restart_count=1, started_at=None)
+    prolog = {"n1": "GPU lost: NVML cannot reach it (gpu 3) [prolog, rule gpu-lost@1]"}
+    d = decide(run(RunState.QUEUED, requeued, excluded=prolog), Observation(snap([held])), Policy())
+    assert any(isinstance(a, Release) for a in d.actions)
+    other = {"n1": "slurmd probe failed"}  # not a prolog finding: an admin's hold stays
+    d = decide(run(RunState.QUEUED, requeued, excluded=other), Observation(snap([held])), Policy())
+    assert not any(isinstance(a, Release) for a in d.actions)
+
+
 def test_completing_only_on_fenced_nodes_counts_as_gone():
     n = nodes(n2="IDLE")
     n["n1"] = NodeInfo("n1", NodeState.DOWN, frozenset({"DRAIN", "NOT_RESPONDING"}), "slurm-supervisor: run llm: hung", ("main",))
