@@ -66,7 +66,7 @@ def progress(cfg: DaemonConfig) -> ProgressWatch | None:
     if not cfg.hang.enabled:
         return None
     settings = HangSettings(multiple=cfg.hang.multiple, floor_s=cfg.hang.floor_s, cap_s=cfg.hang.cap_s,
-                            startup_grace_s=cfg.hang.startup_grace_s)
+                            startup_grace_s=cfg.hang.startup_grace_s, pause_cap_s=cfg.hang.pause_cap_s)
     return ProgressWatch(lambda path, at_end: LogTail(path, start_at_end=at_end), settings)
 
 

@@ -99,6 +99,9 @@ class HangSection(Section):
     startup_grace_s: FloatField = Field(
         default=1800.0, ge=1, le=86400, json_schema_extra=fix_hint("set seconds from 1 to 86400, e.g. 1800")
     )
+    pause_cap_s: FloatField = Field(
+        default=3600.0, ge=1, le=86400, json_schema_extra=fix_hint("set seconds from 1 to 86400, e.g. 3600")
+    )
 
 
 class HealthSection(Section):

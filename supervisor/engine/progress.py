@@ -18,6 +18,7 @@ from supervisor.domain.cluster import ClusterSnapshot, JobState
 from supervisor.domain.progress import ProgressParser, parser_for
 from supervisor.domain.progress.hang import HangDetector, HangSettings
 from supervisor.domain.progress.outputs import output_path
+from supervisor.domain.progress.pauses import ends_pause, pause_of
 from supervisor.domain.health import NodeFinding
 from supervisor.domain.records import RunRecord
 from supervisor.domain.run import SpikePolicy
@@ -163,6 +164,11 @@ class ProgressWatch:
             return
         if lines:
             watch.recent = (watch.recent + [ln[:200] for ln in lines])[-3:]
+            for line in lines:  # a save or an evaluation stalls the log without a hang
+                if ends_pause(line):
+                    watch.detector.unpause()
+                elif (what := pause_of(line)) is not None:
+                    watch.detector.pause(what)
         for record in watch.parser.feed_all(lines):
             watch.records += 1
             if record.step is not None:

@@ -273,3 +273,28 @@ def test_verdict_exactly_when_gap_exceeds_threshold(gaps: list[float], wait: flo
     threshold, _ = det.threshold_s()
     verdict = det.check(t + wait)
     assert (verdict is not None) == (wait > threshold)
+
+
+def test_an_announced_checkpoint_save_is_not_a_hang_until_its_cap() -> None:
+    from supervisor.domain.progress.pauses import ends_pause, pause_of
+
+    det = HangDetector(HangSettings(multiple=5, floor_s=60, cap_s=600, pause_cap_s=1800), started_at=0.0)
+    t = 0.0
+    for step in range(1, 41):
+        t += 10.0
+        det.observe(step, t)
+    threshold, learned = det.threshold_s()
+    assert learned and threshold == 60.0  # 5 x 10 s, at the floor
+    line = " saving checkpoint at iteration      40 to /lustre/ckpt"
+    what = pause_of(line)
+    assert what == "a checkpoint save" and not ends_pause(line)
+    det.pause(what)
+    assert det.check(t + 900) is None  # a 15-minute synchronous save
+    verdict = det.check(t + 1801)
+    assert verdict is not None and "while a checkpoint save" in verdict.reason
+    assert ends_pause(" successfully saved checkpoint at iteration      40 to /lustre/ckpt")
+    det.unpause()
+    assert det.check(t + 61) is not None  # without the announcement the floor applies again
+    det.pause("a checkpoint save")
+    det.observe(41, t + 70)  # the next step ends the pause
+    assert det.threshold_s()[0] == 60.0

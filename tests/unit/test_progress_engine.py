@@ -99,3 +99,42 @@ def test_a_trainer_that_stops_logging_is_restarted(tmp_path, multiple, floor_s, 
     assert fault.at - hung_at <= threshold + tick_s + 1.0  # within the threshold plus a tick
     assert run.excluded == {}  # a hang blames no node
     assert files["/logs/llm-1000.out"].closed
+
+
+def test_a_long_announced_save_is_waited_for_and_a_real_hang_after_it_is_not(tmp_path):
+    clock = VirtualClock()
+    cluster = SimCluster(clock, 4, "main")
+    store = SqliteStore(tmp_path)
+    store.add_run(SPEC, clock.now())
+    files: dict[str, MemoryLog] = {}
+
+    def opener(path, at_end):
+        files[path] = MemoryLog()
+        return files[path]
+
+    settings = HangSettings(multiple=3, floor_s=5, cap_s=600, startup_grace_s=60, pause_cap_s=300)
+    engine = Engine(scheduler=cluster, store=store, clock=clock, progress=ProgressWatch(opener, settings))
+    step = 0
+    saved_at = None
+    for _ in range(1000):
+        engine.tick()
+        run = store.get_run("llm")
+        if run.attempt and run.attempt.seq == 1:
+            break
+        path = f"/logs/llm-{run.attempt.job_id}.out" if run.attempt else None
+        if run.attempt and run.attempt.started_at and path in files:
+            if step < 30:
+                step += 1
+                files[path].lines.append(megatron(step))
+            elif saved_at is None:
+                files[path].lines.append(f" saving checkpoint at iteration {step:8d} to /ckpt")
+                saved_at = clock.now()
+            elif clock.now() - saved_at == 120:  # a two-minute synchronous save, then steps again
+                files[path].lines.append(f" successfully saved checkpoint at iteration {step:8d} to /ckpt")
+                files[path].lines.append(megatron(step + 1))
+                step = 31
+        clock.wait(1.0)
+    events = store.events("llm")
+    hang = next(e for e in events if e.kind is EventKind.FAULT)
+    assert hang.evidence["last_step"] == 31  # not the save at step 30: the silence after it
+    assert hang.at - saved_at > 120

@@ -43,10 +43,11 @@ class HangSettings:
     window: int = 64  # samples the medians are taken over
     skip_samples: int = 2  # samples ignored after a (re)start
     min_samples: int = 5  # samples needed before the learned threshold applies
+    pause_cap_s: float = 3600.0  # while the log says a checkpoint save or an evaluation runs
 
     def __post_init__(self) -> None:
         problems = []
-        for name in ("multiple", "floor_s", "cap_s", "startup_grace_s"):
+        for name in ("multiple", "floor_s", "cap_s", "startup_grace_s", "pause_cap_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 problems.append(f"{name} must be a positive number of seconds (got {value!r})")
@@ -89,6 +90,7 @@ class HangDetector:
         self._read_at = -math.inf  # the latest read, and the last step it brought
         self._read_step = 0
         self._to_skip = 0  # samples still to ignore after a (re)start
+        self._pause: str | None = None  # a save or an evaluation the log announced, until the next step
         self.reset(started_at)
 
     # ------------------------------------------------------------------------ feeding
@@ -111,6 +113,7 @@ class HangDetector:
         last_step, last_at = self._last_step, self._last_progress_at
         if last_step is not None and step == last_step:
             return
+        self._pause = None  # a new step: whatever paused the log is over
         at = at if last_at is None else max(at, last_at)  # a clock step backwards is no pace
         if last_step is not None:
             self._strides.append(step - last_step)
@@ -122,6 +125,13 @@ class HangDetector:
             self._base_at, self._base_step = self._read_at, self._read_step
         self._read_at, self._read_step = at, step
         self._last_step, self._last_progress_at = step, at
+
+    def pause(self, what: str) -> None:
+        """The log announced a save or an evaluation: the limit is ``pause_cap_s`` until it ends."""
+        self._pause = what
+
+    def unpause(self) -> None:
+        self._pause = None
 
     # ------------------------------------------------------------------------ judging
 
@@ -143,8 +153,12 @@ class HangDetector:
         s = self.settings
         interval = self.interval_s
         if interval is None:
-            return s.startup_grace_s, False
-        return min(max(s.multiple * interval, s.floor_s), s.cap_s), True
+            limit, learned = s.startup_grace_s, False
+        else:
+            limit, learned = min(max(s.multiple * interval, s.floor_s), s.cap_s), True
+        if self._pause is not None:
+            limit = max(limit, s.pause_cap_s)
+        return limit, learned
 
     def check(self, now: float) -> HangVerdict | None:
         """A verdict when no new step came for longer than the threshold; else ``None``."""
@@ -205,4 +219,6 @@ class HangDetector:
                 f"the limit of {threshold:.0f} s ({s.multiple:g} x the learned step interval "
                 f"{interval:.1f} s{bound})"
             )
+        if self._pause is not None:
+            why = f"the {s.pause_cap_s:.0f} s allowed while {self._pause}"
         return f"{what}, longer than {why}"
