@@ -248,6 +248,15 @@ class CheckpointWatch:
                     a.seq if a else None, a.job_id if a else None, evidence={"path": path, "error": str(exc)}))
         return plan
 
+    def refresh(self, run: RunRecord, store: Store) -> None:
+        """List the run's root now and metadata-verify committed checkpoints newer than the newest
+        verified one (before a rollback is planned, as before a submission)."""
+        if run.spec.checkpoints is None:
+            return
+        st = self._state(run)
+        self._collect(run, st, store)
+        self._verify_unchecked(run, st, store)
+
     def choose(self, run: RunRecord, store: Store, before_step: int | None = None) -> ResumeChoice:
         rows = store.checkpoints(run.name, None if before_step is not None else RECENT)
         refs = [ref for ref, *_ in rows]

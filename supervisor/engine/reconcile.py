@@ -140,7 +140,9 @@ class Engine:
             dead = self.probes.update(self._running_nodes(runs, snap), snap, self.clock.now())
             hangs = self.progress.update(runs, snap, self.clock.now()) if self.progress else {}
             if self.progress is not None:
-                handle_spikes(self.progress.take_notices(), runs, self.store, self.clock)
+                watch = self.checkpoints
+                handle_spikes(self.progress.take_notices(), runs, self.store, self.clock,
+                              (lambda r: watch.refresh(r, self.store)) if watch is not None else None)
                 self._record_slowdowns(runs)
             checkpoint_at: dict[str, float] = {}
             if self.checkpoints is not None:

@@ -14,7 +14,7 @@ between any two of these steps loses nothing: the event is the record.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import structlog
@@ -29,8 +29,11 @@ from supervisor.ports import Clock, Store
 log = structlog.get_logger("supervisor.spikes")
 
 
-def handle_spikes(notices: Iterable[SpikeNotice], runs: Iterable[RunRecord], store: Store, clock: Clock) -> None:
-    """Record each notice; decide what an unhealed spike calls for (see the module docstring)."""
+def handle_spikes(notices: Iterable[SpikeNotice], runs: Iterable[RunRecord], store: Store, clock: Clock,
+                  refresh: Callable[[RunRecord], None] | None = None) -> None:
+    """Record each notice; decide what an unhealed spike calls for (see the module docstring).
+    ``refresh(run)`` brings the run's checkpoint verdicts up to date before a rollback is planned
+    (a checkpoint written moments ago may be the right one to go back to)."""
     by_name = {r.name: r for r in runs}
     for n in notices:
         run = by_name.get(n.run)
@@ -41,6 +44,8 @@ def handle_spikes(notices: Iterable[SpikeNotice], runs: Iterable[RunRecord], sto
         elif n.notice.decision is Decision.LEAVE:
             _record_healed(run, n, n.notice, store, clock)
         else:
+            if refresh is not None:
+                refresh(run)
             _rollback(run, n, n.notice, store, clock)
 
 
