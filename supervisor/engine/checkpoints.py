@@ -70,19 +70,17 @@ class _RunState:
 
 class CheckpointWatch:
     def __init__(self, factory: StoreFactory, clock: Clock, *, inline: bool = False, workers: int = 2,
-                 write_resume: ResumeWriter | None = None,
-                 last_step: Callable[[int, int], int | None] | None = None) -> None:
+                 write_resume: ResumeWriter | None = None) -> None:
         self._factory = factory
         self._clock = clock
-        self._inline = inline
         self._pool = None if inline else ThreadPoolExecutor(workers, thread_name_prefix="ckpt-verify")
         self._write_resume = write_resume
         self._runs: dict[str, _RunState] = {}
-        # (job id, restart count) -> newest step the attempt logged: an attempt that trained past
-        # its checkpoint loaded it, whatever killed it later (the engine wires ProgressWatch here)
-        self._last_step = last_step or (lambda job_id, restart_count: None)
+        self._last_step: Callable[[int, int], int | None] = lambda job_id, restart_count: None
 
     def follow_progress(self, last_step: Callable[[int, int], int | None]) -> None:
+        """(job id, restart count) -> newest step the attempt logged: an attempt that trained past
+        its checkpoint loaded it, whatever killed it later (the engine wires ProgressWatch here)."""
         self._last_step = last_step
 
     def close(self) -> None:
@@ -126,8 +124,8 @@ class CheckpointWatch:
             listing, st.listing = st.listing, None
             try:
                 refs = listing.result()
-            except PortError as exc:
-                log.warning("checkpoint_listing_failed", run=run.name, error=str(exc))
+            except Exception as exc:  # storage trouble, or a store bug: never the tick's end
+                self._listing_failed(run, store, exc)
                 refs = []
             for ref in refs:
                 if self._seen(run, st, store, ref):
@@ -151,6 +149,18 @@ class CheckpointWatch:
             return False
         st.known[ref.location] = (ref.committed, ref.seen_at)
         return store.checkpoint_seen(run.name, ref, self._clock.now())
+
+    def _listing_failed(self, run: RunRecord, store: Store, exc: Exception) -> None:
+        """Logged every time; written to the logbook once per kind of failure."""
+        kind = type(exc).__name__
+        log.warning("checkpoint_listing_failed", run=run.name, error=str(exc), error_type=kind)
+        a = run.attempt
+        store.record_event(Event(
+            run.name, EventKind.WARNING,
+            f"cannot list the checkpoint root {run.spec.checkpoints.root if run.spec.checkpoints else ''}: "
+            f"{kind}: {exc}; new checkpoints are not verified (and not resumed from) until it can",
+            f"{run.name}:ckpt-listing:{kind}", self._clock.now(), a.seq if a else None, a.job_id if a else None,
+            evidence={"error": str(exc), "error_type": kind}))
 
     def _queue(self, run: RunRecord, st: _RunState, ref: CheckpointRef, level: Level) -> None:
         if (ref.location, level) in st.queued:
@@ -277,8 +287,8 @@ class CheckpointWatch:
         try:
             for ref in st.store.discover():
                 self._seen(run, st, store, ref)
-        except PortError as exc:
-            log.warning("checkpoint_listing_failed", run=run.name, error=str(exc))
+        except Exception as exc:  # the choice falls back on what earlier scans verified
+            self._listing_failed(run, store, exc)
         rows = store.checkpoints(run.name, RECENT)
         newest = _newest_verified(rows)
         for ref, meta, full, demoted in rows:

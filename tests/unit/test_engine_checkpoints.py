@@ -206,6 +206,8 @@ def test_storage_trouble_never_marks_a_checkpoint_corrupt_and_is_retried(tmp_pat
     w.cluster.crash_node(w.run().attempt.nodes[0])
     w.until(lambda: w.running(1))
     assert w.submitted_env()["SSV_RESUME_STEP"] == "100"
+    listing = [e for e in w.events(EventKind.WARNING) if "cannot list the checkpoint root" in e.message]
+    assert len(listing) == 1 and "listing timed out" in listing[0].message  # once, however many scans fail
 
 
 def test_the_resume_choice_is_journaled_so_a_crash_before_submitting_hands_the_same_checkpoint(tmp_path):
