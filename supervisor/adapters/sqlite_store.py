@@ -33,7 +33,7 @@ class SqliteStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
+        _enable_wal(self._db)
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         migrate(self._db)
@@ -376,6 +376,21 @@ def _action_row(r: sqlite3.Row) -> dict[str, Any]:
         "created_at": r["created_at"], "completed_at": r["completed_at"],
         "result": json.loads(r["result"]) if r["result"] else None,
     }
+
+
+def _enable_wal(db: sqlite3.Connection, patience_s: float = 10.0) -> None:
+    """Switch to WAL. Switching takes an exclusive lock and SQLite does not wait for it (the busy
+    timeout does not apply): while another process creates or migrates the database — the daemon
+    starting as `slurm-supervisor submit` runs — it answers "database is locked" at once. Retry."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _result_to_json(r: VerifyResult) -> dict[str, Any]:
