@@ -15,7 +15,6 @@ import statistics
 import subprocess
 import sys
 import sysconfig
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,8 +146,14 @@ def supervisor_argv(user: str | None = None) -> list[str]:
     if _reachable_by(user, sys.executable) and _reachable_by(user, SUPERVISOR):
         return [*user_prefix(user), SUPERVISOR]
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    system_python = next((p for p in (f"/usr/bin/{version}", f"/usr/local/bin/{version}")
-                          if os.path.exists(p) and _reachable_by(user, p)), None)
+    system_python = next(
+        (
+            p
+            for p in (f"/usr/bin/{version}", f"/usr/local/bin/{version}")
+            if os.path.exists(p) and _reachable_by(user, p)
+        ),
+        None,
+    )
     if system_python is None:
         raise RuntimeError(f"user {user} can reach neither {sys.executable} nor a system {version}")
     site_packages = sysconfig.get_paths()["purelib"]
@@ -193,21 +198,31 @@ def start_daemon(config: Path, cluster: LocalSlurm, log_path: Path, *, user: str
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(  # noqa: S603 - fixed argv
             [*supervisor_argv(user), "--config", str(config), "daemon"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            env=client_env(cluster), start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=client_env(cluster),
+            start_new_session=True,
         )
     return DaemonProc(proc, log_path)
 
 
-def supervisor_cli(config: Path, cluster: LocalSlurm, *args: str, user: str | None = None,
-                   timeout: float = 60.0) -> str:
+def supervisor_cli(
+    config: Path, cluster: LocalSlurm, *args: str, user: str | None = None, timeout: float = 60.0
+) -> str:
     result = subprocess.run(  # noqa: S603 - fixed argv
         [*supervisor_argv(user), "--config", str(config), *args],
-        capture_output=True, text=True, env=client_env(cluster), timeout=timeout, check=False,
+        capture_output=True,
+        text=True,
+        env=client_env(cluster),
+        timeout=timeout,
+        check=False,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"slurm-supervisor {' '.join(args)} failed ({result.returncode}): "
-                           f"{result.stderr.strip() or result.stdout.strip()}")
+        raise RuntimeError(
+            f"slurm-supervisor {' '.join(args)} failed ({result.returncode}): "
+            f"{result.stderr.strip() or result.stdout.strip()}"
+        )
     return result.stdout
 
 
@@ -241,8 +256,7 @@ def jobs(cluster: LocalSlurm) -> list[Job] | None:
             continue
         node_list = parts[2].strip()
         nodes = tuple(hostlist.expand_hostlist(node_list)) if node_list and node_list != "(null)" else ()
-        found.append(Job(int(parts[0]), parts[1].strip(), nodes, parts[3].strip(), parts[4].strip(),
-                         parts[5].strip()))
+        found.append(Job(int(parts[0]), parts[1].strip(), nodes, parts[3].strip(), parts[4].strip(), parts[5].strip()))
     return found
 
 
@@ -284,5 +298,7 @@ def quiet_logs() -> None:
 
     import structlog
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )

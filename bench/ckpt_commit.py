@@ -60,14 +60,19 @@ def best_of(fn, repeat: int = 3) -> float:  # type: ignore[no-untyped-def]
 
 
 def listing_10k() -> list[ObjectInfo]:
-    objs = [ObjectInfo(f"run/ckpt/step_{s:06d}/model/rank{r:05d}.pt", 1 << 20, modified_at=float(s))
-            for s in range(10) for r in range(1000)]
-    objs += [ObjectInfo(f"run/ckpt/step_{s:06d}/ssv-manifest.json", 100, modified_at=float(s) + 0.5)
-             for s in range(9)]
-    objs += [ObjectInfo("dcp/step_5/.metadata", 1), ObjectInfo("dcp/step_5/__0_0.distcp", 1),
-             ObjectInfo("meg/latest_checkpointed_iteration.txt", 2, modified_at=9.0),
-             ObjectInfo("meg/iter_0000100/mp_rank_00/model_optim_rng.pt", 1, modified_at=1.0),
-             ObjectInfo("nemo/m--step=7-last/weights/.metadata", 1)]
+    objs = [
+        ObjectInfo(f"run/ckpt/step_{s:06d}/model/rank{r:05d}.pt", 1 << 20, modified_at=float(s))
+        for s in range(10)
+        for r in range(1000)
+    ]
+    objs += [ObjectInfo(f"run/ckpt/step_{s:06d}/ssv-manifest.json", 100, modified_at=float(s) + 0.5) for s in range(9)]
+    objs += [
+        ObjectInfo("dcp/step_5/.metadata", 1),
+        ObjectInfo("dcp/step_5/__0_0.distcp", 1),
+        ObjectInfo("meg/latest_checkpointed_iteration.txt", 2, modified_at=9.0),
+        ObjectInfo("meg/iter_0000100/mp_rank_00/model_optim_rng.pt", 1, modified_at=1.0),
+        ObjectInfo("nemo/m--step=7-last/weights/.metadata", 1),
+    ]
     return objs
 
 
@@ -94,17 +99,28 @@ def main() -> int:
     refs = discover(listing, lambda p: "s3://b/" + p)
 
     gb = total / 1e9
-    rows = [("plain sequential read", t_read), ("build_manifest, 1 worker", t_one),
-            (f"build_manifest, {args.workers} workers", t_par)]
-    print(f"checkpoint: {args.shards} shards x {args.shard_mib} MiB = {gb:.2f} GB (page cache), CRC64NVME, "
-          f"{os.cpu_count()} CPUs")
+    rows = [
+        ("plain sequential read", t_read),
+        ("build_manifest, 1 worker", t_one),
+        (f"build_manifest, {args.workers} workers", t_par),
+    ]
+    print(
+        f"checkpoint: {args.shards} shards x {args.shard_mib} MiB = {gb:.2f} GB (page cache), CRC64NVME, "
+        f"{os.cpu_count()} CPUs"
+    )
     print(f"{'what':<32} {'seconds':>8} {'GB/s':>7}")
     for what, t in rows:
         print(f"{what:<32} {t:>8.3f} {gb / t:>7.2f}")
     print(f"discover: {len(listing)} objects -> {len(refs)} checkpoints in {t_disc * 1000:.1f} ms")
-    summary = {"manifest_vs_read": round(t_read / t_par, 3), "manifest_gbps": round(gb / t_par, 3),
-               "read_gbps": round(gb / t_read, 3), "manifest_1w_gbps": round(gb / t_one, 3),
-               "discover_10k_ms": round(t_disc * 1000, 1), "checkpoints_found": len(refs), "goal": 0.8}
+    summary = {
+        "manifest_vs_read": round(t_read / t_par, 3),
+        "manifest_gbps": round(gb / t_par, 3),
+        "read_gbps": round(gb / t_read, 3),
+        "manifest_1w_gbps": round(gb / t_one, 3),
+        "discover_10k_ms": round(t_disc * 1000, 1),
+        "checkpoints_found": len(refs),
+        "goal": 0.8,
+    }
     print(json.dumps(summary))
     return 0
 

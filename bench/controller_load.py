@@ -94,8 +94,19 @@ def ensure_user(name: str) -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(name)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",  # noqa: S603,S607
-                        "--shell", "/usr/sbin/nologin", name], check=True)
+        subprocess.run(
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",  # noqa: S603,S607
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ],
+            check=True,
+        )
         print(f"# created system user {name}", flush=True)
         return pwd.getpwnam(name)
 
@@ -145,11 +156,27 @@ def measure(cluster: LocalSlurm, work: Path, user: pwd.struct_passwd, runs: int,
         (d / sub).mkdir(exist_ok=True)
         os.chown(d / sub, user.pw_uid, user.pw_gid)
     script = write_script(d / "job.sh", "exec sleep 100000")  # no srun: a job's RPCs would count as ours
-    config = write_daemon_config(d / "supervisor.toml", cluster, d / "state", poll_interval_s=POLL_S,
-                                 probe_timeout_s=1.0, confirm_after_s=1.0, log_level="debug")
+    config = write_daemon_config(
+        d / "supervisor.toml",
+        cluster,
+        d / "state",
+        poll_interval_s=POLL_S,
+        probe_timeout_s=1.0,
+        confirm_after_s=1.0,
+        log_level="debug",
+    )
     names = [f"load{runs}-{i:02d}" for i in range(1, runs + 1)]
-    specs = [write_run_spec(d / f"{name}.toml", name=name, script=script, partition=cluster.partition,
-                            nodes=1, output=d / "out" / "%x-%j.out") for name in names]
+    specs = [
+        write_run_spec(
+            d / f"{name}.toml",
+            name=name,
+            script=script,
+            partition=cluster.partition,
+            nodes=1,
+            output=d / "out" / "%x-%j.out",
+        )
+        for name in names
+    ]
     log_path = d / "daemon.log"
     log_path.touch()
     m = Measurement(runs)
@@ -221,54 +248,95 @@ def main() -> int:
     started = time.monotonic()
     try:
         with LocalSlurm(NODES, keep_dir=args.keep) as cluster:
-            print(f"# cluster: {NODES} nodes, conf {cluster.slurm_conf}; daemon as {user.pw_name} "
-                  f"(uid {user.pw_uid}), poll_interval_s={POLL_S}, window {args.window:.0f} s", flush=True)
+            print(
+                f"# cluster: {NODES} nodes, conf {cluster.slurm_conf}; daemon as {user.pw_name} "
+                f"(uid {user.pw_uid}), poll_interval_s={POLL_S}, window {args.window:.0f} s",
+                flush=True,
+            )
             for runs in counts:
                 m = measure(cluster, work, user, runs, args.window)
                 results.append(m)
-                print(f"#   {runs} runs: {m.user_rpcs} RPCs by {user.pw_name} in {m.ticks} ticks "
-                      f"({m.window_s:.1f} s)", flush=True)
+                print(
+                    f"#   {runs} runs: {m.user_rpcs} RPCs by {user.pw_name} in {m.ticks} ticks ({m.window_s:.1f} s)",
+                    flush=True,
+                )
             cluster.reset(timeout=90)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
     print()
-    rows = [(m.runs, f"{m.window_s:.1f}", m.ticks, " ".join(f"{k}={v}" for k, v in sorted(m.calls.items())),
-             m.user_rpcs, f"{m.rpcs_per_tick:.2f}" if m.rpcs_per_tick is not None else "-",
-             f"{m.user_rpc_time_ms / m.ticks:.2f}" if m.ticks else "-", f"{m.still_running}/{m.runs}",
-             m.slurmd_log_lines)
-            for m in results]
-    print(table(rows, ["runs", "window_s", "ticks", "daemon's client calls", f"RPCs({user.pw_name})",
-                       "RPCs/tick", "ctld_ms/tick", "running_after", "slurmd_log_lines"]))
+    rows = [
+        (
+            m.runs,
+            f"{m.window_s:.1f}",
+            m.ticks,
+            " ".join(f"{k}={v}" for k, v in sorted(m.calls.items())),
+            m.user_rpcs,
+            f"{m.rpcs_per_tick:.2f}" if m.rpcs_per_tick is not None else "-",
+            f"{m.user_rpc_time_ms / m.ticks:.2f}" if m.ticks else "-",
+            f"{m.still_running}/{m.runs}",
+            m.slurmd_log_lines,
+        )
+        for m in results
+    ]
+    print(
+        table(
+            rows,
+            [
+                "runs",
+                "window_s",
+                "ticks",
+                "daemon's client calls",
+                f"RPCs({user.pw_name})",
+                "RPCs/tick",
+                "ctld_ms/tick",
+                "running_after",
+                "slurmd_log_lines",
+            ],
+        )
+    )
     types = sorted({t for m in results for t in m.by_type})
-    print("\nRPCs by message type in each window, all users (sdiag has no type-by-user table; in the window the\n"
-          "daemon is the only client calling slurmctld, except the closing sdiag itself: REQUEST_STATS_INFO, root):")
-    type_rows = [(t, *(f"{m.by_type.get(t, 0)} ({m.by_type.get(t, 0) / m.ticks:.2f}/tick)" if m.ticks else "-"
-                       for m in results)) for t in types]
+    print(
+        "\nRPCs by message type in each window, all users (sdiag has no type-by-user table; in the window the\n"
+        "daemon is the only client calling slurmctld, except the closing sdiag itself: REQUEST_STATS_INFO, root):"
+    )
+    type_rows = [
+        (t, *(f"{m.by_type.get(t, 0)} ({m.by_type.get(t, 0) / m.ticks:.2f}/tick)" if m.ticks else "-" for m in results))
+        for t in types
+    ]
     print(table(type_rows, ["type", *(f"{m.runs} runs" for m in results)]))
-    print("MESSAGE_* types come from slurmd (root), e.g. periodic node registrations. Client request types add "
-          "up to the daemon user's count: " + "; ".join(f"{m.runs} runs: {m.types_account_for_user}" for m in results))
-    print("\nRPCs by other users in each window: "
-          + "; ".join(f"{m.runs} runs: {m.other_rpcs or 'none'}" for m in results))
+    print(
+        "MESSAGE_* types come from slurmd (root), e.g. periodic node registrations. Client request types add "
+        "up to the daemon user's count: " + "; ".join(f"{m.runs} runs: {m.types_account_for_user}" for m in results)
+    )
+    print(
+        "\nRPCs by other users in each window: "
+        + "; ".join(f"{m.runs} runs: {m.other_rpcs or 'none'}" for m in results)
+    )
 
     by_runs = {m.runs: m for m in results}
     result: dict[str, object] = {}
     for m in results:
         result[f"rpcs_per_tick_{m.runs}"] = round(m.rpcs_per_tick, 3) if m.rpcs_per_tick is not None else None
-    result.update({
-        "ticks": {str(m.runs): m.ticks for m in results},
-        "user_rpcs": {str(m.runs): m.user_rpcs for m in results},
-        "daemon_rpcs_by_type_per_tick": {str(m.runs): {t: round(c / m.ticks, 3) for t, c in sorted(m.client_types.items())}
-                                         for m in results if m.ticks},
-        "types_account_for_user": {str(m.runs): m.types_account_for_user for m in results},
-        "window_s": args.window,
-        "poll_interval_s": POLL_S,
-        "user": user.pw_name,
-        "goal_met": all(m.rpcs_per_tick is not None and m.rpcs_per_tick <= 2.0 for m in results)
-        and (len(by_runs) < 2 or _not_growing(results)),
-        "wall_s": round(time.monotonic() - started, 1),
-    })
+    result.update(
+        {
+            "ticks": {str(m.runs): m.ticks for m in results},
+            "user_rpcs": {str(m.runs): m.user_rpcs for m in results},
+            "daemon_rpcs_by_type_per_tick": {
+                str(m.runs): {t: round(c / m.ticks, 3) for t, c in sorted(m.client_types.items())}
+                for m in results
+                if m.ticks
+            },
+            "types_account_for_user": {str(m.runs): m.types_account_for_user for m in results},
+            "window_s": args.window,
+            "poll_interval_s": POLL_S,
+            "user": user.pw_name,
+            "goal_met": all(m.rpcs_per_tick is not None and m.rpcs_per_tick <= 2.0 for m in results)
+            and (len(by_runs) < 2 or _not_growing(results)),
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+    )
     print(json.dumps(result))
     ok = all(m.ticks and m.still_running == m.runs for m in results)
     return 0 if ok else 1

@@ -49,10 +49,15 @@ def event_time(book: list[dict], kind: str, node: str | None = None) -> float | 
 def trial(cluster: LocalSlurm, work: Path, library: Path, n: int, interval: float, poll: float) -> dict:
     gpus = {node: NvmlStandin(library, work / "nvml" / f"{node}.json") for node in cluster.nodes}
     name = f"detect-{n}"
-    spec = write_run(work, name, nodes=2, partition=cluster.partition, spares=cluster.nodes[-1],
-                     script_body=SCRIPT.format(interval=interval),
-                     env={"STATE_DIR": str(work / "nvml"), "PY": sys.executable,
-                          "NVML_LIB_DIR": str(library.parent)})
+    spec = write_run(
+        work,
+        name,
+        nodes=2,
+        partition=cluster.partition,
+        spares=cluster.nodes[-1],
+        script_body=SCRIPT.format(interval=interval),
+        env={"STATE_DIR": str(work / "nvml"), "PY": sys.executable, "NVML_LIB_DIR": str(library.parent)},
+    )
     sup = SupervisorProcess(cluster, work / f"daemon-{n}", poll_interval_s=poll)
     sup.start()
     try:
@@ -99,21 +104,45 @@ def main() -> None:
             finally:
                 cluster.stop()
             results.append(r)
-            print(f"trial {n}: {r['node']} drained after {r['drain_s']:.2f} s, run restarted after "
-                  f"{r['restart_s']:.2f} s", file=sys.stderr, flush=True)
+            print(
+                f"trial {n}: {r['node']} drained after {r['drain_s']:.2f} s, run restarted after "
+                f"{r['restart_s']:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     budget = args.agent_interval + args.poll_interval
     drains = [r["drain_s"] for r in results]
     restarts = [r["restart_s"] for r in results]
-    rows = [(name, f"{min(v):.2f}", f"{quantile(v, 0.5):.2f}", f"{quantile(v, 0.9):.2f}", f"{quantile(v, 0.99):.2f}",
-             f"{max(v):.2f}") for name, v in (("drain issued", drains), ("restart issued", restarts))]
+    rows = [
+        (
+            name,
+            f"{min(v):.2f}",
+            f"{quantile(v, 0.5):.2f}",
+            f"{quantile(v, 0.9):.2f}",
+            f"{quantile(v, 0.99):.2f}",
+            f"{max(v):.2f}",
+        )
+        for name, v in (("drain issued", drains), ("restart issued", restarts))
+    ]
     print(table(rows, ("XID 79 -> ", "min_s", "p50_s", "p90_s", "p99_s", "max_s")))
-    print(f"\n{len(results)} trials; agent interval {args.agent_interval:g} s, daemon poll {args.poll_interval:g} s; "
-          f"budget (one agent interval + one tick) {budget:g} s")
-    print(json.dumps({"p50_s": round(quantile(restarts, 0.5), 2), "p99_s": round(quantile(restarts, 0.99), 2),
-                      "budget_s": budget, "drain_p50_s": round(quantile(drains, 0.5), 2),
-                      "drain_p99_s": round(quantile(drains, 0.99), 2), "trials": len(results),
-                      "mean_s": round(statistics.fmean(restarts), 2),
-                      "within_budget": all(r <= budget for r in restarts)}))
+    print(
+        f"\n{len(results)} trials; agent interval {args.agent_interval:g} s, daemon poll {args.poll_interval:g} s; "
+        f"budget (one agent interval + one tick) {budget:g} s"
+    )
+    print(
+        json.dumps(
+            {
+                "p50_s": round(quantile(restarts, 0.5), 2),
+                "p99_s": round(quantile(restarts, 0.99), 2),
+                "budget_s": budget,
+                "drain_p50_s": round(quantile(drains, 0.5), 2),
+                "drain_p99_s": round(quantile(drains, 0.99), 2),
+                "trials": len(results),
+                "mean_s": round(statistics.fmean(restarts), 2),
+                "within_budget": all(r <= budget for r in restarts),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

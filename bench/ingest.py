@@ -41,11 +41,30 @@ RUN = "bench"
 
 def gpu(i: int, fault: bool) -> dict[str, object]:
     g: dict[str, object] = {
-        "i": i, "uuid": f"GPU-5a1d0000-0000-4000-8000-{i:012d}", "bus": f"00000000:{0x19 + 0x20 * i:02X}:00.0",
-        "name": "NVIDIA H100 80GB HBM3", "ecc_cor_vol": 0, "ecc_unc_vol": 0, "ecc_cor_agg": 12, "ecc_unc_agg": 0,
-        "retired_sbe": 0, "retired_dbe": 0, "retired_pending": False, "remap_cor": 0, "remap_unc": 0,
-        "remap_pending": fault and i == 2, "remap_failed": False, "clocks": 0, "temp_c": 61, "power_w": 612.5,
-        "sm_mhz": 1980, "util": 97, "mem_util": 41, "nvlink_replay": 0, "nvlink_recovery": 0, "nvlink_crc": 3,
+        "i": i,
+        "uuid": f"GPU-5a1d0000-0000-4000-8000-{i:012d}",
+        "bus": f"00000000:{0x19 + 0x20 * i:02X}:00.0",
+        "name": "NVIDIA H100 80GB HBM3",
+        "ecc_cor_vol": 0,
+        "ecc_unc_vol": 0,
+        "ecc_cor_agg": 12,
+        "ecc_unc_agg": 0,
+        "retired_sbe": 0,
+        "retired_dbe": 0,
+        "retired_pending": False,
+        "remap_cor": 0,
+        "remap_unc": 0,
+        "remap_pending": fault and i == 2,
+        "remap_failed": False,
+        "clocks": 0,
+        "temp_c": 61,
+        "power_w": 612.5,
+        "sm_mhz": 1980,
+        "util": 97,
+        "mem_util": 41,
+        "nvlink_replay": 0,
+        "nvlink_recovery": 0,
+        "nvlink_crc": 3,
         "recovery": 0,
     }
     return g
@@ -53,11 +72,19 @@ def gpu(i: int, fault: bool) -> dict[str, object]:
 
 def body_template(node: str, fault: bool) -> tuple[bytes, bytes, bytes]:
     """The request body split around its seq and at values."""
-    report = {"v": 1, "node": node, "seq": 0, "at": 0.0, "interval_s": 5.0, "source": "agent", "gpu_count": 8,
-              "gpus": [gpu(i, fault) for i in range(8)],
-              "xids": [{"gpu": 5, "xid": 79, "at": 1.0}] if fault else [],
-              "host": {"mem_used_pct": 41.5, "mem_avail_mb": 1200000, "cpu_pct": 12.5, "load1": 3.2},
-              "driver": "550.54.15"}
+    report = {
+        "v": 1,
+        "node": node,
+        "seq": 0,
+        "at": 0.0,
+        "interval_s": 5.0,
+        "source": "agent",
+        "gpu_count": 8,
+        "gpus": [gpu(i, fault) for i in range(8)],
+        "xids": [{"gpu": 5, "xid": 79, "at": 1.0}] if fault else [],
+        "host": {"mem_used_pct": 41.5, "mem_avail_mb": 1200000, "cpu_pct": 12.5, "load1": 3.2},
+        "driver": "550.54.15",
+    }
     text = json.dumps({"v": 1, "node": node, "dropped": 0, "reports": [report]}, separators=(",", ":"))
     head, rest = text.split('"seq":0', 1)
     mid, tail = rest.split('"at":0.0', 1)
@@ -80,9 +107,12 @@ def generate(port: int, conns: int, duration: float, node_base: int, nodes: int,
         seqs[n] += 1
         head, mid, tail = (fault_templates if counter % 200 == 0 else templates)[n]
         body = b"%s%d%s%.3f%s" % (head, seqs[n], mid, time.time(), tail)
-        req = (b"POST /v1/reports/%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
-               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (RUN.encode(), TOKEN.encode(), len(body))
-               + body)
+        req = (
+            b"POST /v1/reports/%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % (RUN.encode(), TOKEN.encode(), len(body))
+            + body
+        )
         state[sock][0] = time.perf_counter()
         sock.sendall(req)
 
@@ -134,8 +164,10 @@ def main() -> None:
 
     import structlog
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR),
-                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
     from supervisor.adapters.clock import SystemClock
     from supervisor.adapters.ingest import IngestServer, ReportIngest
     from supervisor.domain.gpu_health import HealthRules
@@ -152,10 +184,25 @@ def main() -> None:
         procs = []
         for g in range(args.generators):
             out = f"{tmp}/lat{g}.npy"
-            procs.append((out, subprocess.Popen(  # noqa: S603 - fixed argv
-                [sys.executable, __file__, "--generate", str(server.port), str(args.conns), str(total + 0.5),
-                 str(g * per), str(per), out[:-4]],
-                preexec_fn=lambda c=gen_cpus[g % len(gen_cpus)]: os.sched_setaffinity(0, {c}))))
+            procs.append(
+                (
+                    out,
+                    subprocess.Popen(  # noqa: S603 - fixed argv
+                        [
+                            sys.executable,
+                            __file__,
+                            "--generate",
+                            str(server.port),
+                            str(args.conns),
+                            str(total + 0.5),
+                            str(g * per),
+                            str(per),
+                            out[:-4],
+                        ],
+                        preexec_fn=lambda c=gen_cpus[g % len(gen_cpus)]: os.sched_setaffinity(0, {c}),
+                    ),
+                )
+            )
         time.sleep(warm)
         before, t0, c0 = ingest.counters["reports"], time.perf_counter(), time.process_time()
         time.sleep(args.duration)
@@ -171,19 +218,35 @@ def main() -> None:
     rate = (after - before) / (t1 - t0)
     payload = sum(len(x) for x in body_template("gpu00000", False)) + 6
     p50, p99 = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
-    rows = [["reports accepted and evaluated per s", f"{rate:,.0f}"], ["goal", f"{GOAL:,}"],
-            ["latency p50 (ms)", f"{p50:.2f}"], ["latency p99 (ms)", f"{p99:.2f}"],
-            ["payload (bytes, 8 GPUs)", payload], ["answers by status", json.dumps(statuses)],
-            ["findings raised", ingest.counters["findings"]],
-            ["connections", args.generators * args.conns], ["server CPU", f"1 (cpu {cpus[0]})"],
-            ["server CPU busy", f"{(c1 - c0) / (t1 - t0):.0%}"],
-            ["server CPU per report (us)", f"{(c1 - c0) / max(1, after - before) * 1e6:.0f}"]]
+    rows = [
+        ["reports accepted and evaluated per s", f"{rate:,.0f}"],
+        ["goal", f"{GOAL:,}"],
+        ["latency p50 (ms)", f"{p50:.2f}"],
+        ["latency p99 (ms)", f"{p99:.2f}"],
+        ["payload (bytes, 8 GPUs)", payload],
+        ["answers by status", json.dumps(statuses)],
+        ["findings raised", ingest.counters["findings"]],
+        ["connections", args.generators * args.conns],
+        ["server CPU", f"1 (cpu {cpus[0]})"],
+        ["server CPU busy", f"{(c1 - c0) / (t1 - t0):.0%}"],
+        ["server CPU per report (us)", f"{(c1 - c0) / max(1, after - before) * 1e6:.0f}"],
+    ]
     print(table(rows, ["measure", "value"]))
     per_report_s = (c1 - c0) / max(1, after - before)
-    print(json.dumps({"reports_per_s": round(rate), "p99_ms": round(p99, 2), "p50_ms": round(p50, 2),
-                      "goal_reports_per_s": GOAL, "payload_bytes": payload, "met": rate >= GOAL,
-                      "server_cpu_busy": round((c1 - c0) / (t1 - t0), 2),
-                      "one_core_capacity_reports_per_s": round(1 / per_report_s) if per_report_s else None}))
+    print(
+        json.dumps(
+            {
+                "reports_per_s": round(rate),
+                "p99_ms": round(p99, 2),
+                "p50_ms": round(p50, 2),
+                "goal_reports_per_s": GOAL,
+                "payload_bytes": payload,
+                "met": rate >= GOAL,
+                "server_cpu_busy": round((c1 - c0) / (t1 - t0), 2),
+                "one_core_capacity_reports_per_s": round(1 / per_report_s) if per_report_s else None,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -147,10 +147,23 @@ def supervisor_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interva
     (d / "out").mkdir()
     run = f"bench-{trial.scheduler}-{trial.n}"
     script = write_script(d / "train.sh", PAYLOAD)
-    spec = write_run_spec(d / "run.toml", name=run, script=script, partition=cluster.partition,
-                          nodes=RUN_NODES, output=d / "out" / "%x-%j.out", spares=cluster.nodes[-1])
-    config = write_daemon_config(d / "supervisor.toml", cluster, d / "state", poll_interval_s=poll_interval,
-                                 probe_timeout_s=1.0, confirm_after_s=1.0)
+    spec = write_run_spec(
+        d / "run.toml",
+        name=run,
+        script=script,
+        partition=cluster.partition,
+        nodes=RUN_NODES,
+        output=d / "out" / "%x-%j.out",
+        spares=cluster.nodes[-1],
+    )
+    config = write_daemon_config(
+        d / "supervisor.toml",
+        cluster,
+        d / "state",
+        poll_interval_s=poll_interval,
+        probe_timeout_s=1.0,
+        confirm_after_s=1.0,
+    )
     tag = f"{TAG_PREFIX}:{run}:"
 
     def is_ours(j: Job) -> bool:
@@ -173,8 +186,11 @@ def supervisor_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interva
         cluster.crash_node(trial.crashed)
         t0, t0_wall = time.monotonic(), time.time()
         watch_recovery(cluster, trial, t0, is_ours, RECOVERY_TIMEOUT_S)
-        events = [json.loads(line) for line in
-                  supervisor_cli(config, cluster, "logbook", run, "--json").splitlines() if line.strip()]
+        events = [
+            json.loads(line)
+            for line in supervisor_cli(config, cluster, "logbook", run, "--json").splitlines()
+            if line.strip()
+        ]
         fault = next((e for e in events if e["kind"] == "fault"), None)
         if fault is not None:
             trial.detected_s = fault["at"] - t0_wall
@@ -188,8 +204,10 @@ def supervisor_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interva
         early = not daemon.alive()
         rc = daemon.stop()
         if rc not in (0, None) or early:
-            trial.notes.append(f"daemon exit status {rc}{' before it was stopped' if early else ''}; "
-                               f"its log ends:\n{daemon.log_tail(40)}")
+            trial.notes.append(
+                f"daemon exit status {rc}{' before it was stopped' if early else ''}; "
+                f"its log ends:\n{daemon.log_tail(40)}"
+            )
 
 
 def slurm_alone_trial(cluster: LocalSlurm, work: Path, trial: Trial) -> None:
@@ -197,9 +215,21 @@ def slurm_alone_trial(cluster: LocalSlurm, work: Path, trial: Trial) -> None:
     (d / "out").mkdir(parents=True)
     script = write_script(d / "train.sh", PAYLOAD)
     name = f"alone-{trial.scheduler}-{trial.n}"
-    out = cluster.run(["sbatch", "--parsable", f"--job-name={name}", f"--partition={cluster.partition}",
-                       f"--nodes={RUN_NODES}", "--requeue", f"--output={d / 'out' / '%x-%j.out'}",
-                       "--open-mode=append", f"--chdir={d}", str(script)], check=True).stdout
+    out = cluster.run(
+        [
+            "sbatch",
+            "--parsable",
+            f"--job-name={name}",
+            f"--partition={cluster.partition}",
+            f"--nodes={RUN_NODES}",
+            "--requeue",
+            f"--output={d / 'out' / '%x-%j.out'}",
+            "--open-mode=append",
+            f"--chdir={d}",
+            str(script),
+        ],
+        check=True,
+    ).stdout
     job_id = int(out.strip().split(";")[0])
 
     def is_ours(j: Job) -> bool:
@@ -232,13 +262,25 @@ def run_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interval: floa
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=3, help="trials per mode (default 3)")
-    parser.add_argument("--poll-interval", type=float, default=5.0,
-                        help="daemon.poll_interval_s for the supervisor (default 5.0, the daemon's default)")
-    parser.add_argument("--scheduler", choices=[*SCHEDULERS, "both"], default="harness",
-                        help="harness: LocalSlurm's slurm.conf (bf_interval=1, a test setting); "
-                             "slurm-default: Slurm's default bf_interval=30; both: one cluster each")
-    parser.add_argument("--seed", type=int, default=1,
-                        help="seed of the random wait (0 to one poll interval) before each crash (default 1)")
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=5.0,
+        help="daemon.poll_interval_s for the supervisor (default 5.0, the daemon's default)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        choices=[*SCHEDULERS, "both"],
+        default="harness",
+        help="harness: LocalSlurm's slurm.conf (bf_interval=1, a test setting); "
+        "slurm-default: Slurm's default bf_interval=30; both: one cluster each",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="seed of the random wait (0 to one poll interval) before each crash (default 1)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work and cluster directories")
     args = parser.parse_args()
     quiet_logs()
@@ -252,32 +294,76 @@ def main() -> int:
     try:
         for sched in schedulers:
             with LocalSlurm(4, extra_conf=SCHEDULERS[sched], keep_dir=args.keep) as cluster:
-                print(f"# cluster ({sched}): {len(cluster.nodes)} nodes, SlurmdTimeout=10, cred_expire=10, "
-                      f"SchedulerParameters={_sched_params(cluster)}; conf {cluster.slurm_conf}", flush=True)
+                print(
+                    f"# cluster ({sched}): {len(cluster.nodes)} nodes, SlurmdTimeout=10, cred_expire=10, "
+                    f"SchedulerParameters={_sched_params(cluster)}; conf {cluster.slurm_conf}",
+                    flush=True,
+                )
                 for n in range(1, args.trials + 1):
                     for mode in ("supervisor", "slurm alone"):
                         trial = Trial(mode, sched, n, phase_s=rng.uniform(0.0, args.poll_interval))
                         run_trial(cluster, work, trial, args.poll_interval)
                         trials.append(trial)
-                        print(f"#   {sched} {mode} trial {n}: recovery {fmt_s(trial.recovery_s)} s"
-                              + (f"  ERROR {trial.error}" if trial.error else ""), flush=True)
+                        print(
+                            f"#   {sched} {mode} trial {n}: recovery {fmt_s(trial.recovery_s)} s"
+                            + (f"  ERROR {trial.error}" if trial.error else ""),
+                            flush=True,
+                        )
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     wall = time.monotonic() - started
 
-    rows = [(t.scheduler, t.mode, t.n, t.job_before, ",".join(t.nodes_before), t.crashed, f"{t.phase_s:.2f}",
-             fmt_s(t.detected_s), fmt_s(t.old_job_left_running_s), fmt_s(t.replacement_seen_s),
-             fmt_s(t.recovery_s), t.job_after, ",".join(t.nodes_after), t.error or "")
-            for t in trials]
+    rows = [
+        (
+            t.scheduler,
+            t.mode,
+            t.n,
+            t.job_before,
+            ",".join(t.nodes_before),
+            t.crashed,
+            f"{t.phase_s:.2f}",
+            fmt_s(t.detected_s),
+            fmt_s(t.old_job_left_running_s),
+            fmt_s(t.replacement_seen_s),
+            fmt_s(t.recovery_s),
+            t.job_after,
+            ",".join(t.nodes_after),
+            t.error or "",
+        )
+        for t in trials
+    ]
     print()
-    print(table(rows, ["sched", "mode", "trial", "job", "nodes", "crashed", "wait_s", "detected_s", "old_off_s",
-                       "new/requeued_s", "RECOVERY_s", "job_after", "nodes_after", "error"]))
-    print("\nwait_s: random wait (0 to one poll interval) between the steady state and the crash, so that the\n"
-          "crash falls at a random point of the daemon's tick cycle (Slurm alone trials wait likewise).")
+    print(
+        table(
+            rows,
+            [
+                "sched",
+                "mode",
+                "trial",
+                "job",
+                "nodes",
+                "crashed",
+                "wait_s",
+                "detected_s",
+                "old_off_s",
+                "new/requeued_s",
+                "RECOVERY_s",
+                "job_after",
+                "nodes_after",
+                "error",
+            ],
+        )
+    )
+    print(
+        "\nwait_s: random wait (0 to one poll interval) between the steady state and the crash, so that the\n"
+        "crash falls at a random point of the daemon's tick cycle (Slurm alone trials wait likewise)."
+    )
     print("detected_s: supervisor = logbook 'fault' event; Slurm alone = node DOWN in sinfo.")
-    print("old_off_s: the crashed job left RUNNING; new/requeued_s: a replacement job id appeared "
-          "(supervisor) or the job went back to PENDING (Slurm alone).")
+    print(
+        "old_off_s: the crashed job left RUNNING; new/requeued_s: a replacement job id appeared "
+        "(supervisor) or the job went back to PENDING (Slurm alone)."
+    )
     for t in trials:
         if t.transitions:
             print(f"  {t.scheduler} {t.mode} #{t.n}: squeue after the crash: {'; '.join(t.transitions)}")
@@ -290,16 +376,20 @@ def main() -> int:
         alone = [t.recovery_s for t in trials if t.scheduler == sched and t.mode == "slurm alone" and t.recovery_s]
         m_sup, m_alone = median(sup), median(alone)
         figures[sched] = {
-            "supervisor_s": _r(m_sup), "slurm_alone_s": _r(m_alone),
+            "supervisor_s": _r(m_sup),
+            "slurm_alone_s": _r(m_alone),
             "ratio": _r(m_sup / m_alone) if m_sup and m_alone else None,
-            "supervisor_trials_s": [_r(x) for x in sup], "slurm_alone_trials_s": [_r(x) for x in alone],
+            "supervisor_trials_s": [_r(x) for x in sup],
+            "slurm_alone_trials_s": [_r(x) for x in alone],
         }
     headline = figures[schedulers[0]]
     failed = sum(1 for t in trials if t.error)
     print()
     for sched, f in figures.items():
-        print(f"{sched}: supervisor median {f['supervisor_s']} s, Slurm alone median {f['slurm_alone_s']} s, "
-              f"ratio {f['ratio']} (goal <= 0.5)")
+        print(
+            f"{sched}: supervisor median {f['supervisor_s']} s, Slurm alone median {f['slurm_alone_s']} s, "
+            f"ratio {f['ratio']} (goal <= 0.5)"
+        )
     result = {
         "supervisor_s": headline["supervisor_s"],
         "slurm_alone_s": headline["slurm_alone_s"],

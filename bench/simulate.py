@@ -39,12 +39,17 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=TABLE5_GPUS)
     ap.add_argument("--spares", type=int, default=64)
     ap.add_argument("--checkpoint-interval", default="auto")
-    ap.add_argument("--no-node-agents", action="store_true",
-                    help="the engine reads no node-agent findings (GPU faults seen only when the job dies)")
+    ap.add_argument(
+        "--no-node-agents",
+        action="store_true",
+        help="the engine reads no node-agent findings (GPU faults seen only when the job dies)",
+    )
     args = ap.parse_args()
     configure_logging("warning", "json")
-    plan = make_plan(SimSettings(gpus=args.gpus, days=args.days, spares=args.spares,
-                                 node_agents=not args.no_node_agents), args.checkpoint_interval)
+    plan = make_plan(
+        SimSettings(gpus=args.gpus, days=args.days, spares=args.spares, node_agents=not args.no_node_agents),
+        args.checkpoint_interval,
+    )
     rows, sup, base, walls = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="ssv-bench-sim-") as tmp:
         for seed in range(args.seeds):
@@ -59,15 +64,48 @@ def main() -> int:
             sup.append(s)
             base.append(b)
             walls.append(wall)
-            rows.append((seed, len(draw), s.interruptions, f"{s.ettr:.2%}", f"{b.ettr:.2%}",
-                         _q(s.recover_quantile(0.5)), _q(b.recover_quantile(0.5)), s.crash_restarts,
-                         s.ticks, f"{wall:.1f}", f"{wall_b:.1f}"))
-            print(f"seed {seed}: supervisor ETTR {s.ettr:.2%}, baseline {b.ettr:.2%} ({wall:.1f} s + {wall_b:.1f} s)",
-                  file=sys.stderr, flush=True)
-    print(table(rows, ("seed", "failures", "interrupts", "ettr_sup", "ettr_base", "recover_p50_sup",
-                       "recover_p50_base", "crash_restarts", "ticks", "wall_sup_s", "wall_base_s")))
-    print(f"\nexpected failures per run: {TABLE5_TOTAL * args.gpus / TABLE5_GPUS * args.days / TABLE5_DAYS:.1f}"
-          f" (Table 5: {TABLE5_TOTAL} in {TABLE5_DAYS:g} days on {TABLE5_GPUS} GPUs)")
+            rows.append(
+                (
+                    seed,
+                    len(draw),
+                    s.interruptions,
+                    f"{s.ettr:.2%}",
+                    f"{b.ettr:.2%}",
+                    _q(s.recover_quantile(0.5)),
+                    _q(b.recover_quantile(0.5)),
+                    s.crash_restarts,
+                    s.ticks,
+                    f"{wall:.1f}",
+                    f"{wall_b:.1f}",
+                )
+            )
+            print(
+                f"seed {seed}: supervisor ETTR {s.ettr:.2%}, baseline {b.ettr:.2%} ({wall:.1f} s + {wall_b:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    print(
+        table(
+            rows,
+            (
+                "seed",
+                "failures",
+                "interrupts",
+                "ettr_sup",
+                "ettr_base",
+                "recover_p50_sup",
+                "recover_p50_base",
+                "crash_restarts",
+                "ticks",
+                "wall_sup_s",
+                "wall_base_s",
+            ),
+        )
+    )
+    print(
+        f"\nexpected failures per run: {TABLE5_TOTAL * args.gpus / TABLE5_GPUS * args.days / TABLE5_DAYS:.1f}"
+        f" (Table 5: {TABLE5_TOTAL} in {TABLE5_DAYS:g} days on {TABLE5_GPUS} GPUs)"
+    )
     print("assumed:")
     for key, value in assumptions(plan):
         print(f"  {key}: {value}")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.domain.progress import ProgressRecord, parse_text
+from supervisor.domain.rollback import choose_rollback, suggest_skip
 from supervisor.domain.spikes import (
     Decision,
     SpikeDetector,
@@ -38,7 +39,6 @@ from supervisor.domain.spikes import (
     SpikeSettings,
     decide,
 )
-from supervisor.domain.rollback import choose_rollback, suggest_skip
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CASES = REPO.parent / "shared" / "data" / "spike_cases"
@@ -119,25 +119,34 @@ def main(argv: list[str] | None = None) -> int:
             ckpt = choose_rollback(onset, ckpts, settings.min_steps_before)
             skip = suggest_skip(ckpt, onset, settings) if ckpt is not None else None
             detail = {
-                "rule": firing.rule, "onset": onset, "decided_at": firing.decided_step,
-                "checkpoint": ckpt, "human_rollback_to": row.get("rollback_to_step"),
+                "rule": firing.rule,
+                "onset": onset,
+                "decided_at": firing.decided_step,
+                "checkpoint": ckpt,
+                "human_rollback_to": row.get("rollback_to_step"),
                 "ckpt_before_onset": ckpt is not None and ckpt < onset,
                 "skip": skip.as_megatron() if skip else None,
             }
-            text = (f"{firing.rule} onset {onset} decided@{firing.decided_step}; ckpt {ckpt} "
-                    f"(humans: {row.get('rollback_to_step')}) before onset: {detail['ckpt_before_onset']}; "
-                    f"skip {detail['skip']}")
+            text = (
+                f"{firing.rule} onset {onset} decided@{firing.decided_step}; ckpt {ckpt} "
+                f"(humans: {row.get('rollback_to_step')}) before onset: {detail['ckpt_before_onset']}; "
+                f"skip {detail['skip']}"
+            )
         else:
             healed = [o for o in outcomes if o.rule == "healed"]
             pend = det.pending()
-            text = "; ".join(
-                [f"healed {o.steps_after_onset} steps after onset {o.event.onset_step}" for o in healed]
-                + [f"{e.kind.value} spike @{e.onset_step} still in heal window at {ex.last}" for e in pend]
-            ) or "no spike"
+            text = (
+                "; ".join(
+                    [f"healed {o.steps_after_onset} steps after onset {o.event.onset_step}" for o in healed]
+                    + [f"{e.kind.value} spike @{e.onset_step} still in heal window at {ex.last}" for e in pend]
+                )
+                or "no spike"
+            )
         agree = auto is human
         print(f"{case:<18} {ex.name:<56} {human.value:<9} {auto.value:<9} {'yes' if agree else 'NO':<5} {text}")
-        results.append({"case": case, "excerpt": ex.name, "human": human.value, "auto": auto.value,
-                        "agree": agree, **detail})
+        results.append(
+            {"case": case, "excerpt": ex.name, "human": human.value, "auto": auto.value, "agree": agree, **detail}
+        )
 
     n = len(results)
     agreement = sum(r["agree"] for r in results) / n if n else 0.0

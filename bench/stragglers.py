@@ -147,7 +147,9 @@ def main() -> None:
 
     window = args.steps - ONSET
     print(f"{NODES} nodes, {args.trials} trials per slowdown, {args.steps} steps (slow from step {ONSET})")
-    print(f"{'slowdown':>8} {'named<=50':>10} {f'named<={window}':>11} {'median':>7} {'p95':>5} {'FP':>4} {'max healthy CUSUM':>18}")
+    print(
+        f"{'slowdown':>8} {'named<=50':>10} {f'named<={window}':>11} {'median':>7} {'p95':>5} {'FP':>4} {'max healthy CUSUM':>18}"
+    )
     for s, tally in results.items():
         lat = np.array(tally.latencies)
         print(
@@ -156,8 +158,10 @@ def main() -> None:
         )
     fp = healthy.false_positives + sum(t.false_positives for t in results.values())
     node_steps = healthy.healthy_node_steps + sum(t.healthy_node_steps for t in results.values())
-    print(f"healthy-only runs: {args.healthy_runs} x 1000 steps, false positives {healthy.false_positives}, "
-          f"max healthy CUSUM {healthy.max_healthy_score:.1f} (threshold {StragglerScorer(1).params.h:g})")
+    print(
+        f"healthy-only runs: {args.healthy_runs} x 1000 steps, false positives {healthy.false_positives}, "
+        f"max healthy CUSUM {healthy.max_healthy_score:.1f} (threshold {StragglerScorer(1).params.h:g})"
+    )
     print(f"false positives {fp} over {node_steps:,} healthy node-steps")
     print(f"scoring 16,384 nodes: {ms16k:.3f} ms per step (median of 2000 calls, one core)")
     print(f"elapsed {time.perf_counter() - began:.0f} s")

@@ -89,10 +89,14 @@ def bench_server(server: S3Server, args: argparse.Namespace) -> dict[str, Any]:
     size = args.mib * MiB
     blob = os.urandom(size)
     per = size // args.shards
-    big = checkpoint(server, "step_000100", 100, [blob[i * per:(i + 1) * per] for i in range(args.shards)])
+    big = checkpoint(server, "step_000100", 100, [blob[i * per : (i + 1) * per] for i in range(args.shards)])
     upload(server, [("plain/one-object.bin", blob)], workers=1)
-    backend = S3Backend(f"s3://{BUCKET}/ckpt/", endpoint_url=server.endpoint_url, region=server.region,
-                        max_pool_connections=max(32, args.workers))
+    backend = S3Backend(
+        f"s3://{BUCKET}/ckpt/",
+        endpoint_url=server.endpoint_url,
+        region=server.region,
+        max_pool_connections=max(32, args.workers),
+    )
     store = BackendCheckpointStore(backend, workers=args.workers, chunk_size=args.chunk_mib * MiB)
     s3 = server.client(read_timeout=120.0)
     gets, fulls = [], []
@@ -117,12 +121,19 @@ def bench_server(server: S3Server, args: argparse.Namespace) -> dict[str, Any]:
         assert naive_meta(s3, manifest, "ckpt/step_000200/")
         naives.append(time.perf_counter() - t)
     get_bps, full_bps = statistics.median(gets), statistics.median(fulls)
-    return {"server": server.name, "mib": args.mib, "shards": args.shards, "workers": args.workers,
-            "get_mb_s": round(get_bps / 1e6, 1), "full_mb_s": round(full_bps / 1e6, 1),
-            "full_vs_get": round(full_bps / get_bps, 3),
-            "meta_shards": args.meta_shards, "meta_10k_s": round(statistics.median(metas), 2),
-            "naive_meta_10k_s": round(statistics.median(naives), 2),
-            "meta_speedup": round(statistics.median(naives) / statistics.median(metas), 2)}
+    return {
+        "server": server.name,
+        "mib": args.mib,
+        "shards": args.shards,
+        "workers": args.workers,
+        "get_mb_s": round(get_bps / 1e6, 1),
+        "full_mb_s": round(full_bps / 1e6, 1),
+        "full_vs_get": round(full_bps / get_bps, 3),
+        "meta_shards": args.meta_shards,
+        "meta_10k_s": round(statistics.median(metas), 2),
+        "naive_meta_10k_s": round(statistics.median(naives), 2),
+        "meta_speedup": round(statistics.median(naives) / statistics.median(metas), 2),
+    }
 
 
 def main() -> None:
@@ -145,13 +156,35 @@ def main() -> None:
             raise SystemExit(f"{cls.name} cannot start here: {reason}")
         with cls() as server:
             rows.append(bench_server(server, args))
-    print(table([[r["server"], f"{r['mib']} MiB / {r['shards']}", r["get_mb_s"], r["full_mb_s"], r["full_vs_get"],
-                  r["meta_10k_s"], r["naive_meta_10k_s"], r["meta_speedup"]] for r in rows],
-                ["server", "checkpoint", "GET MB/s", "full MB/s", "full/GET", "meta 10k s", "naive 10k s",
-                 "speedup"]))
+    print(
+        table(
+            [
+                [
+                    r["server"],
+                    f"{r['mib']} MiB / {r['shards']}",
+                    r["get_mb_s"],
+                    r["full_mb_s"],
+                    r["full_vs_get"],
+                    r["meta_10k_s"],
+                    r["naive_meta_10k_s"],
+                    r["meta_speedup"],
+                ]
+                for r in rows
+            ],
+            ["server", "checkpoint", "GET MB/s", "full MB/s", "full/GET", "meta 10k s", "naive 10k s", "speedup"],
+        )
+    )
     first = rows[0]
-    print(json.dumps({"full_vs_get": first["full_vs_get"], "meta_10k_s": first["meta_10k_s"],
-                      "naive_meta_10k_s": first["naive_meta_10k_s"], "by_server": rows}))
+    print(
+        json.dumps(
+            {
+                "full_vs_get": first["full_vs_get"],
+                "meta_10k_s": first["meta_10k_s"],
+                "naive_meta_10k_s": first["naive_meta_10k_s"],
+                "by_server": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -24,16 +24,24 @@ from supervisor.ports import Store
 
 Point = tuple[float, int | None, float | None, float | None]  # (time, step, loss, tokens_per_s)
 
-CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
-       "base-uri 'none'; form-action 'none'")
+CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
+    "base-uri 'none'; form-action 'none'"
+)
 SPIKE_KINDS = frozenset({"spike", "loss_spike"})
 ROLLBACK_KINDS = frozenset({"rollback"})
 _END_KINDS = frozenset({EventKind.COMPLETED, EventKind.GAVE_UP, EventKind.CANCELLED})
 _FAULT_STATES = ("NODE_FAIL", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "REQUEUED", "VANISHED")
 
 
-def render_html(run: RunRecord, attempts: Sequence[AttemptRecord], events: Sequence[Event],
-                series: Sequence[Point] | None = None, *, now: float | None = None) -> str:
+def render_html(
+    run: RunRecord,
+    attempts: Sequence[AttemptRecord],
+    events: Sequence[Event],
+    series: Sequence[Point] | None = None,
+    *,
+    now: float | None = None,
+) -> str:
     """The run's logbook as one HTML document; ``series`` adds the progress curves.
 
     ``now`` ends a live run's accounting (default: the newest record, so the same records give the
@@ -47,22 +55,28 @@ def render_html(run: RunRecord, attempts: Sequence[AttemptRecord], events: Seque
     marks = _marks(events)
     body = [
         _header(run, g, now),
-        "<section><h2>Timeline</h2>", svg.timeline(scale, _bars(attempts, now, {i.attempt for i in g.interruptions}), marks, ("queue", "running")),
-        _legend(), "</section>",
+        "<section><h2>Timeline</h2>",
+        svg.timeline(scale, _bars(attempts, now, {i.attempt for i in g.interruptions}), marks, ("queue", "running")),
+        _legend(),
+        "</section>",
         _progress(scale, points, [m for m in marks if m.kind in ("spike", "rollback")]),
         "<section><h2>Lost time by cause</h2>",
         svg.cause_bars(g.by_cause, _counts(g)) if g.by_cause else "<p class=muted>No time lost.</p>",
         "</section>",
         '<section id="chronicle"><h2>Chronicle</h2>',
-        markdown_to_html(render_markdown(run, attempts, events, now=now), skip_title=True), "</section>",
+        markdown_to_html(render_markdown(run, attempts, events, now=now), skip_title=True),
+        "</section>",
         _event_table(events),
     ]
     title = f"Logbook of run {run.name}"
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{escape(title)}</title><style>{_CSS}</style></head>\n<body><main>"
-            + "\n".join(body) + f"</main><script>{_JS}</script></body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{escape(title)}</title><style>{_CSS}</style></head>\n<body><main>"
+        + "\n".join(body)
+        + f"</main><script>{_JS}</script></body></html>\n"
+    )
 
 
 def series_from_events(events: Iterable[Event]) -> list[Point]:
@@ -78,17 +92,22 @@ def series_from_events(events: Iterable[Event]) -> list[Point]:
     return out
 
 
-def logbook_page(store: Store, run: str, *, now: float | None = None,
-                 series: Sequence[Point] | None = None) -> tuple[int, list[tuple[str, str]], bytes]:
+def logbook_page(
+    store: Store, run: str, *, now: float | None = None, series: Sequence[Point] | None = None
+) -> tuple[int, list[tuple[str, str]], bytes]:
     """A read-only HTTP answer for the daemon: (status, headers, body)."""
     record = store.get_run(run)
     if record is None:
         text = f"unknown run {run!r}; `slurm-supervisor status` lists the runs\n"
         return 404, [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")], text.encode()
     page = render_html(record, store.attempts(run), store.events(run), series, now=now)
-    headers = [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store"),
-               ("Content-Security-Policy", CSP), ("X-Content-Type-Options", "nosniff"),
-               ("Referrer-Policy", "no-referrer")]
+    headers = [
+        ("Content-Type", "text/html; charset=utf-8"),
+        ("Cache-Control", "no-store"),
+        ("Content-Security-Policy", CSP),
+        ("X-Content-Type-Options", "nosniff"),
+        ("Referrer-Policy", "no-referrer"),
+    ]
     return 200, headers, page.encode()
 
 
@@ -102,17 +121,20 @@ def _num(v: object) -> float | None:
 def _header(run: RunRecord, g: Goodput, now: float) -> str:
     gpus = gpus_of(run.spec)
     chips = [
-        ("state", run.state.value), ("ETTR", percent(g.ettr) + (" ≤" if g.unknown_lost_work else "")),
+        ("state", run.state.value),
+        ("ETTR", percent(g.ettr) + (" ≤" if g.unknown_lost_work else "")),
         ("interruptions", str(len(g.interruptions))),
         ("per day", "-" if g.interruptions_per_day is None else f"{g.interruptions_per_day:.2f}"),
         ("MTBI", "-" if g.mtbi_s is None else hours(g.mtbi_s)),
         ("restarts", f"{run.restarts_spent} / {run.spec.max_restarts}"),
         ("lost", hours(g.lost.total_s) + (f" · {g.lost.total_s * gpus / 3600:,.0f} GPU-h" if gpus else "")),
     ]
-    html = [f"<header><h1>Logbook of run {escape(run.name)}</h1>",
-            f'<p class="muted">{run.spec.nodes} nodes on partition {escape(run.spec.partition)}; nodes kept out: '
-            f'{escape(", ".join(sorted(run.excluded)) or "none")}; as of {stamp(now)}. All times UTC.</p>',
-            '<div class="chips">']
+    html = [
+        f"<header><h1>Logbook of run {escape(run.name)}</h1>",
+        f'<p class="muted">{run.spec.nodes} nodes on partition {escape(run.spec.partition)}; nodes kept out: '
+        f"{escape(', '.join(sorted(run.excluded)) or 'none')}; as of {stamp(now)}. All times UTC.</p>",
+        '<div class="chips">',
+    ]
     html += [f'<div class="chip"><span>{escape(k)}</span><b>{escape(v)}</b></div>' for k, v in chips]
     html.append("</div>")
     html += [f'<p class="caveat">{escape(n)}.</p>' for n in g.notes]
@@ -123,17 +145,37 @@ def _bars(attempts: Sequence[AttemptRecord], now: float, interrupted: set[int | 
     bars = []
     for a in attempts:
         start = a.started_at if a.started_at is not None else now
-        bars.append(svg.Bar(a.submitted_at, start, 0, "queue",
-                            f"attempt {a.seq} (job {a.job_id}) queued {stamp(a.submitted_at)} → {stamp(start)}"))
+        bars.append(
+            svg.Bar(
+                a.submitted_at,
+                start,
+                0,
+                "queue",
+                f"attempt {a.seq} (job {a.job_id}) queued {stamp(a.submitted_at)} → {stamp(start)}",
+            )
+        )
         if a.started_at is None:
             continue
         end = a.ended_at if a.ended_at is not None else now
         state = a.end_state or "running"
-        css = ("fault" if a.seq in interrupted or state in _FAULT_STATES
-               else "ok" if state in ("running", "COMPLETED") else "other")
-        bars.append(svg.Bar(a.started_at, end, 1, f"run {css}",
-                            f"attempt {a.seq} (job {a.job_id}, restart {a.restart_count}) on {len(a.nodes)} nodes: "
-                            f"{stamp(a.started_at)} → {stamp(end)}, {state}", f"#{a.seq}"))
+        css = (
+            "fault"
+            if a.seq in interrupted or state in _FAULT_STATES
+            else "ok"
+            if state in ("running", "COMPLETED")
+            else "other"
+        )
+        bars.append(
+            svg.Bar(
+                a.started_at,
+                end,
+                1,
+                f"run {css}",
+                f"attempt {a.seq} (job {a.job_id}, restart {a.restart_count}) on {len(a.nodes)} nodes: "
+                f"{stamp(a.started_at)} → {stamp(end)}, {state}",
+                f"#{a.seq}",
+            )
+        )
     return bars
 
 
@@ -141,17 +183,36 @@ def _marks(events: Sequence[Event]) -> list[svg.Mark]:
     marks = []
     for e in events:
         kind = e.kind.value
-        css = ("rollback" if kind in ROLLBACK_KINDS else "fault" if kind in OPENERS else "spike" if kind in SPIKE_KINDS else
-               "rollback" if kind in ROLLBACK_KINDS else "note" if e.kind is EventKind.NOTE else
-               "end" if e.kind in _END_KINDS else None)
+        css = (
+            "rollback"
+            if kind in ROLLBACK_KINDS
+            else "fault"
+            if kind in OPENERS
+            else "spike"
+            if kind in SPIKE_KINDS
+            else "rollback"
+            if kind in ROLLBACK_KINDS
+            else "note"
+            if e.kind is EventKind.NOTE
+            else "end"
+            if e.kind in _END_KINDS
+            else None
+        )
         if css is not None:
             marks.append(svg.Mark(e.at, css, f"{stamp(e.at)} [{e.actor}] {kind}: {e.message}"))
     return marks
 
 
 def _legend() -> str:
-    items = [("queue", "queued"), ("run ok", "running / completed"), ("run fault", "ended by a fault"),
-             ("fault", "interruption"), ("spike", "loss spike"), ("rollback", "rollback"), ("note", "note")]
+    items = [
+        ("queue", "queued"),
+        ("run ok", "running / completed"),
+        ("run fault", "ended by a fault"),
+        ("fault", "interruption"),
+        ("spike", "loss spike"),
+        ("rollback", "rollback"),
+        ("note", "note"),
+    ]
     return '<p class="legend">' + " ".join(f'<span class="key {c}"></span>{escape(t)}' for c, t in items) + "</p>"
 
 
@@ -159,8 +220,10 @@ def _progress(scale: svg.Scale, points: Sequence[Point], marks: Sequence[svg.Mar
     loss = [(t, v) for t, _, v, _ in points if v is not None]
     tps = [(t, v) for t, _, _, v in points if v is not None]
     if not loss and not tps:
-        return ('<section><h2>Loss and throughput</h2><p class="muted">No progress data on record: the events carry '
-                "no step/loss evidence and no series was given.</p></section>")
+        return (
+            '<section><h2>Loss and throughput</h2><p class="muted">No progress data on record: the events carry '
+            "no step/loss evidence and no series was given.</p></section>"
+        )
     parts = ["<section><h2>Loss and throughput</h2>"]
     if loss:
         parts.append(svg.curve(scale, loss, marks, name="loss", unit="training loss", css="loss"))
@@ -180,18 +243,28 @@ def _event_table(events: Sequence[Event]) -> str:
     kinds = sorted({e.kind.value for e in events})
     rows = []
     for e in sorted(events, key=lambda x: x.at):
-        evidence = (f'<details><summary>evidence</summary><pre>{escape(json.dumps(e.evidence, sort_keys=True, default=str, indent=1))}'
-                    "</pre></details>") if e.evidence else ""
-        rows.append(f'<tr data-kind="{escape(e.kind.value)}"><td class="t">{stamp(e.at)[:-4]}</td>'
-                    f"<td>{'' if e.attempt is None else e.attempt}</td><td><span class=\"k {escape(e.kind.value)}\">"
-                    f"{escape(e.kind.value)}</span></td><td>{escape(e.actor)}</td>"
-                    f"<td>{escape(e.message)}{evidence}</td></tr>")
+        evidence = (
+            (
+                f"<details><summary>evidence</summary><pre>{escape(json.dumps(e.evidence, sort_keys=True, default=str, indent=1))}"
+                "</pre></details>"
+            )
+            if e.evidence
+            else ""
+        )
+        rows.append(
+            f'<tr data-kind="{escape(e.kind.value)}"><td class="t">{stamp(e.at)[:-4]}</td>'
+            f'<td>{"" if e.attempt is None else e.attempt}</td><td><span class="k {escape(e.kind.value)}">'
+            f"{escape(e.kind.value)}</span></td><td>{escape(e.actor)}</td>"
+            f"<td>{escape(e.message)}{evidence}</td></tr>"
+        )
     options = "".join(f'<option value="{escape(k)}">{escape(k)}</option>' for k in kinds)
-    return ('<section><h2>Events</h2><p class="filters"><input id="q" type="search" placeholder="filter: node, '
-            f'word…" aria-label="filter"> <select id="kind" aria-label="kind"><option value="">all kinds</option>'
-            f'{options}</select> <span id="shown">{len(events)}</span> of {len(events)} shown</p>'
-            '<table id="events"><thead><tr><th>time (UTC)</th><th>attempt</th><th>kind</th><th>who</th>'
-            f'<th>what</th></tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
+    return (
+        '<section><h2>Events</h2><p class="filters"><input id="q" type="search" placeholder="filter: node, '
+        f'word…" aria-label="filter"> <select id="kind" aria-label="kind"><option value="">all kinds</option>'
+        f'{options}</select> <span id="shown">{len(events)}</span> of {len(events)} shown</p>'
+        '<table id="events"><thead><tr><th>time (UTC)</th><th>attempt</th><th>kind</th><th>who</th>'
+        f"<th>what</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
 
 
 # ---------------------------------------------------------------- the chronicle's Markdown, as HTML
@@ -203,7 +276,7 @@ _INLINE = re.compile(r"`([^`]+)`|\*\*([^*]+)\*\*")
 def _inline(text: str) -> str:
     out, pos = [], 0
     for m in _INLINE.finditer(text):
-        out.append(escape(text[pos:m.start()]))
+        out.append(escape(text[pos : m.start()]))
         out.append(f"<code>{escape(m.group(1))}</code>" if m.group(1) is not None else f"<b>{escape(m.group(2))}</b>")
         pos = m.end()
     return "".join(out) + escape(text[pos:])
@@ -224,9 +297,13 @@ def markdown_to_html(md: str, *, skip_title: bool = False) -> str:
     def flush_table() -> None:
         if table:
             head, *rest = table
-            out.append("<table><thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr></thead><tbody>"
-                       + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rest)
-                       + "</tbody></table>")
+            out.append(
+                "<table><thead><tr>"
+                + "".join(f"<th>{_inline(c)}</th>" for c in head)
+                + "</tr></thead><tbody>"
+                + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rest)
+                + "</tbody></table>"
+            )
             table.clear()
 
     for line in md.splitlines():

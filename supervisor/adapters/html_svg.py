@@ -53,8 +53,9 @@ class Scale:
 
     def ticks(self, n: int = 6) -> list[tuple[float, str]]:
         span = self.t1 - self.t0
-        step = _nice_step(span / n, (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400,
-                                     7 * 86400))
+        step = _nice_step(
+            span / n, (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400)
+        )
         first = math.ceil(self.t0 / step) * step
         fmt = "%H:%M" if span <= 2 * 86400 else "%m-%d %H:%M"
         out, t = [], first
@@ -80,9 +81,11 @@ def _marks(scale: Scale, marks: Sequence[Mark], top: float, bottom: float) -> li
     out = []
     for m in marks:
         x = scale.x(m.at)
-        out.append(f'<g class="mark {m.kind}"><title>{escape(m.title)}</title>'
-                   f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}"/>'
-                   f'<circle cx="{x:.1f}" cy="{top + 4}" r="4"/></g>')
+        out.append(
+            f'<g class="mark {m.kind}"><title>{escape(m.title)}</title>'
+            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}"/>'
+            f'<circle cx="{x:.1f}" cy="{top + 4}" r="4"/></g>'
+        )
     return out
 
 
@@ -91,17 +94,22 @@ def timeline(scale: Scale, bars: Sequence[Bar], marks: Sequence[Mark], lanes: Se
     lane_h, top = 26, 10
     height = top + lane_h * max(1, len(lanes)) + 30
     axis_y = top + lane_h * max(1, len(lanes))
-    out = [f'<svg id="timeline" class="chart" viewBox="0 0 {WIDTH} {height}" role="img" '
-           f'aria-label="timeline of attempts and interruptions">']
+    out = [
+        f'<svg id="timeline" class="chart" viewBox="0 0 {WIDTH} {height}" role="img" '
+        f'aria-label="timeline of attempts and interruptions">'
+    ]
     out += _axis(scale, axis_y, top)
     for i, name in enumerate(lanes):
-        out.append(f'<text class="lane" x="{LEFT - 6}" y="{top + lane_h * i + 17}" text-anchor="end">'
-                   f'{escape(name)}</text>')
+        out.append(
+            f'<text class="lane" x="{LEFT - 6}" y="{top + lane_h * i + 17}" text-anchor="end">{escape(name)}</text>'
+        )
     for b in bars:
         x, w = scale.x(b.start), max(1.5, scale.x(b.end) - scale.x(b.start))
         y = top + lane_h * b.lane + 4
-        out.append(f'<g class="bar {b.css}"><title>{escape(b.title)}</title>'
-                   f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{lane_h - 8}" rx="3"/>')
+        out.append(
+            f'<g class="bar {b.css}"><title>{escape(b.title)}</title>'
+            f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{lane_h - 8}" rx="3"/>'
+        )
         if b.label and w > 7 * len(b.label):
             out.append(f'<text x="{x + 4:.1f}" y="{y + 13}">{escape(b.label)}</text>')
         out.append("</g>")
@@ -117,14 +125,15 @@ def thin(points: Sequence[tuple[float, float]], limit: int = MAX_POINTS) -> list
     size = math.ceil(len(points) / (limit // 2))
     out: list[tuple[float, float]] = []
     for i in range(0, len(points), size):
-        bucket = points[i:i + size]
+        bucket = points[i : i + size]
         lo, hi = min(bucket, key=lambda p: p[1]), max(bucket, key=lambda p: p[1])
         out += sorted({lo, hi})
     return out
 
 
-def curve(scale: Scale, points: Sequence[tuple[float, float]], marks: Sequence[Mark], *, name: str,
-          unit: str, css: str) -> str:
+def curve(
+    scale: Scale, points: Sequence[tuple[float, float]], marks: Sequence[Mark], *, name: str, unit: str, css: str
+) -> str:
     """One line chart over the shared time axis, with spikes and rollbacks marked."""
     height, top, bottom = 170, 12, 140
     pts = thin(sorted(points))
@@ -157,21 +166,27 @@ def cause_bars(by_cause: Mapping[str, Lost], counts: Mapping[str, int]) -> str:
     span = WIDTH - label_w - 140
     out = [f'<svg id="causes" class="chart" viewBox="0 0 {WIDTH} {height}" role="img" aria-label="lost time by cause">']
     for i, kind in enumerate(KINDS):
-        out.append(f'<g class="legend"><rect x="{label_w + i * 110}" y="4" width="12" height="12" '
-                   f'fill="{COLORS[kind]}"/><text x="{label_w + i * 110 + 16}" y="15">{kind}</text></g>')
+        out.append(
+            f'<g class="legend"><rect x="{label_w + i * 110}" y="4" width="12" height="12" '
+            f'fill="{COLORS[kind]}"/><text x="{label_w + i * 110 + 16}" y="15">{kind}</text></g>'
+        )
     for r, (cause, lost) in enumerate(rows):
         y = 26 + r * row_h
         n = counts.get(cause, 0)
-        out.append(f'<text class="lane" x="{label_w - 8}" y="{y + 15}" text-anchor="end">{escape(cause)}'
-                   f'{f" ({n})" if n else ""}</text>')
+        out.append(
+            f'<text class="lane" x="{label_w - 8}" y="{y + 15}" text-anchor="end">{escape(cause)}'
+            f"{f' ({n})' if n else ''}</text>"
+        )
         x = float(label_w)
         for kind in KINDS:
             s = getattr(lost, f"{kind}_s")
             if s <= 0:
                 continue
             w = s / most * span
-            out.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{max(w, 1.0):.1f}" height="{row_h - 8}" '
-                       f'fill="{COLORS[kind]}"><title>{escape(cause)}: {kind} {hours(s)}</title></rect>')
+            out.append(
+                f'<rect x="{x:.1f}" y="{y + 3}" width="{max(w, 1.0):.1f}" height="{row_h - 8}" '
+                f'fill="{COLORS[kind]}"><title>{escape(cause)}: {kind} {hours(s)}</title></rect>'
+            )
             x += w
         out.append(f'<text class="tick" x="{x + 6:.1f}" y="{y + 15}">{hours(lost.total_s)}</text>')
     out.append("</svg>")

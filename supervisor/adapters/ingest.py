@@ -69,10 +69,20 @@ class Response:
 
 Handler = Callable[[Request], Response]
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 411: "Length Required", 413: "Payload Too Large",
-            422: "Unprocessable Entity", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
-            503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    411: "Length Required",
+    413: "Payload Too Large",
+    422: "Unprocessable Entity",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
 def error(status: int, reason: str) -> Response:
@@ -99,8 +109,9 @@ class Router:
 class ReportIngest:
     """Authenticates, validates and judges report batches; the engine's HealthFeed."""
 
-    def __init__(self, tokens: Mapping[str, str], rules: HealthRules, clock: Clock,
-                 max_findings: int = 100_000) -> None:
+    def __init__(
+        self, tokens: Mapping[str, str], rules: HealthRules, clock: Clock, max_findings: int = 100_000
+    ) -> None:
         self.tokens = tokens  # run -> token (a TokenStore-like mapping; read on every request)
         self.rules = rules
         self.clock = clock
@@ -144,7 +155,7 @@ class ReportIngest:
         return response
 
     def _handle(self, request: Request) -> Response:
-        run = request.path[len(REPORTS_PREFIX):]
+        run = request.path[len(REPORTS_PREFIX) :]
         if not _RUN.match(run):
             return error(404, "POST reports to /v1/reports/RUN (RUN: the run's name)")
         if request.method != "POST":
@@ -194,8 +205,9 @@ class ReportIngest:
         self.counters["agent_dropped"] += batch.dropped
         for f in findings:
             if f.severity.rank > 0:
-                log.warning("node_finding", run=run, node=f.node, severity=f.severity.value, rule=f.rule,
-                            reason=f.reason)
+                log.warning(
+                    "node_finding", run=run, node=f.node, severity=f.severity.value, rule=f.rule, reason=f.reason
+                )
         body = b'{"accepted":%d,"duplicates":%d,"findings":%d}' % (accepted, duplicates, len(findings))
         return Response(200, body)
 
@@ -294,8 +306,9 @@ class _Connection(asyncio.Protocol):
             return  # already answered (refused) and closing
         parsed = httptools.parse_url(self.url)
         path = (parsed.path or b"/").decode("latin-1")
-        request = Request(method, path, (parsed.query or b"").decode("latin-1"), self.headers,
-                          b"".join(self.body), self.peer)
+        request = Request(
+            method, path, (parsed.query or b"").decode("latin-1"), self.headers, b"".join(self.body), self.peer
+        )
         try:
             response = self.server.router.dispatch(request)
         except Exception:  # noqa: BLE001 - a handler's bug must not take the server down
@@ -306,8 +319,11 @@ class _Connection(asyncio.Protocol):
     def _send(self, response: Response, *, keep_alive: bool) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        head = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Status')}",
-                f"Content-Type: {response.content_type}", f"Content-Length: {len(response.body)}"]
+        head = [
+            f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Status')}",
+            f"Content-Type: {response.content_type}",
+            f"Content-Length: {len(response.body)}",
+        ]
         head += [f"{k}: {v}" for k, v in response.headers.items()]
         if not keep_alive:
             head.append("Connection: close")
@@ -319,8 +335,9 @@ class _Connection(asyncio.Protocol):
 class IngestServer:
     """The HTTP server on its own thread. ``start()`` binds (port 0: any free port; see ``port``)."""
 
-    def __init__(self, ingest: ReportIngest, host: str = "127.0.0.1", port: int = 8471,
-                 max_body: int = 1 << 20) -> None:
+    def __init__(
+        self, ingest: ReportIngest, host: str = "127.0.0.1", port: int = 8471, max_body: int = 1 << 20
+    ) -> None:
         self.ingest = ingest
         self.host = host
         self.port = port
@@ -343,7 +360,8 @@ class IngestServer:
             self._loop = loop
             try:
                 self._server = loop.run_until_complete(
-                    loop.create_server(lambda: _Connection(self), self.host, self.port, reuse_address=True))
+                    loop.create_server(lambda: _Connection(self), self.host, self.port, reuse_address=True)
+                )
                 self.port = self._server.sockets[0].getsockname()[1]
             except BaseException as exc:  # noqa: BLE001 - handed to start()'s caller
                 failure.append(exc)

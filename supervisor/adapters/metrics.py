@@ -43,11 +43,19 @@ class StoreCollector:
         yield from _event_counts(per_run)
         yield from _checkpoint_age(per_run, now)
         interruptions = [i for _, g in accounts for i in g.interruptions]
-        yield _histogram("detection_latency_seconds", "Seconds from a fault's onset to the supervisor knowing "
-                         "(where the onset is on record, e.g. a hang's silent time).",
-                         [i.detection_s for i in interruptions if i.detection_s is not None], DETECTION_BUCKETS)
-        yield _histogram("recovery_latency_seconds", "Seconds from a fault's detection to the next attempt running.",
-                         [i.recovery_s for i in interruptions if i.recovery_s is not None], RECOVERY_BUCKETS)
+        yield _histogram(
+            "detection_latency_seconds",
+            "Seconds from a fault's onset to the supervisor knowing "
+            "(where the onset is on record, e.g. a hang's silent time).",
+            [i.detection_s for i in interruptions if i.detection_s is not None],
+            DETECTION_BUCKETS,
+        )
+        yield _histogram(
+            "recovery_latency_seconds",
+            "Seconds from a fault's detection to the next attempt running.",
+            [i.recovery_s for i in interruptions if i.recovery_s is not None],
+            RECOVERY_BUCKETS,
+        )
 
 
 def metrics_text(store: Store, now: float) -> bytes:
@@ -73,8 +81,12 @@ def _runs_by_state(runs: Sequence[RunRecord]) -> Metric:
 
 
 def _drained(store: Store) -> Metric:
-    fam = GaugeMetricFamily(P + "bad_nodes", "Nodes judged bad by the supervisor, by what was done "
-                            "(down, drained: in Slurm; excluded: kept out of the run only).", labels=["action"])
+    fam = GaugeMetricFamily(
+        P + "bad_nodes",
+        "Nodes judged bad by the supervisor, by what was done "
+        "(down, drained: in Slurm; excluded: kept out of the run only).",
+        labels=["action"],
+    )
     counts = {"down": 0, "drained": 0, "excluded": 0}
     for v in store.verdicts():
         if v.verdict is Verdict.BAD:
@@ -86,16 +98,28 @@ def _drained(store: Store) -> Metric:
 
 
 def _goodput_metrics(accounts: Sequence[tuple[RunRecord, Goodput]]) -> Iterator[Metric]:
-    ettr = GaugeMetricFamily(P + "ettr", "Effective training time ratio: productive / wall time since the first "
-                             "submission (an upper bound where work lost is not on record).", labels=["run"])
-    upper = GaugeMetricFamily(P + "ettr_upper_bound", "1 when the run's ETTR is an upper bound (work lost since the "
-                              "checkpoint not on record for some interruption).", labels=["run"])
-    lost = GaugeMetricFamily(P + "lost_seconds", "Wall seconds lost, by kind (rework, detection, restart, queue).",
-                             labels=["run", "kind"])
-    restarts = CounterMetricFamily(P + "restarts", "Interruptions followed by a new attempt, by cause (Llama 3 "
-                                   "Table 5 category where it maps).", labels=["run", "cause"])
-    count = CounterMetricFamily(P + "interruptions", "Interruptions (fault, rollback, requeue) of the run.",
-                                labels=["run"])
+    ettr = GaugeMetricFamily(
+        P + "ettr",
+        "Effective training time ratio: productive / wall time since the first "
+        "submission (an upper bound where work lost is not on record).",
+        labels=["run"],
+    )
+    upper = GaugeMetricFamily(
+        P + "ettr_upper_bound",
+        "1 when the run's ETTR is an upper bound (work lost since the checkpoint not on record for some interruption).",
+        labels=["run"],
+    )
+    lost = GaugeMetricFamily(
+        P + "lost_seconds", "Wall seconds lost, by kind (rework, detection, restart, queue).", labels=["run", "kind"]
+    )
+    restarts = CounterMetricFamily(
+        P + "restarts",
+        "Interruptions followed by a new attempt, by cause (Llama 3 Table 5 category where it maps).",
+        labels=["run", "cause"],
+    )
+    count = CounterMetricFamily(
+        P + "interruptions", "Interruptions (fault, rollback, requeue) of the run.", labels=["run"]
+    )
     for run, g in accounts:
         if g.ettr is not None:
             ettr.add_metric([run.name], g.ettr)
@@ -113,8 +137,9 @@ def _goodput_metrics(accounts: Sequence[tuple[RunRecord, Goodput]]) -> Iterator[
 
 
 def _event_counts(per_run: Sequence[tuple[RunRecord, list[AttemptRecord], list[Event]]]) -> Iterator[Metric]:
-    fam = CounterMetricFamily(P + "events", "Logbook events by kind (gave_up, mass_fault, rollback, ...).",
-                              labels=["run", "kind"])
+    fam = CounterMetricFamily(
+        P + "events", "Logbook events by kind (gave_up, mass_fault, rollback, ...).", labels=["run", "kind"]
+    )
     for run, _, events in per_run:
         counts: dict[str, int] = {}
         for e in events:
@@ -124,11 +149,21 @@ def _event_counts(per_run: Sequence[tuple[RunRecord, list[AttemptRecord], list[E
     yield fam
 
 
-def _checkpoint_age(per_run: Sequence[tuple[RunRecord, list[AttemptRecord], list[Event]]], now: float) -> Iterator[Metric]:
-    age = GaugeMetricFamily(P + "verified_checkpoint_age_seconds", "Seconds since the newest verified checkpoint "
-                            "was first verified (active runs with one; absent before the first).", labels=["run"])
-    running = GaugeMetricFamily(P + "run_running_seconds", "Seconds since the active run's first attempt started "
-                                "(for alerts on runs that never had a verified checkpoint).", labels=["run"])
+def _checkpoint_age(
+    per_run: Sequence[tuple[RunRecord, list[AttemptRecord], list[Event]]], now: float
+) -> Iterator[Metric]:
+    age = GaugeMetricFamily(
+        P + "verified_checkpoint_age_seconds",
+        "Seconds since the newest verified checkpoint "
+        "was first verified (active runs with one; absent before the first).",
+        labels=["run"],
+    )
+    running = GaugeMetricFamily(
+        P + "run_running_seconds",
+        "Seconds since the active run's first attempt started "
+        "(for alerts on runs that never had a verified checkpoint).",
+        labels=["run"],
+    )
     for run, attempts, events in per_run:
         if run.state.terminal:
             continue

@@ -34,11 +34,18 @@ from supervisor.ports import Store
 
 log = structlog.get_logger(__name__)
 
-PAGE_KINDS = frozenset({"gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked",
-                        "slowdown"})
+PAGE_KINDS = frozenset(
+    {"gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked", "slowdown"}
+)
 FORMATS = ("slack", "pagerduty")
-_SEVERITY = {"gave_up": "critical", "mass_fault": "critical", "checkpoint_stale": "error",
-             "repeated_rollbacks": "error", "rollback_blocked": "error", "slowdown": "warning"}
+_SEVERITY = {
+    "gave_up": "critical",
+    "mass_fault": "critical",
+    "checkpoint_stale": "error",
+    "repeated_rollbacks": "error",
+    "rollback_blocked": "error",
+    "slowdown": "warning",
+}
 _ENDS = frozenset({EventKind.COMPLETED, EventKind.CANCELLED})
 
 
@@ -66,7 +73,9 @@ class PagerSettings:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.kinds) - PAGE_KINDS)
         if unknown:
-            raise ValueError(f"[notify] kinds: unknown {', '.join(unknown)}; choose from {', '.join(sorted(PAGE_KINDS))}")
+            raise ValueError(
+                f"[notify] kinds: unknown {', '.join(unknown)}; choose from {', '.join(sorted(PAGE_KINDS))}"
+            )
 
 
 class Pager:
@@ -94,23 +103,37 @@ class Pager:
         if kind == "gave_up":
             return self._trigger(f"{e.run}:gave_up", "gave_up", e, f"run {e.run} gave up: {e.message}")
         if kind == "mass_fault":
-            return self._trigger(f"{e.run}:mass_fault:{e.attempt}", "mass_fault", e,
-                                 f"run {e.run}: mass fault, a human decides: {e.message}")
+            return self._trigger(
+                f"{e.run}:mass_fault:{e.attempt}",
+                "mass_fault",
+                e,
+                f"run {e.run}: mass fault, a human decides: {e.message}",
+            )
         if kind == "checkpoint_stale":
-            return self._trigger(f"{e.run}:checkpoint_stale", "checkpoint_stale", e,
-                                 f"run {e.run}: {e.message}")
+            return self._trigger(f"{e.run}:checkpoint_stale", "checkpoint_stale", e, f"run {e.run}: {e.message}")
         if kind == "rollback":
             return self._rollback(e)
         if kind == "slowdown":
             return self._trigger(f"{e.run}:slowdown:{e.attempt}", "slowdown", e, f"run {e.run}: {e.message}")
         if kind == "rollback_blocked":
-            return self._trigger(f"{e.run}:rollback_blocked:{e.attempt}", "rollback_blocked", e,
-                                 f"run {e.run}: a loss spike did not heal and was not rolled back: {e.message}")
+            return self._trigger(
+                f"{e.run}:rollback_blocked:{e.attempt}",
+                "rollback_blocked",
+                e,
+                f"run {e.run}: a loss spike did not heal and was not rolled back: {e.message}",
+            )
         if kind == "checkpoint_verified":
             return self._resolve(lambda a: a.run == e.run and a.kind == "checkpoint_stale", e)
         if e.kind is EventKind.STARTED:
-            return self._resolve(lambda a: a.run == e.run and a.kind in ("mass_fault", "rollback_blocked", "slowdown")
-                                 and e.attempt is not None and a.details.get("attempt") != e.attempt, e)
+            return self._resolve(
+                lambda a: (
+                    a.run == e.run
+                    and a.kind in ("mass_fault", "rollback_blocked", "slowdown")
+                    and e.attempt is not None
+                    and a.details.get("attempt") != e.attempt
+                ),
+                e,
+            )
         if e.kind in _ENDS:
             return self._resolve(lambda a: a.run == e.run, e)
         return []
@@ -123,15 +146,31 @@ class Pager:
         if len(times) < self.settings.rollbacks:
             return []
         hours = self.settings.rollback_window_s / 3600
-        return self._trigger(f"{e.run}:repeated_rollbacks", "repeated_rollbacks", e,
-                             f"run {e.run}: {len(times)} rollbacks within {hours:g} h; latest: {e.message}")
+        return self._trigger(
+            f"{e.run}:repeated_rollbacks",
+            "repeated_rollbacks",
+            e,
+            f"run {e.run}: {len(times)} rollbacks within {hours:g} h; latest: {e.message}",
+        )
 
     def _trigger(self, key: str, kind: str, e: Event, summary: str) -> list[Alert]:
         if kind not in self.settings.kinds or key in self.open:
             return []
-        alert = Alert(key, "trigger", e.run, kind, summary[:1000], e.at,
-                      {"attempt": e.attempt, "job_id": e.job_id, "event": e.kind.value, "message": e.message,
-                       "evidence": dict(e.evidence)})
+        alert = Alert(
+            key,
+            "trigger",
+            e.run,
+            kind,
+            summary[:1000],
+            e.at,
+            {
+                "attempt": e.attempt,
+                "job_id": e.job_id,
+                "event": e.kind.value,
+                "message": e.message,
+                "evidence": dict(e.evidence),
+            },
+        )
         self.open[key] = alert
         return [alert]
 
@@ -139,8 +178,18 @@ class Pager:
         done = [a for a in self.open.values() if which(a)]
         for a in done:
             del self.open[a.dedup_key]
-        return [Alert(a.dedup_key, "resolve", a.run, a.kind, f"resolved: {a.summary[:900]} — {e.message}", e.at,
-                      {"resolved_by": e.kind.value}) for a in done]
+        return [
+            Alert(
+                a.dedup_key,
+                "resolve",
+                a.run,
+                a.kind,
+                f"resolved: {a.summary[:900]} — {e.message}",
+                e.at,
+                {"resolved_by": e.kind.value},
+            )
+            for a in done
+        ]
 
 
 # ---------------------------------------------------------------- payloads
@@ -152,19 +201,36 @@ def payload(alert: Alert, fmt: str, routing_key: str | None = None, source: str 
         icon = ":white_check_mark:" if alert.action == "resolve" else ":rotating_light:"
         when = datetime.fromtimestamp(alert.at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         text = f"{icon} [{alert.severity}] {alert.summary}"
-        return {"text": text, "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": text}},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"{when} · run `{alert.run}` · "
-                                              f"{alert.kind} · dedup `{alert.dedup_key}`"}]},
-        ]}
+        return {
+            "text": text,
+            "blocks": [
+                {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+                {
+                    "type": "context",
+                    "elements": [
+                        {
+                            "type": "mrkdwn",
+                            "text": f"{when} · run `{alert.run}` · {alert.kind} · dedup `{alert.dedup_key}`",
+                        }
+                    ],
+                },
+            ],
+        }
     if fmt == "pagerduty":
-        body: dict[str, Any] = {"routing_key": routing_key or "", "event_action": alert.action,
-                                "dedup_key": alert.dedup_key}
+        body: dict[str, Any] = {
+            "routing_key": routing_key or "",
+            "event_action": alert.action,
+            "dedup_key": alert.dedup_key,
+        }
         if alert.action == "trigger":
             body["payload"] = {
-                "summary": alert.summary[:1024], "source": source or socket.gethostname(),
-                "severity": alert.severity, "timestamp": datetime.fromtimestamp(alert.at, UTC).isoformat(),
-                "component": alert.run, "group": "slurm-supervisor", "class": alert.kind,
+                "summary": alert.summary[:1024],
+                "source": source or socket.gethostname(),
+                "severity": alert.severity,
+                "timestamp": datetime.fromtimestamp(alert.at, UTC).isoformat(),
+                "component": alert.run,
+                "group": "slurm-supervisor",
+                "class": alert.kind,
                 "custom_details": json.loads(json.dumps(dict(alert.details), default=str)),
             }
         return body
@@ -178,11 +244,14 @@ def read_secret(path: str | Path, what: str = "webhook_url_file") -> str:
         mode = p.stat().st_mode
         text = p.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise ValueError(f"[notify] {what} = {str(p)!r}: cannot read it ({exc.strerror}); create it with the "
-                         "secret on one line, mode 600") from None
+        raise ValueError(
+            f"[notify] {what} = {str(p)!r}: cannot read it ({exc.strerror}); create it with the "
+            "secret on one line, mode 600"
+        ) from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ValueError(f"[notify] {what} = {str(p)!r} is readable by others (mode {stat.S_IMODE(mode):o}); "
-                         f"run `chmod 600 {p}`")
+        raise ValueError(
+            f"[notify] {what} = {str(p)!r} is readable by others (mode {stat.S_IMODE(mode):o}); run `chmod 600 {p}`"
+        )
     if not text:
         raise ValueError(f"[notify] {what} = {str(p)!r} is empty; write the secret into it")
     return text
@@ -194,13 +263,23 @@ def read_secret(path: str | Path, what: str = "webhook_url_file") -> str:
 class WebhookNotifier:
     """Posts alerts to one webhook. ``send`` only queues; ``flush`` (or the thread ``start`` runs) delivers."""
 
-    def __init__(self, url: str, fmt: str = "slack", *, routing_key: str | None = None,
-                 pager: Pager | None = None, timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 1.0,
-                 queue_max: int = 1000, source: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        fmt: str = "slack",
+        *,
+        routing_key: str | None = None,
+        pager: Pager | None = None,
+        timeout_s: float = 5.0,
+        retries: int = 3,
+        backoff_s: float = 1.0,
+        queue_max: int = 1000,
+        source: str | None = None,
+    ) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"[notify] format {fmt!r}: choose one of {', '.join(FORMATS)}")
         if fmt == "pagerduty" and not routing_key:
-            raise ValueError("[notify] format = \"pagerduty\" needs routing_key_file (the integration key)")
+            raise ValueError('[notify] format = "pagerduty" needs routing_key_file (the integration key)')
         if not url.startswith(("http://", "https://")):
             raise ValueError("[notify] the webhook URL (webhook_url_file) must start with https:// or http://")
         self._url, self._key = url, routing_key
@@ -260,18 +339,20 @@ class WebhookNotifier:
                 log.info("notify.sent", dedup_key=alert.dedup_key, action=alert.action, status=status)
                 return 1
             retry = status is None or status == 429 or status >= 500
-            if not retry or attempt == self.retries or self._stop.wait(self.backoff_s * 2 ** attempt):
+            if not retry or attempt == self.retries or self._stop.wait(self.backoff_s * 2**attempt):
                 break
             log.info("notify.retry", dedup_key=alert.dedup_key, attempt=attempt + 1, reason=why)
         self.failed += 1
-        log.error("notify.failed", dedup_key=alert.dedup_key, action=alert.action, reason=why,
-                  attempts=attempt + 1)
+        log.error("notify.failed", dedup_key=alert.dedup_key, action=alert.action, reason=why, attempts=attempt + 1)
         return 0
 
     def _post(self, body: bytes) -> tuple[int | None, str]:
-        request = urllib.request.Request(self._url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json",
-                                                  "User-Agent": "slurm-supervisor"})
+        request = urllib.request.Request(  # noqa: S310 - the URL is checked to be http(s) at config load
+            self._url,
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json", "User-Agent": "slurm-supervisor"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:  # noqa: S310 - http(s) only
                 return int(answer.status), "ok"

@@ -210,18 +210,21 @@ class NvmlReader:
             links += 1
             if not active:
                 continue
-            for key, counter in (("nvlink_replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
-                                 ("nvlink_recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
-                                 ("nvlink_crc", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
-                                 ("nvlink_crc", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA)):
+            for key, counter in (
+                ("nvlink_replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
+                ("nvlink_recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+                ("nvlink_crc", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+                ("nvlink_crc", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+            ):
                 value = f.read(key, pynvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter)
                 totals[key] += int(value or 0)
         return totals if links else {}
 
     @staticmethod
     def _recovery(f: _Fields, handle: Any) -> int | None:
-        values = f.read("recovery", pynvml.nvmlDeviceGetFieldValues, handle,
-                        [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+        values = f.read(
+            "recovery", pynvml.nvmlDeviceGetFieldValues, handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
+        )
         if values is None:
             return None
         value = values[0]

@@ -176,8 +176,11 @@ def client_env(
     """Environment for a client call: ``base`` without inherited SLURM_* job variables (they
     would leak into submitted jobs) and without the daemon's own secrets (its S3 credentials must
     not reach every job through sbatch's --export=ALL), then ``extra``, then SLURM_CONF."""
-    env = {k: v for k, v in base.items()
-           if (not k.startswith("SLURM_") or k == "SLURM_CONF") and not k.startswith(_SECRET_PREFIXES)}
+    env = {
+        k: v
+        for k, v in base.items()
+        if (not k.startswith("SLURM_") or k == "SLURM_CONF") and not k.startswith(_SECRET_PREFIXES)
+    }
     env.update(extra or {})
     if slurm_conf:
         env["SLURM_CONF"] = slurm_conf

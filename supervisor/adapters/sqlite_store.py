@@ -17,11 +17,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
 
+from supervisor.adapters.sqlite_schema import migrate
 from supervisor.domain.checkpoints import CheckpointRef, Guarantee, Level, Outcome, ShardProblem, VerifyResult
 from supervisor.domain.lemon import Fault
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
-from supervisor.domain.run import CheckpointPolicy, RestartMode, SpikePolicy, RunSpec, RunState, SparePolicy, transition
-from supervisor.adapters.sqlite_schema import migrate
+from supervisor.domain.run import CheckpointPolicy, RestartMode, RunSpec, RunState, SparePolicy, SpikePolicy, transition
 from supervisor.ports import PermanentError
 
 DB_NAME = "supervisor.db"
@@ -68,7 +68,7 @@ class SqliteStore:
             if row is not None:  # its attempts and logbook stay attached to the name
                 raise PermanentError(
                     f"run {spec.name!r} already exists ({row['state']}) and keeps its logbook; "
-                    f"register the retry under a new name, e.g. name = \"{spec.name}-2\" in [run]"
+                    f'register the retry under a new name, e.g. name = "{spec.name}-2" in [run]'
                 )
             db.execute(
                 "INSERT INTO runs(name, spec, state, restarts_spent, created_at, updated_at,"
@@ -85,8 +85,9 @@ class SqliteStore:
         runs = [self._run_from_row(r) for r in rows]
         return [r for r in runs if not r.state.terminal] if active_only else runs
 
-    def set_state(self, name: str, state: RunState, now: float, reason: str | None = None,
-                  spend_restart: bool = False) -> None:
+    def set_state(
+        self, name: str, state: RunState, now: float, reason: str | None = None, spend_restart: bool = False
+    ) -> None:
         with self.transaction() as db:
             row = db.execute("SELECT state FROM runs WHERE name = ?", (name,)).fetchone()
             if row is None:
@@ -130,14 +131,17 @@ class SqliteStore:
         if row is not None:
             return str(row["token"])
         with self.transaction() as db:
-            db.execute("INSERT OR IGNORE INTO run_tokens(run, token, created_at) VALUES (?, ?, ?)",
-                       (run, secrets.token_urlsafe(32), time.time()))
+            db.execute(
+                "INSERT OR IGNORE INTO run_tokens(run, token, created_at) VALUES (?, ?, ?)",
+                (run, secrets.token_urlsafe(32), time.time()),
+            )
             return str(db.execute("SELECT token FROM run_tokens WHERE run = ?", (run,)).fetchone()["token"])
 
     def active_tokens(self) -> dict[str, str]:
         """Tokens of the runs still supervised: telemetry of ended runs is refused."""
-        rows = self._db.execute("SELECT t.run, t.token, r.state FROM run_tokens t JOIN runs r ON r.name = t.run"
-                                ).fetchall()
+        rows = self._db.execute(
+            "SELECT t.run, t.token, r.state FROM run_tokens t JOIN runs r ON r.name = t.run"
+        ).fetchall()
         return {r["run"]: r["token"] for r in rows if not RunState(r["state"]).terminal}
 
     # ------------------------------------------------------------------ bad-node memory
@@ -147,7 +151,9 @@ class SqliteStore:
         rows = self._db.execute(
             "SELECT at, run, json_extract(evidence, '$.node') AS node, json_extract(evidence, '$.observed') AS why"
             " FROM events WHERE kind = 'fault' AND at >= ? AND json_extract(evidence, '$.node') IS NOT NULL"
-            " ORDER BY id", (since,)).fetchall()
+            " ORDER BY id",
+            (since,),
+        ).fetchall()
         return [Fault(r["node"], r["at"], r["run"], r["why"] or "fault") for r in rows]
 
     def clear_quarantine(self, node: str, now: float, by: str, note: str) -> None:
@@ -160,11 +166,13 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ attempts
 
-    def add_attempt(self, run: str, job_id: int, restart_count: int, now: float,
-                    excluded: tuple[str, ...] = ()) -> AttemptRecord:
+    def add_attempt(
+        self, run: str, job_id: int, restart_count: int, now: float, excluded: tuple[str, ...] = ()
+    ) -> AttemptRecord:
         with self.transaction() as db:
             row = db.execute(
-                "SELECT * FROM attempts WHERE run = ? AND job_id = ? AND restart_count = ?", (run, job_id, restart_count)
+                "SELECT * FROM attempts WHERE run = ? AND job_id = ? AND restart_count = ?",
+                (run, job_id, restart_count),
             ).fetchone()
             if row is not None:
                 return _attempt_from_row(row)
@@ -190,8 +198,9 @@ class SqliteStore:
 
     def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]:
         """The run's attempts in order; only the newest ``last`` when given."""
-        rows = self._db.execute("SELECT * FROM attempts WHERE run = ? ORDER BY seq DESC LIMIT ?",
-                                (run, -1 if last is None else last)).fetchall()
+        rows = self._db.execute(
+            "SELECT * FROM attempts WHERE run = ? ORDER BY seq DESC LIMIT ?", (run, -1 if last is None else last)
+        ).fetchall()
         return [_attempt_from_row(r) for r in reversed(rows)]
 
     # ------------------------------------------------------------------ nodes
@@ -211,8 +220,15 @@ class SqliteStore:
     def verdicts(self) -> list[NodeVerdict]:
         rows = self._db.execute("SELECT * FROM nodes ORDER BY since, name").fetchall()
         return [
-            NodeVerdict(r["name"], Verdict(r["verdict"]), r["reason"], json.loads(r["evidence"]), r["run"],
-                        r["action"], r["since"])
+            NodeVerdict(
+                r["name"],
+                Verdict(r["verdict"]),
+                r["reason"],
+                json.loads(r["evidence"]),
+                r["run"],
+                r["action"],
+                r["since"],
+            )
             for r in rows
         ]
 
@@ -266,22 +282,35 @@ class SqliteStore:
         cur = self._db.execute(
             "INSERT OR IGNORE INTO events(at, run, attempt, job_id, kind, message, evidence, actor, key)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (e.at, e.run, e.attempt, e.job_id, e.kind.value, e.message, json.dumps(e.evidence, default=str),
-             e.actor, e.key),
+            (
+                e.at,
+                e.run,
+                e.attempt,
+                e.job_id,
+                e.kind.value,
+                e.message,
+                json.dumps(e.evidence, default=str),
+                e.actor,
+                e.key,
+            ),
         )
         return cur.rowcount == 1
 
     def events_of(self, run: str, kinds: tuple[EventKind, ...], limit: int | None = None) -> list[Event]:
         """The run's events of these kinds, oldest first; only the newest ``limit`` when given."""
         marks = ", ".join("?" for _ in kinds)
-        rows = self._db.execute(f"SELECT * FROM events WHERE run = ? AND kind IN ({marks}) ORDER BY id DESC LIMIT ?",
-                                (run, *[k.value for k in kinds], -1 if limit is None else limit)).fetchall()
+        rows = self._db.execute(
+            f"SELECT * FROM events WHERE run = ? AND kind IN ({marks}) ORDER BY id DESC LIMIT ?",  # noqa: S608 - placeholders only
+            (run, *[k.value for k in kinds], -1 if limit is None else limit),
+        ).fetchall()
         return [_event_from_row(r) for r in reversed(rows)]
 
     def last_event(self, run: str, kinds: tuple[EventKind, ...]) -> Event | None:
         marks = ", ".join("?" for _ in kinds)
-        row = self._db.execute(f"SELECT * FROM events WHERE run = ? AND kind IN ({marks}) ORDER BY id DESC LIMIT 1",
-                               (run, *[k.value for k in kinds])).fetchone()
+        row = self._db.execute(
+            f"SELECT * FROM events WHERE run = ? AND kind IN ({marks}) ORDER BY id DESC LIMIT 1",  # noqa: S608 - placeholders only
+            (run, *[k.value for k in kinds]),
+        ).fetchone()
         return None if row is None else _event_from_row(row)
 
     def events(self, run: str | None = None) -> list[Event]:
@@ -298,50 +327,62 @@ class SqliteStore:
         """Remember a checkpoint found in storage. True when it is new or changed (e.g. its
         commit marker appeared): it needs verifying (again)."""
         with self.transaction() as db:
-            row = db.execute("SELECT committed, seen_at FROM checkpoints WHERE run = ? AND location = ?",
-                             (run, ref.location)).fetchone()
+            row = db.execute(
+                "SELECT committed, seen_at FROM checkpoints WHERE run = ? AND location = ?", (run, ref.location)
+            ).fetchone()
             if row is None:
-                db.execute("INSERT INTO checkpoints(run, location, name, step, guarantee, committed, seen_at,"
-                           " first_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                           (run, ref.location, ref.name, ref.step, ref.guarantee.value, int(ref.committed),
-                            ref.seen_at, now))
+                db.execute(
+                    "INSERT INTO checkpoints(run, location, name, step, guarantee, committed, seen_at,"
+                    " first_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run, ref.location, ref.name, ref.step, ref.guarantee.value, int(ref.committed), ref.seen_at, now),
+                )
                 return True
             if bool(row["committed"]) == ref.committed and row["seen_at"] >= ref.seen_at:
                 return False
-            db.execute("UPDATE checkpoints SET committed = ?, seen_at = ?, step = ?, guarantee = ?,"
-                       " metadata_result = NULL, full_result = NULL WHERE run = ? AND location = ?",
-                       (int(ref.committed), ref.seen_at, ref.step, ref.guarantee.value, run, ref.location))
+            db.execute(
+                "UPDATE checkpoints SET committed = ?, seen_at = ?, step = ?, guarantee = ?,"
+                " metadata_result = NULL, full_result = NULL WHERE run = ? AND location = ?",
+                (int(ref.committed), ref.seen_at, ref.step, ref.guarantee.value, run, ref.location),
+            )
             return True
 
     def checkpoint_result(self, run: str, result: VerifyResult) -> None:
         column = "full_result" if result.level is Level.FULL else "metadata_result"
         with self.transaction() as db:
-            db.execute(f"UPDATE checkpoints SET {column} = ? WHERE run = ? AND location = ?",
-                       (json.dumps(_result_to_json(result)), run, result.location))
+            db.execute(
+                f"UPDATE checkpoints SET {column} = ? WHERE run = ? AND location = ?",  # noqa: S608 - a fixed column name
+                (json.dumps(_result_to_json(result)), run, result.location),
+            )
 
     def demote_checkpoint(self, run: str, location: str, why: str) -> None:
         with self.transaction() as db:
             db.execute("UPDATE checkpoints SET demoted = ? WHERE run = ? AND location = ?", (why, run, location))
 
-    def checkpoints(self, run: str, limit: int | None = None
-                    ) -> list[tuple[CheckpointRef, VerifyResult | None, VerifyResult | None, str | None]]:
+    def checkpoints(
+        self, run: str, limit: int | None = None
+    ) -> list[tuple[CheckpointRef, VerifyResult | None, VerifyResult | None, str | None]]:
         """(ref, metadata result, full result, demoted reason) per checkpoint, newest step first;
         only the newest ``limit`` when given."""
-        rows = self._db.execute("SELECT * FROM checkpoints WHERE run = ? ORDER BY step DESC, first_seen DESC LIMIT ?",
-                                (run, -1 if limit is None else limit)).fetchall()
+        rows = self._db.execute(
+            "SELECT * FROM checkpoints WHERE run = ? ORDER BY step DESC, first_seen DESC LIMIT ?",
+            (run, -1 if limit is None else limit),
+        ).fetchall()
         out = []
         for r in rows:
-            ref = CheckpointRef(r["location"], r["name"], r["step"], Guarantee(r["guarantee"]), bool(r["committed"]),
-                                r["seen_at"])
-            out.append((ref, _result_from_json(r["metadata_result"]), _result_from_json(r["full_result"]),
-                        r["demoted"]))
+            ref = CheckpointRef(
+                r["location"], r["name"], r["step"], Guarantee(r["guarantee"]), bool(r["committed"]), r["seen_at"]
+            )
+            out.append(
+                (ref, _result_from_json(r["metadata_result"]), _result_from_json(r["full_result"]), r["demoted"])
+            )
         return out
 
     def _run_from_row(self, row: sqlite3.Row) -> RunRecord:
         name = row["name"]
         a = self._db.execute("SELECT * FROM attempts WHERE run = ? ORDER BY seq DESC LIMIT 1", (name,)).fetchone()
-        ex = self._db.execute("SELECT node, reason, since, deferred FROM exclusions WHERE run = ? ORDER BY node",
-                              (name,)).fetchall()
+        ex = self._db.execute(
+            "SELECT node, reason, since, deferred FROM exclusions WHERE run = ? ORDER BY node", (name,)
+        ).fetchall()
         return RunRecord(
             spec=_spec_from_json(json.loads(row["spec"])),
             state=RunState(row["state"]),
@@ -357,23 +398,45 @@ class SqliteStore:
 
 
 def _event_from_row(r: sqlite3.Row) -> Event:
-    return Event(r["run"], EventKind(r["kind"]), r["message"], r["key"], r["at"], r["attempt"], r["job_id"],
-                 r["actor"], json.loads(r["evidence"]))
+    return Event(
+        r["run"],
+        EventKind(r["kind"]),
+        r["message"],
+        r["key"],
+        r["at"],
+        r["attempt"],
+        r["job_id"],
+        r["actor"],
+        json.loads(r["evidence"]),
+    )
 
 
 def _attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
     return AttemptRecord(
-        run=r["run"], seq=r["seq"], job_id=r["job_id"], restart_count=r["restart_count"],
-        submitted_at=r["submitted_at"], nodes=tuple(json.loads(r["nodes"] or "[]")),
-        excluded=tuple(json.loads(r["excluded"] or "[]")), started_at=r["started_at"], ended_at=r["ended_at"],
-        end_state=r["end_state"], end_reason=r["end_reason"], exit_code=r["exit_code"],
+        run=r["run"],
+        seq=r["seq"],
+        job_id=r["job_id"],
+        restart_count=r["restart_count"],
+        submitted_at=r["submitted_at"],
+        nodes=tuple(json.loads(r["nodes"] or "[]")),
+        excluded=tuple(json.loads(r["excluded"] or "[]")),
+        started_at=r["started_at"],
+        ended_at=r["ended_at"],
+        end_state=r["end_state"],
+        end_reason=r["end_reason"],
+        exit_code=r["exit_code"],
     )
 
 
 def _action_row(r: sqlite3.Row) -> dict[str, Any]:
     return {
-        "id": r["id"], "run": r["run"], "kind": r["kind"], "params": json.loads(r["params"]), "status": r["status"],
-        "created_at": r["created_at"], "completed_at": r["completed_at"],
+        "id": r["id"],
+        "run": r["run"],
+        "kind": r["kind"],
+        "params": json.loads(r["params"]),
+        "status": r["status"],
+        "created_at": r["created_at"],
+        "completed_at": r["completed_at"],
         "result": json.loads(r["result"]) if r["result"] else None,
     }
 
@@ -403,9 +466,15 @@ def _result_from_json(text: str | None) -> VerifyResult | None:
     if not text:
         return None
     d = json.loads(text)
-    return VerifyResult(**{**d, "level": Level(d["level"]), "outcome": Outcome(d["outcome"]),
-                           "guarantee": Guarantee(d["guarantee"]),
-                           "problems": tuple(ShardProblem(**p) for p in d["problems"])})
+    return VerifyResult(
+        **{
+            **d,
+            "level": Level(d["level"]),
+            "outcome": Outcome(d["outcome"]),
+            "guarantee": Guarantee(d["guarantee"]),
+            "problems": tuple(ShardProblem(**p) for p in d["problems"]),
+        }
+    )
 
 
 def _spec_to_json(spec: RunSpec) -> dict[str, Any]:

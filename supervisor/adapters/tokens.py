@@ -17,8 +17,14 @@ HOOKS = "HOOKS"  # the pseudo-run hooks report under (run names are lowercase: n
 
 
 class TokenBook(Mapping[str, str]):
-    def __init__(self, load: Callable[[], dict[str, str]], *, hook_token_file: str | None = None,
-                 refresh_s: float = 2.0, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        load: Callable[[], dict[str, str]],
+        *,
+        hook_token_file: str | None = None,
+        refresh_s: float = 2.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._load = load
         self._hook_file = Path(hook_token_file) if hook_token_file else None
         self._refresh_s = refresh_s

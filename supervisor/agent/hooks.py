@@ -53,9 +53,16 @@ class HookOutcome:
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, object]:
-        return {"event": f"hook_{self.kind}", "node": self.node, "exit_code": self.exit_code,
-                "findings": [{"severity": f.severity.value, "rule": f.rule, "reason": f.reason} for f in self.findings],
-                "sent": self.sent, "spooled": self.spooled, "drained": self.drained, "notes": self.notes}
+        return {
+            "event": f"hook_{self.kind}",
+            "node": self.node,
+            "exit_code": self.exit_code,
+            "findings": [{"severity": f.severity.value, "rule": f.rule, "reason": f.reason} for f in self.findings],
+            "sent": self.sent,
+            "spooled": self.spooled,
+            "drained": self.drained,
+            "notes": self.notes,
+        }
 
 
 def clean(value: str | None, limit: int = 64) -> str:
@@ -75,16 +82,22 @@ def run_hook(kind: str, cfg: HooksConfig, env: Mapping[str, str]) -> HookOutcome
         raise ValueError(f"unknown hook {kind!r}; one of {', '.join(KINDS)}")
     node = node_of(env)
     h = cfg.hooks
-    result = check_once(h.nvml_timeout_s, node=node, source=kind, settings=cfg.gpu_health.to_settings(),
-                        library_path=str(h.nvml_library) if h.nvml_library else None)
+    result = check_once(
+        h.nvml_timeout_s,
+        node=node,
+        source=kind,
+        settings=cfg.gpu_health.to_settings(),
+        library_path=str(h.nvml_library) if h.nvml_library else None,
+    )
     fatal = [f for f in result.findings if f.severity is Severity.FATAL]
     out = HookOutcome(kind, node, 1 if fatal and kind != "healthcheck" else 0, result.findings)
     if result.error:
         out.notes.append(f"nvml: {result.error}")
     job = env.get("SLURM_JOB_ID", "")
     if job and _JOB.match(job):
-        exit_info = ",".join(f"{k}={clean(env[k], 16)}" for k in ("SLURM_JOB_EXIT_CODE", "SLURM_JOB_DERIVED_EC")
-                             if k in env)
+        exit_info = ",".join(
+            f"{k}={clean(env[k], 16)}" for k in ("SLURM_JOB_EXIT_CODE", "SLURM_JOB_DERIVED_EC") if k in env
+        )
         out.notes.append(f"job {job}" + (f" ({exit_info})" if exit_info else ""))
     if fatal and kind == "healthcheck":
         out.drained = _drain(h.scontrol, node, fatal[0], out)
@@ -118,8 +131,13 @@ def _report(result: CheckResult, cfg: HooksConfig, node: str, out: HookOutcome) 
             out.spooled += spool.put(report)
         out.notes.append("not reported: [hooks] url and token_file are not both set; spooled")
         return
-    sender = HttpSender(h.url, HOOKS_RUN, token, node,
-                        SenderSettings(buffer_max=h.spool_max + 1, batch_max=64, timeout_s=h.post_timeout_s))
+    sender = HttpSender(
+        h.url,
+        HOOKS_RUN,
+        token,
+        node,
+        SenderSettings(buffer_max=h.spool_max + 1, batch_max=64, timeout_s=h.post_timeout_s),
+    )
     spooled, queued = spool.take()
     for r in queued:
         sender.add(r)

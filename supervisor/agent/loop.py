@@ -67,9 +67,15 @@ class _Sample:
 
 
 class Agent:
-    def __init__(self, node: str, reader: GpuReader, sink: ReportSink, settings: AgentSettings | None = None,
-                 host: Callable[[], HostSample | None] = lambda: None,
-                 now: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        node: str,
+        reader: GpuReader,
+        sink: ReportSink,
+        settings: AgentSettings | None = None,
+        host: Callable[[], HostSample | None] = lambda: None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
         self.node = node
         self.reader = reader
         self.sink = sink
@@ -100,8 +106,9 @@ class Agent:
             while not self._stop.is_set():
                 due = time.monotonic() + interval
                 gpus = tuple(self.reader.sample())
-                self._queue.put(_Sample(gpus, self.reader.gpu_count, tuple(self.reader.errors[-8:]),
-                                        self.reader.driver))
+                self._queue.put(
+                    _Sample(gpus, self.reader.gpu_count, tuple(self.reader.errors[-8:]), self.reader.driver)
+                )
                 while not self._stop.is_set() and (left := due - time.monotonic()) > 0:
                     xids = self.reader.wait_xids(min(left, self.settings.xid_poll_s))
                     if xids:
@@ -149,9 +156,19 @@ class Agent:
     def _emit(self, sample: _Sample | None, xids: tuple[XidEvent, ...], *, force: bool = False) -> None:
         self._seq += 1
         s = sample or _Sample((), None, (), "")
-        report = NodeReport(v=SCHEMA_VERSION, node=self.node, seq=self._seq, at=self.now(),
-                            interval_s=self.settings.interval_s, gpu_count=s.gpu_count, gpus=s.gpus, xids=xids,
-                            host=self.host(), errors=s.errors, driver=s.driver)
+        report = NodeReport(
+            v=SCHEMA_VERSION,
+            node=self.node,
+            seq=self._seq,
+            at=self.now(),
+            interval_s=self.settings.interval_s,
+            gpu_count=s.gpu_count,
+            gpus=s.gpus,
+            xids=xids,
+            host=self.host(),
+            errors=s.errors,
+            driver=s.driver,
+        )
         for x in xids:
             log.warning("agent_xid", node=self.node, gpu=x.gpu, xid=x.xid)
         self.sink.add(report)

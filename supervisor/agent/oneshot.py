@@ -40,9 +40,15 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def check_once(timeout_s: float = 4.0, *, node: str | None = None, source: str = "prolog",
-               settings: GpuHealthSettings | None = None, library_path: str | None = None,
-               env: Mapping[str, str] | None = None) -> CheckResult:
+def check_once(
+    timeout_s: float = 4.0,
+    *,
+    node: str | None = None,
+    source: str = "prolog",
+    settings: GpuHealthSettings | None = None,
+    library_path: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> CheckResult:
     """Read the GPUs once within ``timeout_s`` and judge them. Never raises, never hangs.
 
     Hysteresis does not apply to a single look: every condition counts as persistent."""
@@ -53,13 +59,25 @@ def check_once(timeout_s: float = 4.0, *, node: str | None = None, source: str =
         argv.append(library_path)
     start = time.monotonic()
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=timeout_s, check=False,  # noqa: S603
-                              env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,  # noqa: S603
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         elapsed = time.monotonic() - start
-        finding = NodeFinding(node=node, severity=Severity.FATAL, rule=f"nvml-hung@{RULES_VERSION}",
-                              reason=f"NVML did not answer within {timeout_s:g} s (wedged driver or GPU)",
-                              at=time.time(), source=source, evidence={"timeout_s": timeout_s})
+        finding = NodeFinding(
+            node=node,
+            severity=Severity.FATAL,
+            rule=f"nvml-hung@{RULES_VERSION}",
+            reason=f"NVML did not answer within {timeout_s:g} s (wedged driver or GPU)",
+            at=time.time(),
+            source=source,
+            evidence={"timeout_s": timeout_s},
+        )
         return CheckResult((finding,), None, elapsed, f"timed out after {timeout_s:g} s")
     elapsed = time.monotonic() - start
     try:
@@ -82,9 +100,17 @@ def _child(node: str, source: str, library_path: str | None) -> int:
     else:
         try:
             gpus = tuple(reader.sample())
-            report = NodeReport(v=SCHEMA_VERSION, node=node, seq=0, at=time.time(), source=source,
-                                gpu_count=reader.gpu_count, gpus=gpus, errors=tuple(reader.errors),
-                                driver=reader.driver)
+            report = NodeReport(
+                v=SCHEMA_VERSION,
+                node=node,
+                seq=0,
+                at=time.time(),
+                source=source,
+                gpu_count=reader.gpu_count,
+                gpus=gpus,
+                errors=tuple(reader.errors),
+                driver=reader.driver,
+            )
         finally:
             reader.close()
     sys.stdout.write(json.dumps(to_wire(report), separators=(",", ":")))

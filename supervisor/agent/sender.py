@@ -36,15 +36,28 @@ class SenderSettings:
     backoff_max_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.buffer_max < 1 or self.batch_max < 1 or self.timeout_s <= 0 or self.backoff_initial_s <= 0 \
-                or self.backoff_max_s < self.backoff_initial_s:
-            raise ValueError("buffer_max and batch_max must be >= 1, timeout_s > 0, "
-                             "0 < backoff_initial_s <= backoff_max_s")
+        if (
+            self.buffer_max < 1
+            or self.batch_max < 1
+            or self.timeout_s <= 0
+            or self.backoff_initial_s <= 0
+            or self.backoff_max_s < self.backoff_initial_s
+        ):
+            raise ValueError(
+                "buffer_max and batch_max must be >= 1, timeout_s > 0, 0 < backoff_initial_s <= backoff_max_s"
+            )
 
 
 class HttpSender:
-    def __init__(self, url: str, run: str, token: str, node: str, settings: SenderSettings | None = None,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        run: str,
+        token: str,
+        node: str,
+        settings: SenderSettings | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"daemon URL {url!r} must look like http://HOST:PORT")
@@ -107,8 +120,9 @@ class HttpSender:
             if problem is None:
                 log.info("agent_daemon_reachable", pending=len(self._buffer))
             else:
-                log.warning("agent_send_failed", problem=problem, pending=len(self._buffer),
-                            retry_in_s=round(self._delay, 1))
+                log.warning(
+                    "agent_send_failed", problem=problem, pending=len(self._buffer), retry_in_s=round(self._delay, 1)
+                )
             self._last_problem = problem
 
     def _body(self, batch: list[NodeReport]) -> bytes:

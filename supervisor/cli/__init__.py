@@ -37,10 +37,19 @@ def _config(ctx: click.Context) -> DaemonConfig:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SLURM_SUPERVISOR_CONFIG",
-              help=f"Daemon configuration (TOML). Default: {DEFAULT_CONFIG} when it exists.")
-@click.option("--state-dir", type=click.Path(file_okay=False), envvar="SLURM_SUPERVISOR_STATE_DIR",
-              help="Override daemon.state_dir.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    envvar="SLURM_SUPERVISOR_CONFIG",
+    help=f"Daemon configuration (TOML). Default: {DEFAULT_CONFIG} when it exists.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    envvar="SLURM_SUPERVISOR_STATE_DIR",
+    help="Override daemon.state_dir.",
+)
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None, state_dir: str | None) -> None:
     """Keep long Slurm training runs alive: follow jobs, recover from node faults, keep a logbook."""
@@ -48,11 +57,17 @@ def main(ctx: click.Context, config_path: str | None, state_dir: str | None) -> 
 
 
 @main.command()
-@click.option("--config", "daemon_config", type=click.Path(dir_okay=False), default=None,
-              help="Daemon configuration (same as the global --config).")
+@click.option(
+    "--config",
+    "daemon_config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Daemon configuration (same as the global --config).",
+)
 @click.option("--once", is_flag=True, help="Run one reconcile tick and exit.")
-@click.option("--crash-at", hidden=True, default=None,
-              help="Fault injection for tests: BOUNDARY[:ACTION] — exit abruptly there.")
+@click.option(
+    "--crash-at", hidden=True, default=None, help="Fault injection for tests: BOUNDARY[:ACTION] — exit abruptly there."
+)
 @click.pass_context
 def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: str | None) -> None:
     """Run the supervisor daemon (systemd: Type=notify)."""
@@ -82,10 +97,16 @@ def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: 
                     raise click.ClickException(f"{exc}; set [ingest] port (or enabled = false)") from None
                 settings = replace(settings, ingest_url=wiring.advertised_url(cfg, ingest[1]))
             engine = Engine(
-                scheduler=wiring.scheduler(cfg), store=store, clock=clock, settings=settings,
+                scheduler=wiring.scheduler(cfg),
+                store=store,
+                clock=clock,
+                settings=settings,
                 probe=TcpProbe(timeout=cfg.probe.timeout_s) if cfg.probe.enabled else None,
-                fencer=wiring.fencer(cfg), crash_hook=_crash_hook(crash_at), progress=wiring.progress(cfg),
-                checkpoints=wiring.checkpoints(clock), health=ingest[0] if ingest else None,
+                fencer=wiring.fencer(cfg),
+                crash_hook=_crash_hook(crash_at),
+                progress=wiring.progress(cfg),
+                checkpoints=wiring.checkpoints(clock),
+                health=ingest[0] if ingest else None,
             )
             try:
                 paging = wiring.pager(cfg, store, clock)
@@ -94,8 +115,13 @@ def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: 
             if paging is not None:
                 paging[0].start()
             try:
-                run_loop(engine, Pacing(cfg.daemon.poll_interval_s), SystemdNotifier(),
-                         max_ticks=1 if once else None, after_tick=paging[1] if paging else None)
+                run_loop(
+                    engine,
+                    Pacing(cfg.daemon.poll_interval_s),
+                    SystemdNotifier(),
+                    max_ticks=1 if once else None,
+                    after_tick=paging[1] if paging else None,
+                )
             finally:
                 if paging is not None:
                     paging[0].close()
@@ -134,17 +160,27 @@ def submit(ctx: click.Context, spec_path: str, no_slurm_check: bool) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except PortError as exc:
-        raise click.ClickException(f"could not ask Slurm about partition {spec.partition!r}: {exc}. "
-                                   "Fix: check that slurmctld is up, or pass --no-slurm-check") from None
+        raise click.ClickException(
+            f"could not ask Slurm about partition {spec.partition!r}: {exc}. "
+            "Fix: check that slurmctld is up, or pass --no-slurm-check"
+        ) from None
     store = wiring.store(cfg)
     now = wiring.clock().now()
     try:
         with store.transaction():
             store.add_run(spec, now)
-            store.record_event(Event(spec.name, EventKind.REGISTERED,
-                                     f"run registered by {_user()}: {spec.nodes} nodes on {spec.partition}, "
-                                     f"up to {spec.max_restarts} restarts", f"{spec.name}:registered:{now:.6f}",
-                                     now, actor=_user(), evidence={"spec": str(Path(spec_path).resolve())}))
+            store.record_event(
+                Event(
+                    spec.name,
+                    EventKind.REGISTERED,
+                    f"run registered by {_user()}: {spec.nodes} nodes on {spec.partition}, "
+                    f"up to {spec.max_restarts} restarts",
+                    f"{spec.name}:registered:{now:.6f}",
+                    now,
+                    actor=_user(),
+                    evidence={"spec": str(Path(spec_path).resolve())},
+                )
+            )
     except PortError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"run {spec.name} registered; the daemon submits it on its next tick")
@@ -172,7 +208,9 @@ def status(ctx: click.Context, run: str | None, as_json: bool) -> None:
 class _LogbookGroup(click.Group):
     """`logbook RUN [options]` shows a logbook; `logbook note RUN TEXT` adds a signed note."""
 
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
         if args and args[0] in self.commands:
             return super().resolve_command(ctx, args)
         return "show", self.commands["show"], args
@@ -190,9 +228,15 @@ _WHEN = "UTC ISO time (2026-11-29T03:00) or a span back from now (90m, 2h, 1d)"
 @logbook.command("show")
 @click.argument("run", required=False)
 @click.option("--evidence", is_flag=True, help="Show each event's evidence.")
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json", "html"]), default="text",
-              show_default=True, help="text: one line per event; markdown: the OPT-style chronicle; json: JSON "
-              "lines; html: one self-contained page (timeline, curves, lost time by cause, chronicle).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "markdown", "json", "html"]),
+    default="text",
+    show_default=True,
+    help="text: one line per event; markdown: the OPT-style chronicle; json: JSON "
+    "lines; html: one self-contained page (timeline, curves, lost time by cause, chronicle).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Export the events as JSON lines (same as --format json).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write to FILE, not stdout.")
 @click.option("--since", default=None, help=f"Events from then on: {_WHEN}.")
@@ -200,12 +244,28 @@ _WHEN = "UTC ISO time (2026-11-29T03:00) or a span back from now (90m, 2h, 1d)"
 @click.option("--kind", "kinds", multiple=True, help="Only these kinds (repeat the option for more).")
 @click.option("--node", "nodes", multiple=True, help="Only events about these nodes (repeat for more).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new events until Ctrl-C.")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
-              help="Seconds between reads of the store with --follow.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    help="Seconds between reads of the store with --follow.",
+)
 @click.pass_context
-def logbook_show(ctx: click.Context, run: str | None, evidence: bool, fmt: str, as_json: bool, output: str | None,
-                 since: str | None, until: str | None, kinds: tuple[str, ...], nodes: tuple[str, ...], follow: bool,
-                 interval: float) -> None:
+def logbook_show(
+    ctx: click.Context,
+    run: str | None,
+    evidence: bool,
+    fmt: str,
+    as_json: bool,
+    output: str | None,
+    since: str | None,
+    until: str | None,
+    kinds: tuple[str, ...],
+    nodes: tuple[str, ...],
+    follow: bool,
+    interval: float,
+) -> None:
     """Print a run's logbook (`logbook RUN` is short for `logbook show RUN`; no RUN: every run's events)."""
     from rich.console import Console
 
@@ -218,11 +278,15 @@ def logbook_show(ctx: click.Context, run: str | None, evidence: bool, fmt: str, 
     filt = _event_filter(since, until, kinds, nodes, clock.now())
     if fmt in ("markdown", "html"):
         if record is None:
-            raise click.ClickException(f"--format {fmt} shows one run: name it, e.g. `slurm-supervisor logbook "
-                                       f"llama-70b --format {fmt} -o llama-70b.{'md' if fmt == 'markdown' else 'html'}`")
+            raise click.ClickException(
+                f"--format {fmt} shows one run: name it, e.g. `slurm-supervisor logbook "
+                f"llama-70b --format {fmt} -o llama-70b.{'md' if fmt == 'markdown' else 'html'}`"
+            )
         if filt.active or follow:
-            raise click.ClickException("--since, --until, --kind, --node and --follow apply to --format text and "
-                                       f"json; --format {fmt} shows the whole run")
+            raise click.ClickException(
+                "--since, --until, --kind, --node and --follow apply to --format text and "
+                f"json; --format {fmt} shows the whole run"
+            )
         _write(output, _document(fmt, record, store, clock.now()))
         return
     if follow and output:
@@ -248,12 +312,15 @@ def logbook_show(ctx: click.Context, run: str | None, evidence: bool, fmt: str, 
             out.close()
 
 
-def _event_filter(since: str | None, until: str | None, kinds: tuple[str, ...], nodes: tuple[str, ...],
-                  now: float) -> render.EventFilter:
+def _event_filter(
+    since: str | None, until: str | None, kinds: tuple[str, ...], nodes: tuple[str, ...], now: float
+) -> render.EventFilter:
     known = {k.value for k in EventKind}
     unknown = sorted(set(kinds) - known)
     if unknown:
-        raise click.ClickException(f"unknown event kind(s) {', '.join(unknown)}; known kinds: {', '.join(sorted(known))}")
+        raise click.ClickException(
+            f"unknown event kind(s) {', '.join(unknown)}; known kinds: {', '.join(sorted(known))}"
+        )
     try:
         lo = render.parse_when(since, now) if since else None
         hi = render.parse_when(until, now) if until else None
@@ -301,14 +368,30 @@ def _write(output: str | None, text: str) -> None:
 @click.argument("run")
 @click.option("--since", default=None, help=f"Window start: {_WHEN}.")
 @click.option("--until", default=None, help=f"Window end: {_WHEN}.")
-@click.option("--window", "window_h", type=click.FloatRange(min=0.01), default=None,
-              help="Also show the ETTR per window of this many hours.")
-@click.option("--save-s", type=click.FloatRange(min=0.0, min_open=True), default=None,
-              help="Checkpoint save cost in seconds for the interval advice (default: the logbook's save_s).")
+@click.option(
+    "--window",
+    "window_h",
+    type=click.FloatRange(min=0.01),
+    default=None,
+    help="Also show the ETTR per window of this many hours.",
+)
+@click.option(
+    "--save-s",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    help="Checkpoint save cost in seconds for the interval advice (default: the logbook's save_s).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def logbook_goodput(ctx: click.Context, run: str, since: str | None, until: str | None, window_h: float | None,
-                    save_s: float | None, as_json: bool) -> None:
+def logbook_goodput(
+    ctx: click.Context,
+    run: str,
+    since: str | None,
+    until: str | None,
+    window_h: float | None,
+    save_s: float | None,
+    as_json: bool,
+) -> None:
     """Effective training time ratio (ETTR), lost time by cause, interruption rate, checkpoint advice."""
     from supervisor.domain.chronicle import last_record
     from supervisor.domain.goodput import goodput, measured_save_s, windows
@@ -338,15 +421,27 @@ def logbook_goodput(ctx: click.Context, run: str, since: str | None, until: str 
 def logbook_note(ctx: click.Context, run: str, text: str) -> None:
     """Add a note to RUN's logbook, signed with your Unix user."""
     if not text.strip():
-        raise click.ClickException("the note is empty; write what happened, e.g. \"replaced GPU 3 on gpu-117\"")
+        raise click.ClickException('the note is empty; write what happened, e.g. "replaced GPU 3 on gpu-117"')
     store = wiring.store(_config(ctx))
     record = store.get_run(run)
     if record is None:
         raise click.ClickException(f"unknown run {run!r}; `slurm-supervisor status` lists the runs")
     now, user, a = wiring.clock().now(), _user(), record.attempt
-    store.record_event(Event(run, EventKind.NOTE, text.strip(), f"{run}:note:{now:.6f}:{user}", now,
-                             a.seq if a else None, a.job_id if a else None, actor=user))
+    store.record_event(
+        Event(
+            run,
+            EventKind.NOTE,
+            text.strip(),
+            f"{run}:note:{now:.6f}:{user}",
+            now,
+            a.seq if a else None,
+            a.job_id if a else None,
+            actor=user,
+        )
+    )
     click.echo(f"note added to the logbook of run {run}, signed {user}")
+
+
 @main.command()
 @click.pass_context
 def nodes(ctx: click.Context) -> None:
@@ -379,10 +474,16 @@ def cancel(ctx: click.Context, run: str) -> None:
 @click.option("--hours", default=24.0, show_default=True, help="Simulated hours.")
 @click.option("--crashes", default=3, show_default=True, help="Node crashes to inject.")
 @click.option("--seed", default=7, show_default=True)
-@click.option("--state-dir", "demo_dir", type=click.Path(file_okay=False), default=None,
-              help="Keep the demo's store here (default: a temporary directory).")
-def demo(total_nodes: int, run_nodes: int, spares: int, hours: float, crashes: int, seed: int,
-         demo_dir: str | None) -> None:
+@click.option(
+    "--state-dir",
+    "demo_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep the demo's store here (default: a temporary directory).",
+)
+def demo(
+    total_nodes: int, run_nodes: int, spares: int, hours: float, crashes: int, seed: int, demo_dir: str | None
+) -> None:
     """The daemon supervising a run on a simulated cluster with injected node crashes."""
     from supervisor.adapters.logging import configure_logging
     from supervisor.sim.demo import DemoSettings, run_demo
@@ -390,12 +491,18 @@ def demo(total_nodes: int, run_nodes: int, spares: int, hours: float, crashes: i
     configure_logging("warning", "auto")
     o = run_demo(DemoSettings(total_nodes, run_nodes, spares, hours, crashes, seed), demo_dir)
     s = o.settings
-    click.echo(f"simulated {s.hours:g} h of a {s.run_nodes}-node run with {s.spares} named spares on "
-               f"{s.total_nodes} nodes: {o.ticks} daemon ticks in {o.wall_s:.1f} s of wall time")
-    click.echo(f"injected node crashes: {', '.join(o.injected) or 'none'}; recoveries: {o.recoveries}; "
-               f"overlapping incarnations: {o.overlaps}")
-    click.echo(f"run state: {o.run.state.value}; restarts spent: {o.run.restarts_spent}/{o.run.spec.max_restarts}; "
-               f"excluded: {', '.join(sorted(o.run.excluded)) or 'none'}\n")
+    click.echo(
+        f"simulated {s.hours:g} h of a {s.run_nodes}-node run with {s.spares} named spares on "
+        f"{s.total_nodes} nodes: {o.ticks} daemon ticks in {o.wall_s:.1f} s of wall time"
+    )
+    click.echo(
+        f"injected node crashes: {', '.join(o.injected) or 'none'}; recoveries: {o.recoveries}; "
+        f"overlapping incarnations: {o.overlaps}"
+    )
+    click.echo(
+        f"run state: {o.run.state.value}; restarts spent: {o.run.restarts_spent}/{o.run.spec.max_restarts}; "
+        f"excluded: {', '.join(sorted(o.run.excluded)) or 'none'}\n"
+    )
     click.echo("LOGBOOK")
     for line in render.logbook_lines(o.events):
         click.echo(line)
@@ -435,4 +542,5 @@ from supervisor.cli.hooks import hook  # noqa: E402
 main.add_command(hook)
 
 from supervisor.cli.simulate import simulate  # noqa: E402
+
 main.add_command(simulate)

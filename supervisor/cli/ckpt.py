@@ -116,8 +116,13 @@ def _discover(store: Any) -> list[CheckpointRef]:
 
 
 @click.group("ckpt")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
-              show_default=True, help="Log events (on stderr; results go to stdout).")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    show_default=True,
+    help="Log events (on stderr; results go to stdout).",
+)
 def ckpt(log_level: str) -> None:
     """Checkpoints: commit a finished one, list them, verify them (docs/checkpoint-layouts.md)."""
     from supervisor.adapters.logging import configure_logging
@@ -129,15 +134,29 @@ def ckpt(log_level: str) -> None:
 @click.argument("root")
 @click.argument("name")
 @click.option("--step", type=click.IntRange(min=0), required=True, help="The training step the checkpoint holds.")
-@click.option("--algorithm", type=click.Choice([a.value for a in ChecksumAlgorithm]), default="crc64nvme",
-              show_default=True, help="Checksum recorded for every shard.")
+@click.option(
+    "--algorithm",
+    type=click.Choice([a.value for a in ChecksumAlgorithm]),
+    default="crc64nvme",
+    show_default=True,
+    help="Checksum recorded for every shard.",
+)
 @click.option("--writer", default=None, help="Who wrote it, for the logbook. Default: this host's name.")
 @click.option("--run", "run_name", default=None, help="The run's name, recorded in the manifest.")
-@click.option("--workers", type=click.IntRange(1, 256), default=8, show_default=True,
-              help="Shards checksummed in parallel.")
+@click.option(
+    "--workers", type=click.IntRange(1, 256), default=8, show_default=True, help="Shards checksummed in parallel."
+)
 @click.option("--endpoint-url", default=None, help="S3-compatible endpoint (Ceph, MinIO...) for s3:// roots.")
-def commit(root: str, name: str, step: int, algorithm: str, writer: str | None, run_name: str | None,
-           workers: int, endpoint_url: str | None) -> None:
+def commit(
+    root: str,
+    name: str,
+    step: int,
+    algorithm: str,
+    writer: str | None,
+    run_name: str | None,
+    workers: int,
+    endpoint_url: str | None,
+) -> None:
     """Write NAME's manifest (ssv-manifest.json) as its commit marker, once every shard is written.
 
     Run it once per checkpoint, after all ranks have finished saving (after a barrier), e.g.
@@ -146,8 +165,15 @@ def commit(root: str, name: str, step: int, algorithm: str, writer: str | None, 
 
     backend = _backend(root, endpoint_url)
     try:
-        manifest = build_manifest(backend, name, step, algorithm=ChecksumAlgorithm(algorithm),
-                                  writer=writer or socket.gethostname(), workers=workers, run=run_name)
+        manifest = build_manifest(
+            backend,
+            name,
+            step,
+            algorithm=ChecksumAlgorithm(algorithm),
+            writer=writer or socket.gethostname(),
+            workers=workers,
+            run=run_name,
+        )
         location = commit_checkpoint(backend, name, manifest)
     except AlreadyCommitted as exc:
         _fail(1, str(exc))
@@ -156,8 +182,10 @@ def commit(root: str, name: str, step: int, algorithm: str, writer: str | None, 
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     n = len(manifest.shards)
-    click.echo(f"committed step {step}: {n} shard{'s' if n != 1 else ''}, {_size(manifest.total_bytes)}, "
-               f"{manifest.algorithm.value} -> {location}")
+    click.echo(
+        f"committed step {step}: {n} shard{'s' if n != 1 else ''}, {_size(manifest.total_bytes)}, "
+        f"{manifest.algorithm.value} -> {location}"
+    )
 
 
 @ckpt.command("list", cls=_Command)
@@ -174,11 +202,19 @@ def list_(root: str, endpoint_url: str | None, as_json: bool) -> None:
         click.echo(f"no checkpoints under {root}")
         return
     rows = [("STEP", "STATE", "GUARANTEE", "NEWEST OBJECT (UTC)", "LOCATION")]
-    rows += [("-" if r.step is None else str(r.step), "committed" if r.committed else "UNCOMMITTED",
-              r.guarantee.value, _when(r.seen_at), r.location) for r in refs]
+    rows += [
+        (
+            "-" if r.step is None else str(r.step),
+            "committed" if r.committed else "UNCOMMITTED",
+            r.guarantee.value,
+            _when(r.seen_at),
+            r.location,
+        )
+        for r in refs
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[4])
     weak = sorted({r.guarantee for r in refs if r.guarantee.weak})
     for g in weak:
         click.echo(f"note: {g.value} = {g.describe}")
@@ -187,8 +223,13 @@ def list_(root: str, endpoint_url: str | None, as_json: bool) -> None:
 @ckpt.command("verify", cls=_Command)
 @click.argument("root")
 @click.argument("name", required=False)
-@click.option("--level", type=click.Choice([lv.value for lv in Level]), default=Level.METADATA.value,
-              show_default=True, help="metadata: list + HEAD against the manifest; full: read every byte.")
+@click.option(
+    "--level",
+    type=click.Choice([lv.value for lv in Level]),
+    default=Level.METADATA.value,
+    show_default=True,
+    help="metadata: list + HEAD against the manifest; full: read every byte.",
+)
 @click.option("--endpoint-url", default=None, help="S3-compatible endpoint for s3:// roots.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of lines of text.")
 def verify(root: str, name: str | None, level: str, endpoint_url: str | None, as_json: bool) -> None:
@@ -201,8 +242,13 @@ def verify(root: str, name: str | None, level: str, endpoint_url: str | None, as
     results = [_verify(store, ref, Level(level)) for ref in targets]
     code = max((EXIT_OUTCOME[r.outcome] for r in results), default=EXIT_NOTHING)
     if as_json:
-        doc = {"root": root, "level": level, "exit": code, "results": [r.evidence() for r in results],
-               "skipped_uncommitted": [_ref_json(r) for r in skipped]}
+        doc = {
+            "root": root,
+            "level": level,
+            "exit": code,
+            "results": [r.evidence() for r in results],
+            "skipped_uncommitted": [_ref_json(r) for r in skipped],
+        }
         click.echo(json.dumps(doc, indent=1))
     else:
         for r in results:
@@ -223,8 +269,10 @@ def _pick(refs: list[CheckpointRef], name: str) -> list[CheckpointRef]:
     hits = [r for r in refs if r.name == want or r.location.rstrip("/").endswith("/" + want)]
     if not hits:
         known = ", ".join(r.name for r in refs[-10:]) or "none"
-        raise BadInput(f"no checkpoint named {name!r} under the root (newest found: {known}); "
-                       "`slurm-supervisor ckpt list ROOT` shows them all")
+        raise BadInput(
+            f"no checkpoint named {name!r} under the root (newest found: {known}); "
+            "`slurm-supervisor ckpt list ROOT` shows them all"
+        )
     return hits
 
 
@@ -234,8 +282,15 @@ def _verify(store: Any, ref: CheckpointRef, level: Level) -> VerifyResult:
 
 
 def _ref_json(r: CheckpointRef) -> dict[str, Any]:
-    return {"location": r.location, "name": r.name, "step": r.step, "guarantee": r.guarantee.value,
-            "weak": r.guarantee.weak, "committed": r.committed, "seen_at": r.seen_at}
+    return {
+        "location": r.location,
+        "name": r.name,
+        "step": r.step,
+        "guarantee": r.guarantee.value,
+        "weak": r.guarantee.weak,
+        "committed": r.committed,
+        "seen_at": r.seen_at,
+    }
 
 
 def _when(t: float) -> str:

@@ -47,8 +47,12 @@ def _say(doc: dict[str, object]) -> None:
     sys.stderr.flush()
 
 
-_CONFIG = click.option("--config", type=click.Path(dir_okay=False), default=None,
-                       help=f"hooks.toml (default: $SLURM_SUPERVISOR_HOOKS_CONFIG, else {DEFAULT_HOOKS_CONFIG}).")
+_CONFIG = click.option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help=f"hooks.toml (default: $SLURM_SUPERVISOR_HOOKS_CONFIG, else {DEFAULT_HOOKS_CONFIG}).",
+)
 
 
 @hook.command()

@@ -39,8 +39,17 @@ def list_(ctx: click.Context, as_json: bool) -> None:
         return
     for q in sorted(found.values(), key=lambda q: q.node):
         if as_json:
-            click.echo(json.dumps({"node": q.node, "since": q.since, "until": q.until, "reason": q.reason,
-                                   "faults": [{"at": f.at, "run": f.run, "reason": f.reason} for f in q.faults]}))
+            click.echo(
+                json.dumps(
+                    {
+                        "node": q.node,
+                        "since": q.since,
+                        "until": q.until,
+                        "reason": q.reason,
+                        "faults": [{"at": f.at, "run": f.run, "reason": f.reason} for f in q.faults],
+                    }
+                )
+            )
             continue
         until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(q.until))
         click.echo(f"{q.node}  until {until}  {q.reason}")

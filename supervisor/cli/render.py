@@ -38,9 +38,18 @@ def run_dict(run: RunRecord, attempts: list[AttemptRecord]) -> dict[str, Any]:
         "excluded": dict(run.excluded),
         "end_reason": run.end_reason,
         "attempts": [
-            {"seq": x.seq, "job_id": x.job_id, "restart_count": x.restart_count, "nodes": list(x.nodes),
-             "submitted_at": x.submitted_at, "started_at": x.started_at, "ended_at": x.ended_at,
-             "end_state": x.end_state, "end_reason": x.end_reason, "exit_code": x.exit_code}
+            {
+                "seq": x.seq,
+                "job_id": x.job_id,
+                "restart_count": x.restart_count,
+                "nodes": list(x.nodes),
+                "submitted_at": x.submitted_at,
+                "started_at": x.started_at,
+                "ended_at": x.ended_at,
+                "end_state": x.end_state,
+                "end_reason": x.end_reason,
+                "exit_code": x.exit_code,
+            }
             for x in attempts
         ],
     }
@@ -50,8 +59,16 @@ def status_lines(runs: Iterable[RunRecord]) -> list[str]:
     rows = [("RUN", "STATE", "JOB", "ATTEMPT", "RESTARTS", "EXCLUDED")]
     for r in runs:
         a = r.attempt
-        rows.append((r.name, r.state.value, str(a.job_id) if a else "-", str(a.seq) if a else "-",
-                     f"{r.restarts_spent}/{r.spec.max_restarts}", ",".join(sorted(r.excluded)) or "-"))
+        rows.append(
+            (
+                r.name,
+                r.state.value,
+                str(a.job_id) if a else "-",
+                str(a.seq) if a else "-",
+                f"{r.restarts_spent}/{r.spec.max_restarts}",
+                ",".join(sorted(r.excluded)) or "-",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
@@ -77,10 +94,21 @@ def node_lines(verdicts: Iterable[NodeVerdict]) -> list[str]:
 # ---------------------------------------------------------------- the terminal logbook (rich)
 
 _KIND_STYLE = {
-    "fault": "bold red", "gave_up": "bold red", "mass_fault": "bold red", "node_drained": "red",
-    "node_excluded": "yellow", "warning": "yellow", "stopped": "magenta", "requeued": "magenta",
-    "restarted": "cyan", "started": "green", "completed": "bold green", "note": "bold blue",
-    "rollback": "bold magenta", "spike": "yellow", "cancelled": "magenta",
+    "fault": "bold red",
+    "gave_up": "bold red",
+    "mass_fault": "bold red",
+    "node_drained": "red",
+    "node_excluded": "yellow",
+    "warning": "yellow",
+    "stopped": "magenta",
+    "requeued": "magenta",
+    "restarted": "cyan",
+    "started": "green",
+    "completed": "bold green",
+    "note": "bold blue",
+    "rollback": "bold magenta",
+    "spike": "yellow",
+    "cancelled": "magenta",
 }
 
 
@@ -134,9 +162,11 @@ def parse_when(text: str, now: float) -> float:
     try:
         dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace(" UTC", "+00:00"))
     except ValueError:
-        raise ValueError(f"cannot read the time {text!r}: give an ISO time in UTC such as 2026-11-29T03:00 "
-                         "(or with an offset, 2026-11-28T22:00-05:00), or a span back from now such as 90m, 2h, "
-                         "1d") from None
+        raise ValueError(
+            f"cannot read the time {text!r}: give an ISO time in UTC such as 2026-11-29T03:00 "
+            "(or with an offset, 2026-11-28T22:00-05:00), or a span back from now such as 90m, 2h, "
+            "1d"
+        ) from None
     return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
 
 
@@ -163,8 +193,14 @@ def print_events(console: Console, events: Iterable[Event], filt: EventFilter, *
     return shown
 
 
-def follow(read: Callable[[], list[Event]], emit: Callable[[list[Event]], object], clock: Clock, interval_s: float,
-           *, skip: int = 0) -> int:
+def follow(
+    read: Callable[[], list[Event]],
+    emit: Callable[[list[Event]], object],
+    clock: Clock,
+    interval_s: float,
+    *,
+    skip: int = 0,
+) -> int:
     """Poll ``read`` (the logbook, oldest first; append-only) every ``interval_s`` and hand new events
     to ``emit`` until the clock is stopped. Returns how many events were seen in all."""
     seen = skip
@@ -178,8 +214,19 @@ def follow(read: Callable[[], list[Event]], emit: Callable[[list[Event]], object
 
 
 def json_line(e: Event) -> str:
-    return json.dumps({"at": e.at, "run": e.run, "attempt": e.attempt, "job_id": e.job_id, "kind": e.kind.value,
-                       "message": e.message, "actor": e.actor, "evidence": e.evidence}, default=str)
+    return json.dumps(
+        {
+            "at": e.at,
+            "run": e.run,
+            "attempt": e.attempt,
+            "job_id": e.job_id,
+            "kind": e.kind.value,
+            "message": e.message,
+            "actor": e.actor,
+            "evidence": e.evidence,
+        },
+        default=str,
+    )
 
 
 # ---------------------------------------------------------------- goodput
@@ -194,9 +241,18 @@ def goodput_lines(g: Goodput, advice: CheckpointAdvice, parts: list[Goodput], gp
     if causes:
         out += ["", *_columns([("CAUSE", "INTERRUPTIONS", "LOST", "LLAMA3 TABLE 5"), *causes])]
     if parts:
-        out += ["", *_columns([("FROM", "TO", "ETTR", "INTERRUPTIONS", "LOST"),
-                               *((ts(p.start), ts(p.end), percent(p.ettr), str(len(p.interruptions)),
-                                  hours(p.lost.total_s)) for p in parts)])]
+        out += [
+            "",
+            *_columns(
+                [
+                    ("FROM", "TO", "ETTR", "INTERRUPTIONS", "LOST"),
+                    *(
+                        (ts(p.start), ts(p.end), percent(p.ettr), str(len(p.interruptions)), hours(p.lost.total_s))
+                        for p in parts
+                    ),
+                ]
+            ),
+        ]
     return out + ([""] + [f"note: {n}." for n in g.notes] if g.notes else [])
 
 
@@ -207,20 +263,45 @@ def _columns(rows: list[tuple[str, ...]]) -> list[str]:
 
 def goodput_dict(g: Goodput, advice: CheckpointAdvice, parts: list[Goodput]) -> dict[str, Any]:
     def one(x: Goodput) -> dict[str, Any]:
-        return {"start": x.start, "end": x.end, "wall_s": x.wall_s, "productive_s": x.productive_s,
-                "running_s": x.running_s, "idle_s": x.idle_s, "ettr": x.ettr, "ettr_upper_bound": bool(x.unknown_lost_work),
-                "lost_s": asdict(x.lost), "interruptions": len(x.interruptions)}
+        return {
+            "start": x.start,
+            "end": x.end,
+            "wall_s": x.wall_s,
+            "productive_s": x.productive_s,
+            "running_s": x.running_s,
+            "idle_s": x.idle_s,
+            "ettr": x.ettr,
+            "ettr_upper_bound": bool(x.unknown_lost_work),
+            "lost_s": asdict(x.lost),
+            "interruptions": len(x.interruptions),
+        }
 
     return {
-        "run": g.run, **one(g),
+        "run": g.run,
+        **one(g),
         "lost_by_cause_s": {k: asdict(v) for k, v in g.by_cause.items()},
-        "interruptions_per_day": g.interruptions_per_day, "mtbi_s": g.mtbi_s,
-        "checkpoint_advice": {"interval_s": advice.interval_s, "save_s": advice.save_s, "mtbi_s": advice.mtbi_s,
-                              "expected_waste": advice.expected_waste, "reason": advice.reason},
+        "interruptions_per_day": g.interruptions_per_day,
+        "mtbi_s": g.mtbi_s,
+        "checkpoint_advice": {
+            "interval_s": advice.interval_s,
+            "save_s": advice.save_s,
+            "mtbi_s": advice.mtbi_s,
+            "expected_waste": advice.expected_waste,
+            "reason": advice.reason,
+        },
         "interruption_list": [
-            {"at": i.at, "attempt": i.attempt, "cause": asdict(i.cause), "detection_s": i.detection_s,
-             "restart_s": i.restart_s, "queue_s": i.queue_s, "recovery_s": i.recovery_s,
-             "lost_work_s": i.lost_work_s, "lost_steps": i.lost_steps, "resume_step": i.resume_step}
+            {
+                "at": i.at,
+                "attempt": i.attempt,
+                "cause": asdict(i.cause),
+                "detection_s": i.detection_s,
+                "restart_s": i.restart_s,
+                "queue_s": i.queue_s,
+                "recovery_s": i.recovery_s,
+                "lost_work_s": i.lost_work_s,
+                "lost_steps": i.lost_steps,
+                "resume_step": i.resume_step,
+            }
             for i in g.interruptions
         ],
         "windows": [one(p) for p in parts],

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import click
 
@@ -27,8 +28,13 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, float], None] | None]:
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
-                  TimeElapsedColumn(), transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>5.1f}%"),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as bar:
         tasks: dict[str, object] = {}
 
         def update(label: str, fraction: float) -> None:
@@ -44,47 +50,117 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, float], None] | None]:
 @click.option("--gpus-per-node", type=int, default=8, show_default=True)
 @click.option("--nodes-per-job", type=int, default=None, help="Instead of --gpus: nodes the job uses.")
 @click.option("--spares", type=int, default=None, help="Named spare nodes for the supervisor. [default: 64, demo: 2]")
-@click.option("--baseline-spares", type=int, default=0, show_default=True,
-              help="Idle nodes in the partition in baseline mode (0: Slurm alone has no spares).")
+@click.option(
+    "--baseline-spares",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Idle nodes in the partition in baseline mode (0: Slurm alone has no spares).",
+)
 @click.option("--days", type=float, default=None, help="Simulated days. [default: 54, demo: 1]")
-@click.option("--checkpoint-interval", default="auto", show_default=True,
-              help='Seconds of training between saves, or "auto" (Young/Daly from the failure rate and save cost).')
-@click.option("--save-cost", type=float, default=5.0, show_default=True,
-              help="Seconds one save blocks training (an asynchronous save stalls only to stage to host memory).")
+@click.option(
+    "--checkpoint-interval",
+    default="auto",
+    show_default=True,
+    help='Seconds of training between saves, or "auto" (Young/Daly from the failure rate and save cost).',
+)
+@click.option(
+    "--save-cost",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds one save blocks training (an asynchronous save stalls only to stage to host memory).",
+)
 @click.option("--restore-cost", type=float, default=60.0, show_default=True, help="Seconds to load a checkpoint.")
-@click.option("--startup-cost", type=float, default=60.0, show_default=True,
-              help="Seconds from job start to training (launch, NCCL init), before the restore.")
+@click.option(
+    "--startup-cost",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds from job start to training (launch, NCCL init), before the restore.",
+)
 @click.option("--step-time", type=float, default=6.0, show_default=True, help="Seconds per training step.")
 @click.option("--seed", type=int, default=0, show_default=True, help="First seed of the failure draw.")
 @click.option("--seeds", type=int, default=1, show_default=True, help="Number of seeds (seed, seed+1, ...).")
-@click.option("--baseline", "only_baseline", is_flag=True, help="Only the baseline: plain Slurm requeue, no supervisor.")
+@click.option(
+    "--baseline", "only_baseline", is_flag=True, help="Only the baseline: plain Slurm requeue, no supervisor."
+)
 @click.option("--compare", is_flag=True, help="Both the supervisor and the baseline, on the same failure draws.")
 @click.option("--poll-interval", type=float, default=5.0, show_default=True, help="The daemon's poll interval (s).")
-@click.option("--hang-multiple", type=float, default=5.0, show_default=True,
-              help="A run is hung after this many learned step intervals without progress.")
+@click.option(
+    "--hang-multiple",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="A run is hung after this many learned step intervals without progress.",
+)
 @click.option("--nccl-timeout", type=float, default=600.0, show_default=True, help="NCCL watchdog timeout (s).")
 @click.option("--slurmd-timeout", type=float, default=300.0, show_default=True, help="Slurm's SlurmdTimeout (s).")
 @click.option("--reboot-minutes", type=float, default=15.0, show_default=True, help="Median node reboot time.")
 @click.option("--replace-hours", type=float, default=4.0, show_default=True, help="Median part/node replacement time.")
-@click.option("--titan-trace", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="GPU failures from the ORNL Titan trace (gc_full.csv) instead of Llama 3's Table 5.")
-@click.option("--node-agents/--no-node-agents", default=True, show_default=True,
-              help="The engine reads simulated node agents' findings (XID, ECC, IB port) through HealthFeed.")
+@click.option(
+    "--titan-trace",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="GPU failures from the ORNL Titan trace (gc_full.csv) instead of Llama 3's Table 5.",
+)
+@click.option(
+    "--node-agents/--no-node-agents",
+    default=True,
+    show_default=True,
+    help="The engine reads simulated node agents' findings (XID, ECC, IB port) through HealthFeed.",
+)
 @click.option("--demo", is_flag=True, help="The README demo: 16 nodes, 1 day, four faults of different causes.")
-@click.option("--state-dir", "state_dir", type=click.Path(file_okay=False), default=None,
-              help="Where the supervisor's store (the logbook) goes. [default: a new temporary directory]")
-@click.option("--logbook/--no-logbook", "show_logbook", default=None,
-              help="Print the logbook at the end. [default: on with --demo]")
+@click.option(
+    "--state-dir",
+    "state_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where the supervisor's store (the logbook) goes. [default: a new temporary directory]",
+)
+@click.option(
+    "--logbook/--no-logbook",
+    "show_logbook",
+    default=None,
+    help="Print the logbook at the end. [default: on with --demo]",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object.")
-@click.option("--progress/--no-progress", "show_progress", default=None,
-              help="A progress bar. [default: when stderr is a terminal]")
-def simulate(gpus: int | None, gpus_per_node: int, nodes_per_job: int | None, spares: int | None,
-             baseline_spares: int, days: float | None, checkpoint_interval: str, save_cost: float,
-             restore_cost: float, startup_cost: float, step_time: float, seed: int, seeds: int,
-             only_baseline: bool, compare: bool, poll_interval: float, hang_multiple: float, nccl_timeout: float,
-             slurmd_timeout: float, reboot_minutes: float, replace_hours: float, titan_trace: str | None,
-             node_agents: bool, demo: bool,
-             state_dir: str | None, show_logbook: bool | None, as_json: bool, show_progress: bool | None) -> None:
+@click.option(
+    "--progress/--no-progress",
+    "show_progress",
+    default=None,
+    help="A progress bar. [default: when stderr is a terminal]",
+)
+def simulate(
+    gpus: int | None,
+    gpus_per_node: int,
+    nodes_per_job: int | None,
+    spares: int | None,
+    baseline_spares: int,
+    days: float | None,
+    checkpoint_interval: str,
+    save_cost: float,
+    restore_cost: float,
+    startup_cost: float,
+    step_time: float,
+    seed: int,
+    seeds: int,
+    only_baseline: bool,
+    compare: bool,
+    poll_interval: float,
+    hang_multiple: float,
+    nccl_timeout: float,
+    slurmd_timeout: float,
+    reboot_minutes: float,
+    replace_hours: float,
+    titan_trace: str | None,
+    node_agents: bool,
+    demo: bool,
+    state_dir: str | None,
+    show_logbook: bool | None,
+    as_json: bool,
+    show_progress: bool | None,
+) -> None:
     """Simulate a long run on a simulated cluster: the real engine against published failure rates.
 
     Prints ETTR, interruptions by cause, lost GPU-hours and time to recover, with the assumed
@@ -108,12 +184,23 @@ def simulate(gpus: int | None, gpus_per_node: int, nodes_per_job: int | None, sp
         base = planning.demo_settings(seed) if demo else SimSettings()
         model = titan_model(titan_trace) if titan_trace else FailureModel()
         trainer = TrainerSettings(step_s=step_time, save_s=save_cost, restore_s=restore_cost, startup_s=startup_cost)
-        settings = replace(base, gpus=gpus or base.gpus, gpus_per_node=gpus_per_node,
-                           spares=base.spares if spares is None else spares, baseline_spares=baseline_spares,
-                           days=days or base.days, seed=seed, trainer=trainer, failures=model,
-                           repair=RepairTimes(reboot_minutes * 60.0, replace_hours * 3600.0),
-                           poll_interval_s=poll_interval, hang_multiple=hang_multiple, nccl_timeout_s=nccl_timeout,
-                           slurmd_timeout_s=slurmd_timeout, node_agents=node_agents)
+        settings = replace(
+            base,
+            gpus=gpus or base.gpus,
+            gpus_per_node=gpus_per_node,
+            spares=base.spares if spares is None else spares,
+            baseline_spares=baseline_spares,
+            days=days or base.days,
+            seed=seed,
+            trainer=trainer,
+            failures=model,
+            repair=RepairTimes(reboot_minutes * 60.0, replace_hours * 3600.0),
+            poll_interval_s=poll_interval,
+            hang_multiple=hang_multiple,
+            nccl_timeout_s=nccl_timeout,
+            slurmd_timeout_s=slurmd_timeout,
+            node_agents=node_agents,
+        )
         if demo and checkpoint_interval == "auto":  # Young/Daly for the demo's own fault rate, not Table 5's
             mtbf = settings.seconds / len(planning.DEMO_FAULTS)
             checkpoint_interval = str(round(young_daly_interval(settings.trainer.save_s, mtbf)))
@@ -126,43 +213,59 @@ def simulate(gpus: int | None, gpus_per_node: int, nodes_per_job: int | None, sp
     with _progress(progress and not as_json) as bar:
         if demo:
             draw = planning.demo_failures(seed)
-            results = {m: [Simulation(plan.settings, m, root if m is Mode.SUPERVISOR else None).run(draw)]
-                       for m in modes}
+            results = {
+                m: [Simulation(plan.settings, m, root if m is Mode.SUPERVISOR else None).run(draw)] for m in modes
+            }
         else:
             results = planning.run_seeds(plan, modes, list(range(seed, seed + seeds)), root, bar)
     figures = {m.value: planning.summary(rs) for m, rs in results.items()}
     if as_json:
-        click.echo(json.dumps({"figures": figures, "assumptions": dict(planning.assumptions(plan)),
-                               "state_dir": str(root) if Mode.SUPERVISOR in results else None}, default=str))
+        click.echo(
+            json.dumps(
+                {
+                    "figures": figures,
+                    "assumptions": dict(planning.assumptions(plan)),
+                    "state_dir": str(root) if Mode.SUPERVISOR in results else None,
+                },
+                default=str,
+            )
+        )
     else:
         _print(plan, figures, planning.assumptions(plan))
         if Mode.SUPERVISOR in results:
-            click.echo(f"\nlogbook: slurm-supervisor --state-dir {root if seeds == 1 or demo else root / f'seed-{seed}'}"
-                       f" logbook {results[Mode.SUPERVISOR][0].run}")
+            click.echo(
+                f"\nlogbook: slurm-supervisor --state-dir {root if seeds == 1 or demo else root / f'seed-{seed}'}"
+                f" logbook {results[Mode.SUPERVISOR][0].run}"
+            )
     if (show_logbook if show_logbook is not None else demo) and Mode.SUPERVISOR in results:
         _print_logbook(root if seeds == 1 or demo else root / f"seed-{seed}", results[Mode.SUPERVISOR][0].run)
 
 
 def _print(plan: object, figures: dict[str, dict[str, object]], assumed: list[tuple[str, str]]) -> None:
-    rows = [("ETTR (mean over seeds)", lambda f: f"{float(f['ettr']):.2%}"),  # type: ignore[arg-type]
-            ("unexpected interruptions", lambda f: f"{float(f['interruptions']):.1f}"),  # type: ignore[arg-type]
-            ("lost GPU-hours", lambda f: f"{float(f['lost_gpu_hours']):,.0f}"),  # type: ignore[arg-type]
-            ("time to recover p50", lambda f: _fmt_s(f["recover_p50_s"])),
-            ("time to recover p90", lambda f: _fmt_s(f["recover_p90_s"])),
-            ("attempts (incarnations)", lambda f: f"{float(f['attempts']):.0f}"),  # type: ignore[arg-type]
-            ("restarts that died on a broken GPU", lambda f: f"{float(f['crash_restarts']):.1f}"),  # type: ignore[arg-type]
-            ("restarts from a torn checkpoint", lambda f: f"{float(f['torn_restarts']):.1f}")]  # type: ignore[arg-type]
+    rows = [
+        ("ETTR (mean over seeds)", lambda f: f"{float(f['ettr']):.2%}"),  # type: ignore[arg-type]
+        ("unexpected interruptions", lambda f: f"{float(f['interruptions']):.1f}"),  # type: ignore[arg-type]
+        ("lost GPU-hours", lambda f: f"{float(f['lost_gpu_hours']):,.0f}"),  # type: ignore[arg-type]
+        ("time to recover p50", lambda f: _fmt_s(f["recover_p50_s"])),
+        ("time to recover p90", lambda f: _fmt_s(f["recover_p90_s"])),
+        ("attempts (incarnations)", lambda f: f"{float(f['attempts']):.0f}"),  # type: ignore[arg-type]
+        ("restarts that died on a broken GPU", lambda f: f"{float(f['crash_restarts']):.1f}"),  # type: ignore[arg-type]
+        ("restarts from a torn checkpoint", lambda f: f"{float(f['torn_restarts']):.1f}"),  # type: ignore[arg-type]
+    ]
     modes = list(figures)
     width = max(len(r[0]) for r in rows) + 2
     click.echo("".ljust(width) + "".join(m.rjust(14) for m in modes))
     for label, fmt in rows:
         click.echo(label.ljust(width) + "".join(fmt(figures[m]).rjust(14) for m in modes))
     click.echo("\ninterruptions by cause (mean per run):")
-    causes = sorted({c for f in figures.values() for c in f["by_cause"]},  # type: ignore[attr-defined]
-                    key=lambda c: -max(float(f["by_cause"].get(c, 0)) for f in figures.values()))  # type: ignore[attr-defined]
+    by_cause = {m: cast(dict[str, float], figures[m]["by_cause"]) for m in modes}
+    causes = sorted(
+        {c for b in by_cause.values() for c in b}, key=lambda c: -max(b.get(c, 0.0) for b in by_cause.values())
+    )
     for cause in causes:
-        click.echo(f"  {cause}".ljust(width) + "".join(
-            f"{float(figures[m]['by_cause'].get(cause, 0.0)):.1f}".rjust(14) for m in modes))  # type: ignore[attr-defined]
+        click.echo(
+            f"  {cause}".ljust(width) + "".join(f"{float(by_cause[m].get(cause, 0.0)):.1f}".rjust(14) for m in modes)
+        )
     click.echo("\nassumed:")
     for key, value in assumed:
         click.echo(f"  {key}: {value}")

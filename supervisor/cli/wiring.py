@@ -8,24 +8,24 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.adapters.clock import SystemClock
+from supervisor.adapters.fence import CommandFencer
 from supervisor.adapters.ingest import IngestServer, ReportIngest
+from supervisor.adapters.logtail import LogTail
 from supervisor.adapters.notify import Pager, PagerSettings, WebhookNotifier, notify_new_events, read_secret
 from supervisor.adapters.pages import mount_pages
-from supervisor.adapters.tokens import TokenBook
-from supervisor.adapters.fence import CommandFencer
-from supervisor.adapters.logtail import LogTail
 from supervisor.adapters.slurm_cli import SlurmCli
 from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.tokens import TokenBook
 from supervisor.config import DaemonConfig
 from supervisor.domain.gpu_health import GpuHealthSettings, HealthRules
-from supervisor.domain.health import HeartbeatSettings, Severity
+from supervisor.domain.health import HeartbeatSettings
 from supervisor.domain.lemon import QuarantineSettings
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.run import RunSpec
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.progress import ProgressWatch
-from supervisor.ports import CheckpointStore
 from supervisor.engine.reconcile import EngineSettings
+from supervisor.ports import CheckpointStore
 
 
 def scheduler(cfg: DaemonConfig) -> SlurmCli:
@@ -65,8 +65,13 @@ def progress(cfg: DaemonConfig) -> ProgressWatch | None:
     """Hang detection from each running attempt's output file (``[hang]``)."""
     if not cfg.hang.enabled:
         return None
-    settings = HangSettings(multiple=cfg.hang.multiple, floor_s=cfg.hang.floor_s, cap_s=cfg.hang.cap_s,
-                            startup_grace_s=cfg.hang.startup_grace_s, pause_cap_s=cfg.hang.pause_cap_s)
+    settings = HangSettings(
+        multiple=cfg.hang.multiple,
+        floor_s=cfg.hang.floor_s,
+        cap_s=cfg.hang.cap_s,
+        startup_grace_s=cfg.hang.startup_grace_s,
+        pause_cap_s=cfg.hang.pause_cap_s,
+    )
     return ProgressWatch(lambda path, at_end: LogTail(path, start_at_end=at_end), settings)
 
 
@@ -99,8 +104,10 @@ def ingest(cfg: DaemonConfig, clock: SystemClock) -> tuple[ReportIngest, IngestS
     if not cfg.ingest.enabled:
         return None
     tokens_store = SqliteStore(Path(cfg.daemon.state_dir))  # the ingest thread's own connection
-    book = TokenBook(tokens_store.active_tokens,
-                     hook_token_file=str(cfg.ingest.hook_token_file) if cfg.ingest.hook_token_file else None)
+    book = TokenBook(
+        tokens_store.active_tokens,
+        hook_token_file=str(cfg.ingest.hook_token_file) if cfg.ingest.hook_token_file else None,
+    )
     feed = ReportIngest(book, HealthRules(gpu_health(cfg)), clock)
     server = IngestServer(feed, cfg.ingest.bind, cfg.ingest.port, cfg.ingest.max_body_bytes)
     mount_pages(server, tokens_store)
@@ -114,16 +121,24 @@ def advertised_url(cfg: DaemonConfig, server: IngestServer) -> str:
     return f"http://{host}:{server.port}"
 
 
-def pager(cfg: DaemonConfig, store: SqliteStore, clock: SystemClock) -> tuple[WebhookNotifier, Callable[[], None]] | None:
+def pager(
+    cfg: DaemonConfig, store: SqliteStore, clock: SystemClock
+) -> tuple[WebhookNotifier, Callable[[], None]] | None:
     """The webhook notifier and the after-tick call that feeds it new logbook events (``[notify]``)."""
     n = cfg.notify
     if n.webhook_url_file is None:
         return None
     url = read_secret(n.webhook_url_file, "webhook_url_file")
     key = read_secret(n.routing_key_file, "routing_key_file") if n.routing_key_file else None
-    notifier = WebhookNotifier(url, n.format, routing_key=key, timeout_s=n.timeout_s, retries=n.retries,
-                               pager=Pager(PagerSettings(frozenset(n.kinds), n.rollbacks, n.rollback_window_s)),
-                               source=socket.getfqdn())
+    notifier = WebhookNotifier(
+        url,
+        n.format,
+        routing_key=key,
+        timeout_s=n.timeout_s,
+        retries=n.retries,
+        pager=Pager(PagerSettings(frozenset(n.kinds), n.rollbacks, n.rollback_window_s)),
+        source=socket.getfqdn(),
+    )
     cursor = [clock.now()]  # events from before this daemon started do not page again
 
     def after_tick() -> None:

@@ -23,8 +23,8 @@ from supervisor.config.daemon_file import (
     ProbeSection,
     SlurmSection,
 )
-from supervisor.config.hooks_file import HooksConfig
 from supervisor.config.errors import ConfigError, ConfigProblem, did_you_mean, syntax_problem, toml_value, translate
+from supervisor.config.hooks_file import HooksConfig
 from supervisor.config.run_file import RestartSection, RunFile, RunSection, SparesSection
 from supervisor.domain.run import RunSpec
 

@@ -108,7 +108,10 @@ class HealthSection(Section):
     """Node findings from agents and hooks, and agent heartbeats (issue 3)."""
 
     heartbeat_timeout_s: FloatField = Field(
-        default=15.0, ge=1, le=3600, json_schema_extra=fix_hint("set seconds from 1 to 3600, e.g. 3 × the agent interval")
+        default=15.0,
+        ge=1,
+        le=3600,
+        json_schema_extra=fix_hint("set seconds from 1 to 3600, e.g. 3 × the agent interval"),
     )
     heartbeat_startup_grace_s: FloatField = Field(
         default=120.0, ge=0, le=86400, json_schema_extra=fix_hint("set seconds from 0 to 86400, e.g. 120")
@@ -121,8 +124,12 @@ class HealthSection(Section):
 class QuarantineSection(Section):
     """Bad-node memory across runs: repeat offenders are kept out of every run for a while."""
 
-    faults: StrictInt = Field(default=2, ge=1, json_schema_extra=fix_hint("set how many faults quarantine a node, e.g. 2"))
-    window_h: FloatField = Field(default=168.0, gt=0, json_schema_extra=fix_hint("set hours above 0, e.g. 168 (a week)"))
+    faults: StrictInt = Field(
+        default=2, ge=1, json_schema_extra=fix_hint("set how many faults quarantine a node, e.g. 2")
+    )
+    window_h: FloatField = Field(
+        default=168.0, gt=0, json_schema_extra=fix_hint("set hours above 0, e.g. 168 (a week)")
+    )
     base_h: FloatField = Field(default=24.0, gt=0, json_schema_extra=fix_hint("set hours above 0, e.g. 24"))
     max_h: FloatField = Field(default=720.0, gt=0, json_schema_extra=fix_hint("set hours above 0, e.g. 720 (30 days)"))
 
@@ -131,14 +138,29 @@ class IngestSection(Section):
     """The HTTP endpoint node agents and hooks report to (and /metrics, the logbook pages)."""
 
     enabled: StrictBool = True
-    bind: StrictStr = Field(default="0.0.0.0", min_length=1, json_schema_extra=fix_hint(
-        'set the address to listen on, e.g. bind = "0.0.0.0" (every interface) or a login node\'s cluster address'))
-    port: StrictInt = Field(default=8471, ge=0, le=65535, json_schema_extra=fix_hint(
-        "set a TCP port from 1 to 65535 (0: any free port)"))
-    advertise_url: StrictStr | None = Field(default=None, pattern=r"^https?://", json_schema_extra=fix_hint(
-        'give the URL compute nodes reach the daemon at, e.g. advertise_url = "http://login1:8471"'))
-    max_body_bytes: StrictInt = Field(default=1 << 20, ge=4096, le=64 << 20, json_schema_extra=fix_hint(
-        "set a body size cap from 4096 to 67108864 bytes"))
+    bind: StrictStr = Field(
+        default="0.0.0.0",
+        min_length=1,
+        json_schema_extra=fix_hint(
+            'set the address to listen on, e.g. bind = "0.0.0.0" (every interface) or a login node\'s cluster address'
+        ),
+    )
+    port: StrictInt = Field(
+        default=8471, ge=0, le=65535, json_schema_extra=fix_hint("set a TCP port from 1 to 65535 (0: any free port)")
+    )
+    advertise_url: StrictStr | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        json_schema_extra=fix_hint(
+            'give the URL compute nodes reach the daemon at, e.g. advertise_url = "http://login1:8471"'
+        ),
+    )
+    max_body_bytes: StrictInt = Field(
+        default=1 << 20,
+        ge=4096,
+        le=64 << 20,
+        json_schema_extra=fix_hint("set a body size cap from 4096 to 67108864 bytes"),
+    )
     hook_token_file: Path | None = None
 
     @field_validator("hook_token_file", mode="before")
@@ -153,9 +175,9 @@ class NotifySection(Section):
     webhook_url_file: Path | None = None
     format: Literal["slack", "pagerduty"] = "slack"
     routing_key_file: Path | None = None
-    kinds: tuple[Literal["gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked",
-                         "slowdown"], ...] = (
-        "gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked", "slowdown")
+    kinds: tuple[
+        Literal["gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked", "slowdown"], ...
+    ] = ("gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked", "slowdown")
     rollbacks: StrictInt = Field(default=3, ge=1)
     rollback_window_s: FloatField = Field(default=86400.0, gt=0)
     timeout_s: FloatField = Field(default=5.0, gt=0, le=120)
@@ -180,8 +202,8 @@ class GpuHealthSection(Section):
     host_mem_watch_pct: FloatField = Field(default=95.0, gt=0, le=100)
     expected_gpus: StrictInt = Field(default=0, ge=0)
     xid_overrides: dict[str, Literal["fatal", "degraded", "watch"]] = Field(
-        default_factory=dict,
-        json_schema_extra=fix_hint('write a table of XID = severity, e.g. { "31" = "degraded" }'))
+        default_factory=dict, json_schema_extra=fix_hint('write a table of XID = severity, e.g. { "31" = "degraded" }')
+    )
     xid_ignore: tuple[StrictInt, ...] = ()
 
     @field_validator("xid_overrides")
@@ -194,8 +216,11 @@ class GpuHealthSection(Section):
 
     def to_settings(self) -> GpuHealthSettings:
         values = self.model_dump(exclude={"xid_overrides", "xid_ignore"})
-        return GpuHealthSettings(**values, xid_overrides={int(k): Severity(v) for k, v in self.xid_overrides.items()},
-                                 xid_ignore=frozenset(self.xid_ignore))
+        return GpuHealthSettings(
+            **values,
+            xid_overrides={int(k): Severity(v) for k, v in self.xid_overrides.items()},
+            xid_ignore=frozenset(self.xid_ignore),
+        )
 
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")

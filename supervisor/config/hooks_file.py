@@ -18,13 +18,22 @@ from supervisor.config.errors import fix_hint
 
 
 class HooksSection(Section):
-    url: StrictStr | None = Field(default=None, pattern=r"^https?://", json_schema_extra=fix_hint(
-        'give the daemon\'s URL, e.g. url = "http://login1:8471"'))
+    url: StrictStr | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        json_schema_extra=fix_hint('give the daemon\'s URL, e.g. url = "http://login1:8471"'),
+    )
     token_file: Path | None = None
     spool_dir: Path = Path("/var/spool/slurm-supervisor/hooks")
     spool_max: StrictInt = Field(default=200, ge=1, le=100_000)
-    nvml_timeout_s: FloatField = Field(default=3.0, gt=0, le=60, json_schema_extra=fix_hint(
-        "set seconds; keep the prolog under 5 s in all: nvml_timeout_s + post_timeout_s + ~1 s"))
+    nvml_timeout_s: FloatField = Field(
+        default=3.0,
+        gt=0,
+        le=60,
+        json_schema_extra=fix_hint(
+            "set seconds; keep the prolog under 5 s in all: nvml_timeout_s + post_timeout_s + ~1 s"
+        ),
+    )
     post_timeout_s: FloatField = Field(default=1.0, gt=0, le=30)
     scontrol: StrictStr = "scontrol"
     nvml_library: Path | None = None

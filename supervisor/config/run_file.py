@@ -250,22 +250,49 @@ class RestartSection(Section):
 
 
 class CheckpointsSection(Section):
-    root: StrictStr = Field(json_schema_extra=fix_hint(
-        'give the checkpoint root, e.g. root = "s3://ckpt-bucket/llama-70b/" or root = "/lustre/llama-70b/ckpt"'))
-    endpoint_url: StrictStr | None = Field(default=None, json_schema_extra=fix_hint(
-        'give the S3 endpoint, e.g. endpoint_url = "https://s3.example.org"'))
+    root: StrictStr = Field(
+        json_schema_extra=fix_hint(
+            'give the checkpoint root, e.g. root = "s3://ckpt-bucket/llama-70b/" or root = "/lustre/llama-70b/ckpt"'
+        )
+    )
+    endpoint_url: StrictStr | None = Field(
+        default=None, json_schema_extra=fix_hint('give the S3 endpoint, e.g. endpoint_url = "https://s3.example.org"')
+    )
     region: StrictStr | None = None
     full_verify: bool = True
-    bandwidth_mb_s: FloatField | None = Field(default=200.0, gt=0, json_schema_extra=fix_hint(
-        "set a positive number of MB/s for background full verification, e.g. bandwidth_mb_s = 200"))
-    scan_interval_s: FloatField = Field(default=60.0, ge=1, json_schema_extra=fix_hint(
-        "set how often the root is listed, in seconds (at least 1), e.g. scan_interval_s = 60"))
-    upload_grace_s: FloatField = Field(default=900.0, ge=0, json_schema_extra=fix_hint(
-        "set the seconds an upload may take before a checkpoint without its manifest counts as torn"))
-    expected_interval_s: FloatField | None = Field(default=None, gt=0, json_schema_extra=fix_hint(
-        "set the run's checkpoint interval in seconds, e.g. expected_interval_s = 3600"))
-    alarm_intervals: FloatField = Field(default=3.0, ge=1, json_schema_extra=fix_hint(
-        "set how many expected intervals without a verified checkpoint raise the alarm (at least 1)"))
+    bandwidth_mb_s: FloatField | None = Field(
+        default=200.0,
+        gt=0,
+        json_schema_extra=fix_hint(
+            "set a positive number of MB/s for background full verification, e.g. bandwidth_mb_s = 200"
+        ),
+    )
+    scan_interval_s: FloatField = Field(
+        default=60.0,
+        ge=1,
+        json_schema_extra=fix_hint(
+            "set how often the root is listed, in seconds (at least 1), e.g. scan_interval_s = 60"
+        ),
+    )
+    upload_grace_s: FloatField = Field(
+        default=900.0,
+        ge=0,
+        json_schema_extra=fix_hint(
+            "set the seconds an upload may take before a checkpoint without its manifest counts as torn"
+        ),
+    )
+    expected_interval_s: FloatField | None = Field(
+        default=None,
+        gt=0,
+        json_schema_extra=fix_hint("set the run's checkpoint interval in seconds, e.g. expected_interval_s = 3600"),
+    )
+    alarm_intervals: FloatField = Field(
+        default=3.0,
+        ge=1,
+        json_schema_extra=fix_hint(
+            "set how many expected intervals without a verified checkpoint raise the alarm (at least 1)"
+        ),
+    )
     allow_adopted: bool = True
     resume_file: StrictStr | None = None
 
@@ -275,8 +302,10 @@ class CheckpointsSection(Section):
         if "://" in value:
             scheme = value.split("://", 1)[0]
             if scheme != "s3":
-                raise fail(f"the storage scheme {scheme!r} is not supported",
-                           'use "s3://bucket/prefix/" for S3-compatible storage or an absolute directory')
+                raise fail(
+                    f"the storage scheme {scheme!r} is not supported",
+                    'use "s3://bucket/prefix/" for S3-compatible storage or an absolute directory',
+                )
             if not value[5:].split("/", 1)[0]:
                 raise fail("names no bucket", 'write it as "s3://bucket/prefix/"')
             return value if value.endswith("/") else value + "/"
@@ -289,8 +318,10 @@ class CheckpointsSection(Section):
             return None
         path = absolute(value, info)
         if not path.parent.is_dir():
-            raise fail(f"the folder {path.parent} does not exist",
-                       f"create it (mkdir -p {path.parent}) on a filesystem the job's nodes can read")
+            raise fail(
+                f"the folder {path.parent} does not exist",
+                f"create it (mkdir -p {path.parent}) on a filesystem the job's nodes can read",
+            )
         return str(path)
 
     def to_policy(self) -> CheckpointPolicy:
@@ -299,17 +330,36 @@ class CheckpointsSection(Section):
 
 class SpikesSection(Section):
     rollback: bool = True
-    heal_window_steps: StrictInt = Field(default=200, ge=1, json_schema_extra=fix_hint(
-        "set the steps a spike may take to heal before it is rolled back, e.g. heal_window_steps = 200"))
-    min_steps_before: StrictInt = Field(default=100, ge=0, json_schema_extra=fix_hint(
-        "set how many steps before the onset the checkpoint must lie, e.g. min_steps_before = 100"))
-    skip_batches: StrictInt = Field(default=300, ge=0, json_schema_extra=fix_hint(
-        "set the iterations skipped after the restart step, e.g. skip_batches = 300"))
-    max_rollbacks: StrictInt = Field(default=3, ge=0, json_schema_extra=fix_hint(
-        "set the automatic rollbacks allowed per window, e.g. max_rollbacks = 3 (0: always page)"))
+    heal_window_steps: StrictInt = Field(
+        default=200,
+        ge=1,
+        json_schema_extra=fix_hint(
+            "set the steps a spike may take to heal before it is rolled back, e.g. heal_window_steps = 200"
+        ),
+    )
+    min_steps_before: StrictInt = Field(
+        default=100,
+        ge=0,
+        json_schema_extra=fix_hint(
+            "set how many steps before the onset the checkpoint must lie, e.g. min_steps_before = 100"
+        ),
+    )
+    skip_batches: StrictInt = Field(
+        default=300,
+        ge=0,
+        json_schema_extra=fix_hint("set the iterations skipped after the restart step, e.g. skip_batches = 300"),
+    )
+    max_rollbacks: StrictInt = Field(
+        default=3,
+        ge=0,
+        json_schema_extra=fix_hint(
+            "set the automatic rollbacks allowed per window, e.g. max_rollbacks = 3 (0: always page)"
+        ),
+    )
     window_h: FloatField = Field(default=24.0, gt=0, json_schema_extra=fix_hint("set hours above 0, e.g. 24"))
-    lr_scale_repeat: FloatField = Field(default=0.5, gt=0, le=1, json_schema_extra=fix_hint(
-        "set a factor in (0, 1], e.g. 0.5 (1: never lower the LR)"))
+    lr_scale_repeat: FloatField = Field(
+        default=0.5, gt=0, le=1, json_schema_extra=fix_hint("set a factor in (0, 1], e.g. 0.5 (1: never lower the LR)")
+    )
 
     def to_policy(self) -> SpikePolicy:
         return SpikePolicy(**self.model_dump())

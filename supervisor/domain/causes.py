@@ -61,8 +61,9 @@ def classify(events: Sequence[Event]) -> Cause:
     if "last_step" in ev or "silent_s" in ev or first.kind.value == "hang":
         return Cause("Hang (no progress)", None, False, "the job stopped making steps; no cause on record")
     if ev.get("node") or first.kind.value == "mass_fault":
-        return Cause("Node lost (cause not seen)", None, False,
-                     "the node stopped answering; nothing on record says why")
+        return Cause(
+            "Node lost (cause not seen)", None, False, "the node stopped answering; nothing on record says why"
+        )
     if first.kind is EventKind.REQUEUED:
         return Cause("Slurm requeue (cause not seen)", None, False, "Slurm requeued the job; no fault on record")
     return Cause("Job failure (cause not seen)", None, False, "the job ended badly; no cause on record")
@@ -71,8 +72,10 @@ def classify(events: Sequence[Event]) -> Cause:
 def _words(e: Event) -> str:
     """The event's message and telling evidence, without node names (``gpu-117`` is not a GPU fault)."""
     ev = e.evidence
-    text = " ".join([e.message] + [str(ev[k]) for k in ("observed", "reason", "rule", "probe", "xid", "category")
-                                   if ev.get(k) is not None])
+    text = " ".join(
+        [e.message]
+        + [str(ev[k]) for k in ("observed", "reason", "rule", "probe", "xid", "category") if ev.get(k) is not None]
+    )
     nodes = [ev["node"]] if isinstance(ev.get("node"), str) else []
     listed = ev.get("nodes")
     nodes += [n for n in listed if isinstance(n, str)] if isinstance(listed, list | tuple) else []

@@ -108,9 +108,18 @@ class Manifest:
             "created_at": self.created_at,
             "run": self.run,
             "shards": [
-                {k: v for k, v in (("key", s.key), ("size", s.size), ("checksum", s.checksum),
-                                   ("version_id", s.version_id), ("writer", s.writer),
-                                   ("written_at", s.written_at)) if v is not None}
+                {
+                    k: v
+                    for k, v in (
+                        ("key", s.key),
+                        ("size", s.size),
+                        ("checksum", s.checksum),
+                        ("version_id", s.version_id),
+                        ("writer", s.writer),
+                        ("written_at", s.written_at),
+                    )
+                    if v is not None
+                }
                 for s in self.shards
             ],
         }
@@ -127,8 +136,10 @@ class Manifest:
         if not isinstance(doc, dict):
             raise ManifestError("manifest is not a JSON object")
         if doc.get("format") != MANIFEST_FORMAT:
-            raise ManifestError(f"manifest format {doc.get('format')!r} is not {MANIFEST_FORMAT}; "
-                                "upgrade slurm-supervisor or rewrite the manifest")
+            raise ManifestError(
+                f"manifest format {doc.get('format')!r} is not {MANIFEST_FORMAT}; "
+                "upgrade slurm-supervisor or rewrite the manifest"
+            )
         try:
             algorithm = ChecksumAlgorithm(doc.get("algorithm", "crc64nvme"))
         except ValueError as exc:
@@ -157,8 +168,14 @@ class Manifest:
                 raise ManifestError(f"manifest shard {key!r} has no checksum")
             entries.append(ShardEntry(key, size, checksum, s.get("version_id"), s.get("writer"), s.get("written_at")))
         extra = doc.get("extra") or {}
-        return cls(step, tuple(entries), algorithm, float(doc.get("created_at") or 0.0), doc.get("run"),
-                   extra if isinstance(extra, dict) else {})
+        return cls(
+            step,
+            tuple(entries),
+            algorithm,
+            float(doc.get("created_at") or 0.0),
+            doc.get("run"),
+            extra if isinstance(extra, dict) else {},
+        )
 
 
 @dataclass(frozen=True)
@@ -210,11 +227,19 @@ class VerifyResult:
         return self.outcome is Outcome.VERIFIED
 
     def evidence(self) -> dict[str, Any]:
-        return {"location": self.location, "step": self.step, "level": self.level.value,
-                "outcome": self.outcome.value, "reason": self.reason, "guarantee": self.guarantee.value,
-                "shards": self.shards, "bytes": self.bytes, "seconds": round(self.seconds, 3),
-                "problems": [{"key": p.key, "problem": p.problem, "detail": p.detail} for p in self.problems[:20]],
-                "problems_total": len(self.problems)}
+        return {
+            "location": self.location,
+            "step": self.step,
+            "level": self.level.value,
+            "outcome": self.outcome.value,
+            "reason": self.reason,
+            "guarantee": self.guarantee.value,
+            "shards": self.shards,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+            "problems": [{"key": p.key, "problem": p.problem, "detail": p.detail} for p in self.problems[:20]],
+            "problems_total": len(self.problems),
+        }
 
 
 # --------------------------------------------------------------------------- pure checks
@@ -228,8 +253,13 @@ def step_from_name(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def check_listing(manifest: Manifest, listing: Mapping[str, ObjectInfo], *, name: str | None = None,
-                  require_stored_checksum: bool = False) -> tuple[ShardProblem, ...]:
+def check_listing(
+    manifest: Manifest,
+    listing: Mapping[str, ObjectInfo],
+    *,
+    name: str | None = None,
+    require_stored_checksum: bool = False,
+) -> tuple[ShardProblem, ...]:
     """Metadata verification: every manifest shard present with its size and, where the storage
     keeps one for the manifest's algorithm, its checksum. ``listing`` maps relative keys to what a
     listing or HEAD returned. A manifest whose step disagrees with the checkpoint's name is stale.
@@ -237,8 +267,13 @@ def check_listing(manifest: Manifest, listing: Mapping[str, ObjectInfo], *, name
     problems: list[ShardProblem] = []
     named_step = step_from_name(name) if name else None
     if named_step is not None and named_step != manifest.step:
-        problems.append(ShardProblem(MANIFEST_NAME, "stale",
-                                     f"manifest is for step {manifest.step}, checkpoint is named for step {named_step}"))
+        problems.append(
+            ShardProblem(
+                MANIFEST_NAME,
+                "stale",
+                f"manifest is for step {manifest.step}, checkpoint is named for step {named_step}",
+            )
+        )
     algo = manifest.algorithm.value
     for shard in manifest.shards:
         info = listing.get(shard.key)
@@ -250,13 +285,19 @@ def check_listing(manifest: Manifest, listing: Mapping[str, ObjectInfo], *, name
             continue
         stored = info.checksums.get(algo)
         if stored is not None and stored != shard.checksum:
-            problems.append(ShardProblem(shard.key, "checksum",
-                                         f"stored {algo} {stored} differs from the manifest's {shard.checksum}"))
+            problems.append(
+                ShardProblem(
+                    shard.key, "checksum", f"stored {algo} {stored} differs from the manifest's {shard.checksum}"
+                )
+            )
         elif stored is None and require_stored_checksum:
             problems.append(ShardProblem(shard.key, "checksum", f"storage keeps no {algo} checksum for it"))
         if shard.version_id and info.version_id and shard.version_id != info.version_id:
-            problems.append(ShardProblem(shard.key, "stale",
-                                         f"object version {info.version_id} is not the manifest's {shard.version_id}"))
+            problems.append(
+                ShardProblem(
+                    shard.key, "stale", f"object version {info.version_id} is not the manifest's {shard.version_id}"
+                )
+            )
     return tuple(problems)
 
 
@@ -272,8 +313,13 @@ def check_digests(manifest: Manifest, digests: Mapping[str, tuple[int, str]]) ->
         if size != shard.size:
             problems.append(ShardProblem(shard.key, "size", f"read {size} bytes, manifest says {shard.size}"))
         elif checksum != shard.checksum:
-            problems.append(ShardProblem(shard.key, "checksum",
-                                         f"computed {manifest.algorithm.value} {checksum}, manifest says {shard.checksum}"))
+            problems.append(
+                ShardProblem(
+                    shard.key,
+                    "checksum",
+                    f"computed {manifest.algorithm.value} {checksum}, manifest says {shard.checksum}",
+                )
+            )
     return tuple(problems)
 
 
@@ -296,8 +342,13 @@ class ResumeChoice:
     reason: str
 
 
-def choose_resume(checkpoints: Iterable[CheckpointRef], results: Mapping[str, VerifyResult], *,
-                  before_step: int | None = None, allow_weak: bool = True) -> ResumeChoice:
+def choose_resume(
+    checkpoints: Iterable[CheckpointRef],
+    results: Mapping[str, VerifyResult],
+    *,
+    before_step: int | None = None,
+    allow_weak: bool = True,
+) -> ResumeChoice:
     """The newest checkpoint whose latest verification succeeded (and, for a rollback, whose step
     is at most ``before_step``), older verified ones as fallbacks. Never a corrupt, torn or
     unverified one: those are listed in ``skipped`` with the reason, for the logbook."""
@@ -328,8 +379,9 @@ def choose_resume(checkpoints: Iterable[CheckpointRef], results: Mapping[str, Ve
     res = results[chosen.location]
     weak = f"; {chosen.guarantee.describe}" if chosen.guarantee.weak else ""
     passed = f"; skipped {len(skipped)} newer" if skipped else ""
-    return ResumeChoice(chosen, tuple(good[1:]), tuple(skipped),
-                        f"step {chosen.step}: {res.level.value}-verified{weak}{passed}")
+    return ResumeChoice(
+        chosen, tuple(good[1:]), tuple(skipped), f"step {chosen.step}: {res.level.value}-verified{weak}{passed}"
+    )
 
 
 def effective_result(metadata: VerifyResult | None, full: VerifyResult | None) -> VerifyResult | None:
@@ -344,14 +396,22 @@ def effective_result(metadata: VerifyResult | None, full: VerifyResult | None) -
 
 # --------------------------------------------------------------------------- handing it to the job
 
-RESUME_ENV = ("SSV_RESUME_CHECKPOINT", "SSV_RESUME_STEP", "SSV_RESUME_GUARANTEE", "SSV_RESUME_FILE",
-              "SSV_SKIP_ITERATIONS", "SSV_LR_SCALE")
+RESUME_ENV = (
+    "SSV_RESUME_CHECKPOINT",
+    "SSV_RESUME_STEP",
+    "SSV_RESUME_GUARANTEE",
+    "SSV_RESUME_FILE",
+    "SSV_SKIP_ITERATIONS",
+    "SSV_LR_SCALE",
+)
 
 
 def resume_plan(choice: ResumeChoice, *, file: str | None) -> dict[str, Any]:
     """The JSON-able plan journaled with a submission and written to the job's resume file."""
+
     def ref(r: CheckpointRef) -> dict[str, Any]:
         return {"location": r.location, "step": r.step, "guarantee": r.guarantee.value}
+
     return {
         "checkpoint": ref(choice.chosen) if choice.chosen else None,
         "fallbacks": [ref(r) for r in choice.fallbacks],
@@ -396,8 +456,9 @@ def describe_plan(plan: Mapping[str, Any]) -> str:
     return f"{text}; {passed}" if passed else text
 
 
-def staleness(now: float, since: float, newest_verified_at: float | None, expected_interval_s: float | None,
-              intervals: float) -> float | None:
+def staleness(
+    now: float, since: float, newest_verified_at: float | None, expected_interval_s: float | None, intervals: float
+) -> float | None:
     """Seconds without a verified checkpoint when that exceeds ``intervals`` × the expected
     interval, else None. ``since``: when the run's current stretch of work began."""
     if not expected_interval_s:

@@ -19,17 +19,45 @@ from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 
 _ROUTINE = frozenset({EventKind.REGISTERED, EventKind.SUBMITTED, EventKind.ADOPTED, EventKind.STARTED})
 _TERMINAL = {EventKind.COMPLETED: "completed", EventKind.GAVE_UP: "gave up", EventKind.CANCELLED: "cancelled"}
-_FOLLOW_UP = frozenset({EventKind.NODE_DRAINED, EventKind.NODE_EXCLUDED, EventKind.FENCED, EventKind.STOPPED,
-                        EventKind.WARNING, EventKind.RELEASED, EventKind.REQUEUED, EventKind.RESTARTED})
+_FOLLOW_UP = frozenset(
+    {
+        EventKind.NODE_DRAINED,
+        EventKind.NODE_EXCLUDED,
+        EventKind.FENCED,
+        EventKind.STOPPED,
+        EventKind.WARNING,
+        EventKind.RELEASED,
+        EventKind.REQUEUED,
+        EventKind.RESTARTED,
+    }
+)
 _OPENS = frozenset({EventKind.FAULT, EventKind.STOPPED, EventKind.REQUEUED, EventKind.RESTARTED})
 # Events recorded in the same instant are put in causal order (an attempt is submitted, starts, faults, is
 # contained and stopped; the run ends last), so the chronicle does not depend on the order it was given.
-_CAUSAL = {k: i for i, k in enumerate([
-    EventKind.REGISTERED, EventKind.ADOPTED, EventKind.SUBMITTED, EventKind.RESTARTED, EventKind.RELEASED,
-    EventKind.STARTED, EventKind.FAULT, EventKind.NODE_DRAINED, EventKind.NODE_EXCLUDED, EventKind.FENCED,
-    EventKind.STOPPED, EventKind.REQUEUED, EventKind.WARNING, EventKind.NOTE, EventKind.COMPLETED,
-    EventKind.GAVE_UP, EventKind.CANCELLED,
-])}
+_CAUSAL = {
+    k: i
+    for i, k in enumerate(
+        [
+            EventKind.REGISTERED,
+            EventKind.ADOPTED,
+            EventKind.SUBMITTED,
+            EventKind.RESTARTED,
+            EventKind.RELEASED,
+            EventKind.STARTED,
+            EventKind.FAULT,
+            EventKind.NODE_DRAINED,
+            EventKind.NODE_EXCLUDED,
+            EventKind.FENCED,
+            EventKind.STOPPED,
+            EventKind.REQUEUED,
+            EventKind.WARNING,
+            EventKind.NOTE,
+            EventKind.COMPLETED,
+            EventKind.GAVE_UP,
+            EventKind.CANCELLED,
+        ]
+    )
+}
 
 
 def stamp(t: float) -> str:
@@ -83,8 +111,9 @@ class _Section:
     lines: tuple[str, ...]
 
 
-def render_markdown(run: RunRecord, attempts: list[AttemptRecord], events: list[Event],
-                    now: float | None = None) -> str:
+def render_markdown(
+    run: RunRecord, attempts: list[AttemptRecord], events: list[Event], now: float | None = None
+) -> str:
     """The run's chronicle as Markdown; deterministic for the same records.
 
     ``now`` ends the goodput accounting of a run still going; by default the last record's time."""
@@ -104,8 +133,12 @@ def render_markdown(run: RunRecord, attempts: list[AttemptRecord], events: list[
                 current = None
             blocks.append(e)
         elif e.kind is EventKind.FAULT:
-            joins = (current is not None and not current.has(EventKind.RESTARTED)
-                     and not current.has(EventKind.REQUEUED) and current.attempt == e.attempt)
+            joins = (
+                current is not None
+                and not current.has(EventKind.RESTARTED)
+                and not current.has(EventKind.REQUEUED)
+                and current.attempt == e.attempt
+            )
             if not joins:
                 current = _Incident()
                 blocks.append(current)
@@ -156,24 +189,30 @@ def _timeline_lines(timeline: list[Event]) -> list[str]:
     while i < len(timeline):
         e = timeline[i]
         j = i
-        while j + 1 < len(timeline) and e.kind is EventKind.CHECKPOINT_VERIFIED \
-                and timeline[j + 1].kind is EventKind.CHECKPOINT_VERIFIED:
+        while (
+            j + 1 < len(timeline)
+            and e.kind is EventKind.CHECKPOINT_VERIFIED
+            and timeline[j + 1].kind is EventKind.CHECKPOINT_VERIFIED
+        ):
             j += 1
         if j - i >= 2:
-            steps = [int(x.evidence["step"]) for x in timeline[i:j + 1] if isinstance(x.evidence.get("step"), int)]
+            steps = [int(x.evidence["step"]) for x in timeline[i : j + 1] if isinstance(x.evidence.get("step"), int)]
             span = f"steps {min(steps)} to {max(steps)}" if steps else "checkpoints"
-            out.append(f"- {stamp(e.at)} to {stamp(timeline[j].at)} [{e.actor}]: {j - i + 1} checkpoint "
-                       f"verifications passed ({span})")
+            out.append(
+                f"- {stamp(e.at)} to {stamp(timeline[j].at)} [{e.actor}]: {j - i + 1} checkpoint "
+                f"verifications passed ({span})"
+            )
         else:
-            out += [f"- {stamp(x.at)} [{x.actor}]: {_strip_label(x)}" for x in timeline[i:j + 1]]
+            out += [f"- {stamp(x.at)} [{x.actor}]: {_strip_label(x)}" for x in timeline[i : j + 1]]
         i = j + 1
     return out
 
 
 def last_record(attempts: list[AttemptRecord], events: list[Event]) -> float:
     """The time of the newest record: the chronicle's "now", so that it reads no clock."""
-    times = [e.at for e in events] + [t for a in attempts for t in (a.submitted_at, a.started_at, a.ended_at)
-                                      if t is not None]
+    times = [e.at for e in events] + [
+        t for a in attempts for t in (a.submitted_at, a.started_at, a.ended_at) if t is not None
+    ]
     return max(times, default=0.0)
 
 
@@ -202,8 +241,9 @@ def _title(run: RunRecord, attempts: list[AttemptRecord]) -> list[str]:
     return lines
 
 
-def _incident(run: RunRecord, inc: _Incident, by_seq: Mapping[int, AttemptRecord],
-              lost: Interruption | None) -> list[str]:
+def _incident(
+    run: RunRecord, inc: _Incident, by_seq: Mapping[int, AttemptRecord], lost: Interruption | None
+) -> list[str]:
     faults = inc.of(EventKind.FAULT)
     cause = _cause(inc)
     if inc.has(EventKind.RESTARTED) or inc.has(EventKind.REQUEUED):
@@ -216,8 +256,9 @@ def _incident(run: RunRecord, inc: _Incident, by_seq: Mapping[int, AttemptRecord
     lines = [f"### {heading_stamp(inc.at)} [{actor}]: Run {run.name}{_attempt_words(inc.attempt)} — {what}", ""]
     for f in faults:
         lines.append(f"- **Evidence**{_subject(f)}: {_evidence(f)}")
-    decisions = [_decision(e) for e in inc.events if e.kind not in (EventKind.FAULT, EventKind.WARNING,
-                                                                      EventKind.STARTED)]
+    decisions = [
+        _decision(e) for e in inc.events if e.kind not in (EventKind.FAULT, EventKind.WARNING, EventKind.STARTED)
+    ]
     if len(decisions) == 1:
         lines.append(f"- **Decision**: {decisions[0]}")
     elif decisions:
@@ -243,16 +284,22 @@ def _terminal(run: RunRecord, e: Event, attempts: list[AttemptRecord]) -> list[s
         lines.append(f"- **Evidence**: {_pairs(e.evidence)}")
     started = [a.started_at for a in attempts if a.started_at is not None]
     span = f"; {seconds(e.at - min(started))} since the first attempt started" if started else ""
-    lines.append(f"- **Totals**: {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}; restarts spent "
-                 f"{run.restarts_spent} of {run.spec.max_restarts}{span}.")
+    lines.append(
+        f"- **Totals**: {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}; restarts spent "
+        f"{run.restarts_spent} of {run.spec.max_restarts}{span}."
+    )
     return [*lines, ""]
 
 
 def _attempt_table(attempts: list[AttemptRecord]) -> list[str]:
     if not attempts:
         return []
-    lines = ["## Attempts", "", "| attempt | job | restart | nodes | started | ended | ran | end state |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Attempts",
+        "",
+        "| attempt | job | restart | nodes | started | ended | ran | end state |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for a in sorted(attempts, key=lambda x: x.seq):
         ran = seconds(a.ended_at - a.started_at) if a.started_at is not None and a.ended_at is not None else "-"
         end = a.end_state or ("running" if a.started_at is not None and a.ended_at is None else "-")
@@ -260,9 +307,11 @@ def _attempt_table(attempts: list[AttemptRecord]) -> list[str]:
             end = f"{a.end_state} ({a.end_reason})"
         if a.exit_code is not None:
             end += f", exit {a.exit_code}"
-        lines.append(f"| {a.seq} | {a.job_id} | {a.restart_count} | {len(a.nodes)} | "
-                     f"{stamp(a.started_at) if a.started_at is not None else '-'} | "
-                     f"{stamp(a.ended_at) if a.ended_at is not None else '-'} | {ran} | {end} |")
+        lines.append(
+            f"| {a.seq} | {a.job_id} | {a.restart_count} | {len(a.nodes)} | "
+            f"{stamp(a.started_at) if a.started_at is not None else '-'} | "
+            f"{stamp(a.ended_at) if a.ended_at is not None else '-'} | {ran} | {end} |"
+        )
     return [*lines, ""]
 
 
@@ -319,8 +368,10 @@ def _evidence(f: Event) -> str:
         if any(k in ev for k in ("slurm_state", "slurm_flags", "slurm_reason")):
             flags = ev.pop("slurm_flags", None) or []
             reason = ev.pop("slurm_reason", None)
-            parts.append(f"Slurm showed the node {ev.pop('slurm_state', None) or 'unknown'}, flags "
-                         f"{','.join(map(str, flags)) or 'none'}, reason {_quote(reason) if reason else 'none'}")
+            parts.append(
+                f"Slurm showed the node {ev.pop('slurm_state', None) or 'unknown'}, flags "
+                f"{','.join(map(str, flags)) or 'none'}, reason {_quote(reason) if reason else 'none'}"
+            )
         if ev:
             parts.append(_pairs(ev))
         return "; ".join(parts) + "."
@@ -339,8 +390,10 @@ def _evidence(f: Event) -> str:
         if ev.get("nodes"):
             parts.append(f"on {_nodes(ev.pop('nodes'))}")
         if ev.get("log"):
-            parts.append(f"log `{ev.pop('log')}`" + (f" ({ev.pop('records_read')} records read)"
-                                                    if ev.get("records_read") is not None else ""))
+            parts.append(
+                f"log `{ev.pop('log')}`"
+                + (f" ({ev.pop('records_read')} records read)" if ev.get("records_read") is not None else "")
+            )
         last = ev.pop("last_lines", None) or []
         ev.pop("records_read", None)
         text = "; ".join(p for p in parts if p)
@@ -364,7 +417,7 @@ def _decision(e: Event) -> str:
     msg = _strip_label(e)
     reason = ev.get("reason")
     if e.kind is EventKind.NODE_DRAINED and isinstance(reason, str) and msg.endswith(f": {reason}"):
-        return f"{msg[:-len(reason) - 2]}, reason {_quote(reason)}"
+        return f"{msg[: -len(reason) - 2]}, reason {_quote(reason)}"
     return msg
 
 
@@ -373,16 +426,19 @@ def _cost(run: RunRecord, inc: _Incident, by_seq: Mapping[int, AttemptRecord]) -
     started = [e for e in inc.of(EventKind.STARTED) if e.attempt != inc.attempt]
     if started:
         s = started[-1]
-        parts.append(f"{seconds(s.at - inc.at)} from the fault ({stamp(inc.at)}) to attempt {s.attempt} "
-                     f"running ({stamp(s.at)})")
+        parts.append(
+            f"{seconds(s.at - inc.at)} from the fault ({stamp(inc.at)}) to attempt {s.attempt} running ({stamp(s.at)})"
+        )
     else:
         parts.append(f"no new attempt running yet (fault at {stamp(inc.at)})")
     a = by_seq.get(inc.attempt) if inc.attempt is not None else None
     if a is not None and a.started_at is not None:
         end = a.ended_at if a.ended_at is not None else inc.at
         how = f", ended {a.end_state}" if a.end_state else ""
-        parts.append(f"attempt {a.seq} (job {a.job_id}) had run {seconds(end - a.started_at)}, "
-                     f"from {stamp(a.started_at)} to {stamp(end)}{how}")
+        parts.append(
+            f"attempt {a.seq} (job {a.job_id}) had run {seconds(end - a.started_at)}, "
+            f"from {stamp(a.started_at)} to {stamp(end)}{how}"
+        )
     spent = [e.evidence.get("restarts_spent") for e in inc.of(EventKind.RESTARTED)]
     spent_n = next((int(x) for x in reversed(spent) if isinstance(x, int)), None)
     if spent_n is not None:

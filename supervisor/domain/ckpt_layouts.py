@@ -46,7 +46,8 @@ _MEGATRON_MODEL_FILES = ("model_optim_rng.pt", "model_rng.pt")
 _MEGATRON_DIST_FILES = frozenset({"common.pt", "metadata.json"})  # megatron.core dist_checkpointing's own
 _NEMO_STEP = re.compile(r"(?:^|[^a-z])step=(\d+)", re.IGNORECASE)
 _STEP_NAMED = re.compile(
-    r"^(?:.*[_\-.=])?(?:global_step|step|checkpoint|ckpt|iter|iteration)[_\-=]?\d+$|^\d+$", re.IGNORECASE)
+    r"^(?:.*[_\-.=])?(?:global_step|step|checkpoint|ckpt|iter|iteration)[_\-=]?\d+$|^\d+$", re.IGNORECASE
+)
 
 Locate = Callable[[str], str]
 
@@ -211,8 +212,11 @@ def _step_of(prefix: str) -> int | None:
 
 def _nemo_files(d: _Dir) -> list[_Found]:
     markers = d.unfinished
-    return [_Found(_join(d.prefix, n), Guarantee.NEMO, _nemo_base(n) not in markers, _nemo_step(n), is_file=True)
-            for n in sorted(d.files) if n.endswith(".ckpt") and not n.endswith("-EMA.ckpt")]
+    return [
+        _Found(_join(d.prefix, n), Guarantee.NEMO, _nemo_base(n) not in markers, _nemo_step(n), is_file=True)
+        for n in sorted(d.files)
+        if n.endswith(".ckpt") and not n.endswith("-EMA.ckpt")
+    ]
 
 
 def _find(tree: Mapping[str, _Dir], texts: Mapping[str, str]) -> list[_Found]:
@@ -238,8 +242,9 @@ def _find(tree: Mapping[str, _Dir], texts: Mapping[str, str]) -> list[_Found]:
     return found
 
 
-def discover(objects: Iterable[ObjectInfo], locate: Locate,
-             texts: Mapping[str, str] | None = None) -> list[CheckpointRef]:
+def discover(
+    objects: Iterable[ObjectInfo], locate: Locate, texts: Mapping[str, str] | None = None
+) -> list[CheckpointRef]:
     """Every checkpoint in ``objects`` (all objects under a run's checkpoint root, keys relative to
     it), committed or not, oldest step first. ``locate`` turns a relative prefix into a location:
     it is called with ``"dir/"`` for directories, ``"dir/file.ckpt"`` for single-file checkpoints
@@ -284,7 +289,7 @@ def _inside(prefix: str, objects: Iterable[ObjectInfo]) -> tuple[dict[str, Objec
         if not prefix:
             inside[key] = obj
         elif key == prefix or key.startswith(prefix + "/"):
-            inside[key[len(prefix) + 1:] if key != prefix else ""] = obj
+            inside[key[len(prefix) + 1 :] if key != prefix else ""] = obj
         elif _parent(key) == parent:
             siblings[key.rsplit("/", 1)[-1]] = obj
     return inside, siblings
@@ -305,8 +310,9 @@ def _guess_prefix(ref: CheckpointRef, keys: Iterable[str]) -> str:
     return best
 
 
-def check_adopted(ref: CheckpointRef, objects: Iterable[ObjectInfo], *,
-                  prefix: str | None = None) -> tuple[ShardProblem, ...]:
+def check_adopted(
+    ref: CheckpointRef, objects: Iterable[ObjectInfo], *, prefix: str | None = None
+) -> tuple[ShardProblem, ...]:
     """Metadata-level presence checks for a checkpoint without our manifest (weak: see the docs
     of each ``_check_*`` for what they do not catch). ``objects`` is a listing with keys relative to
     the run's root (then the checkpoint's own ``prefix`` is given or found from its location) or
@@ -347,17 +353,21 @@ def _check_dcp(where: str, files: Mapping[str, ObjectInfo]) -> list[ShardProblem
     ``.distcp`` and no leftover ``.metadata.tmp`` (a newer save overwriting this one).
     Does NOT catch: a shard named in ``.metadata`` but missing (that needs unpickling it), a
     truncated or bit-flipped shard, shards from two different saves mixed in one directory."""
-    here = {k[len(where):]: v for k, v in files.items() if k.startswith(where) and "/" not in k[len(where):]}
+    here = {k[len(where) :]: v for k, v in files.items() if k.startswith(where) and "/" not in k[len(where) :]}
     problems = []
     meta = here.get(DCP_METADATA)
     if meta is None:
-        problems.append(ShardProblem(where + DCP_METADATA, "missing",
-                                     "DCP writes it last; without it the save did not finish"))
+        problems.append(
+            ShardProblem(where + DCP_METADATA, "missing", "DCP writes it last; without it the save did not finish")
+        )
     elif meta.size == 0:
         problems.append(ShardProblem(where + DCP_METADATA, "size", "empty"))
     if DCP_METADATA + ".tmp" in here:
-        problems.append(ShardProblem(where + DCP_METADATA + ".tmp", "uncommitted",
-                                     "a newer DCP save into this directory had not finished"))
+        problems.append(
+            ShardProblem(
+                where + DCP_METADATA + ".tmp", "uncommitted", "a newer DCP save into this directory had not finished"
+            )
+        )
     shards = {k: v for k, v in here.items() if k.endswith(DCP_SUFFIX)}
     if not any(v.size > 0 for v in shards.values()):
         problems.append(ShardProblem(where or ".", "missing", f"no non-empty {DCP_SUFFIX} shard"))
@@ -385,8 +395,9 @@ def _check_megatron(files: Mapping[str, ObjectInfo]) -> list[ShardProblem]:
         models = [files.get(f"{rank}/{n}") for n in _MEGATRON_MODEL_FILES]
         present = [m for m in models if m is not None]
         if not present:
-            problems.append(ShardProblem(f"{rank}/{_MEGATRON_MODEL_FILES[0]}", "missing",
-                                         "no model file for this rank"))
+            problems.append(
+                ShardProblem(f"{rank}/{_MEGATRON_MODEL_FILES[0]}", "missing", "no model file for this rank")
+            )
         elif all(m.size == 0 for m in present):
             problems.append(ShardProblem(f"{rank}/{_MEGATRON_MODEL_FILES[0]}", "size", "empty model file"))
     problems += _grid_holes(ranks)
@@ -408,14 +419,21 @@ def _grid_holes(ranks: Mapping[str, tuple[int, ...]]) -> list[ShardProblem]:
         grid: list[tuple[int, ...]] = [()]
         for e in extent:
             grid = [g + (i,) for g in grid for i in range(e)]
-        holes = [ShardProblem("mp_rank_" + "_".join(f"{v:02d}" if j == 0 else f"{v:03d}" for j, v in enumerate(g)),
-                              "missing", "rank directory absent from an otherwise complete grid")
-                 for g in grid if g not in have]
+        holes = [
+            ShardProblem(
+                "mp_rank_" + "_".join(f"{v:02d}" if j == 0 else f"{v:03d}" for j, v in enumerate(g)),
+                "missing",
+                "rank directory absent from an otherwise complete grid",
+            )
+            for g in grid
+            if g not in have
+        ]
     return holes
 
 
-def _check_nemo(ref: CheckpointRef, inside: Mapping[str, ObjectInfo],
-                siblings: Mapping[str, ObjectInfo]) -> list[ShardProblem]:
+def _check_nemo(
+    ref: CheckpointRef, inside: Mapping[str, ObjectInfo], siblings: Mapping[str, ObjectInfo]
+) -> list[ShardProblem]:
     """NeMo: no ``-unfinished`` marker next to it (when its parent was listed), nothing empty, and
     the DCP checks on every directory inside holding DCP files. Does NOT catch: truncation or bit
     flips, a marker removed by hand, a save that died before creating its marker."""
@@ -425,8 +443,13 @@ def _check_nemo(ref: CheckpointRef, inside: Mapping[str, ObjectInfo],
         problems.append(ShardProblem(marker, "uncommitted", "NeMo's unfinished marker is present"))
     if "" in inside:  # a single-file checkpoint
         return problems + ([ShardProblem(ref.name, "size", "empty checkpoint file")] if inside[""].size == 0 else [])
-    dcp_dirs = sorted({k.rsplit("/", 1)[0] + "/" if "/" in k else "" for k in inside
-                       if k.endswith(DCP_SUFFIX) or k.rsplit("/", 1)[-1] == DCP_METADATA})
+    dcp_dirs = sorted(
+        {
+            k.rsplit("/", 1)[0] + "/" if "/" in k else ""
+            for k in inside
+            if k.endswith(DCP_SUFFIX) or k.rsplit("/", 1)[-1] == DCP_METADATA
+        }
+    )
     for where in dcp_dirs:
         problems += _check_dcp(where, inside)
     return problems

@@ -143,8 +143,9 @@ def checkpoint_advice(mtbi_s: float | None, save_s: float | None) -> CheckpointA
     if mtbi_s is None:
         return CheckpointAdvice(None, save_s, None, "no interruption observed yet: no rate to plan for")
     if save_s is None or save_s <= 0:
-        return CheckpointAdvice(None, None, mtbi_s, "no checkpoint save time on record (evidence save_s); "
-                                "give the measured save cost")
+        return CheckpointAdvice(
+            None, None, mtbi_s, "no checkpoint save time on record (evidence save_s); give the measured save cost"
+        )
     tau = math.sqrt(2.0 * save_s * mtbi_s)
     return CheckpointAdvice(tau, save_s, mtbi_s, f"Young: sqrt(2 x {save_s:.0f} s x {mtbi_s:.0f} s)")
 
@@ -205,8 +206,9 @@ def _interruption(opening: list[Event], incident: list[Event], nxt: AttemptRecor
     if nxt is not None:
         restart = max(0.0, nxt.submitted_at - first.at)
         queue = max(0.0, nxt.started_at - nxt.submitted_at) if nxt.started_at is not None else None
-    return Interruption(first.run, first.attempt, first.at, classify(opening), detection, restart, queue,
-                        lost_work, lost_steps, resume)
+    return Interruption(
+        first.run, first.attempt, first.at, classify(opening), detection, restart, queue, lost_work, lost_steps, resume
+    )
 
 
 def _merged(events: list[Event]) -> dict[str, Any]:
@@ -235,8 +237,15 @@ def _int(ev: Mapping[str, Any], key: str) -> int | None:
 # ---------------------------------------------------------------- accounting
 
 
-def goodput(run: str, attempts: Sequence[AttemptRecord], events: Sequence[Event], *, now: float,
-            start: float | None = None, end: float | None = None) -> Goodput:
+def goodput(
+    run: str,
+    attempts: Sequence[AttemptRecord],
+    events: Sequence[Event],
+    *,
+    now: float,
+    start: float | None = None,
+    end: float | None = None,
+) -> Goodput:
     """The run's goodput over [start, end] (default: first submission to the run's end, or ``now``)."""
     attempts = sorted((a for a in attempts if a.run == run), key=lambda a: a.seq)
     events = [e for e in events if e.run == run]
@@ -244,8 +253,9 @@ def goodput(run: str, attempts: Sequence[AttemptRecord], events: Sequence[Event]
     lo = start if start is not None else (attempts[0].submitted_at if attempts else run_end)
     hi = min(end if end is not None else run_end, now)
     found = interruptions(attempts, events)
-    segments = [(a.started_at, a.ended_at if a.ended_at is not None else run_end)
-                for a in attempts if a.started_at is not None]
+    segments = [
+        (a.started_at, a.ended_at if a.ended_at is not None else run_end) for a in attempts if a.started_at is not None
+    ]
     claims = _claims(attempts, found, segments, run_end)
     productive, running, idle, lost, by_cause = _sweep(lo, hi, segments, claims)
     inside = tuple(i for i in found if lo <= i.at < hi or (i.at == hi == run_end))
@@ -253,8 +263,9 @@ def goodput(run: str, attempts: Sequence[AttemptRecord], events: Sequence[Event]
     return Goodput(run, lo, max(lo, hi), productive, running, idle, lost, by_cause, inside, notes)
 
 
-def windows(run: str, attempts: Sequence[AttemptRecord], events: Sequence[Event], *, now: float,
-            width_s: float = DAY_S) -> list[Goodput]:
+def windows(
+    run: str, attempts: Sequence[AttemptRecord], events: Sequence[Event], *, now: float, width_s: float = DAY_S
+) -> list[Goodput]:
     """Goodput per consecutive window of ``width_s`` (a day by default) from the first submission."""
     if width_s <= 0:
         raise ValueError(f"window width must be positive, got {width_s}")
@@ -276,13 +287,18 @@ def _run_end(events: Sequence[Event], now: float) -> float:
 Claim = tuple[float, float, str, str]  # (from, to, kind, cause category)
 
 
-def _claims(attempts: Sequence[AttemptRecord], found: Sequence[Interruption],
-            segments: Sequence[tuple[float, float]], run_end: float) -> list[Claim]:
+def _claims(
+    attempts: Sequence[AttemptRecord],
+    found: Sequence[Interruption],
+    segments: Sequence[tuple[float, float]],
+    run_end: float,
+) -> list[Claim]:
     claims: list[Claim] = []
     if attempts:
         a0 = attempts[0]
-        claims.append((a0.submitted_at, a0.started_at if a0.started_at is not None else run_end, "queue",
-                       "First start"))
+        claims.append(
+            (a0.submitted_at, a0.started_at if a0.started_at is not None else run_end, "queue", "First start")
+        )
     for i in found:
         cat = i.cause.category
         if i.detection_s:
@@ -312,8 +328,9 @@ def _back_from(t: float, amount: float, segments: Sequence[tuple[float, float]])
     return out
 
 
-def _sweep(lo: float, hi: float, segments: Sequence[tuple[float, float]], claims: Sequence[Claim]
-           ) -> tuple[float, float, float, Lost, dict[str, Lost]]:
+def _sweep(
+    lo: float, hi: float, segments: Sequence[tuple[float, float]], claims: Sequence[Claim]
+) -> tuple[float, float, float, Lost, dict[str, Lost]]:
     """Walk [lo, hi] boundary to boundary; each piece goes to the highest-priority claim, else to
     productive (an attempt running) or idle."""
     points: list[tuple[float, int, tuple[str, str] | None]] = []
@@ -328,7 +345,7 @@ def _sweep(lo: float, hi: float, segments: Sequence[tuple[float, float]], claims
     lost = Lost()
     by_cause: dict[str, Lost] = {}
     prev = lo
-    for i, (x, delta, label) in enumerate(points):
+    for x, delta, label in points:
         if x > prev and prev < hi:
             piece = min(x, hi) - max(prev, lo)
             if piece > 0:
@@ -358,11 +375,15 @@ def _notes(found: Sequence[Interruption]) -> tuple[str, ...]:
     notes = []
     unknown = [i for i in found if i.lost_work_s is None]
     if unknown:
-        notes.append(f"work lost since the checkpoint is not on record for {len(unknown)} of {len(found)} "
-                     "interruption(s) (no lost_steps, or resume_step with the last step): the ETTR is an upper "
-                     "bound")
+        notes.append(
+            f"work lost since the checkpoint is not on record for {len(unknown)} of {len(found)} "
+            "interruption(s) (no lost_steps, or resume_step with the last step): the ETTR is an upper "
+            "bound"
+        )
     undetected = [i for i in found if i.detection_s is None]
     if undetected:
-        notes.append(f"detection time is not on record for {len(undetected)} of {len(found)} interruption(s): "
-                     "counted from the moment the supervisor knew")
+        notes.append(
+            f"detection time is not on record for {len(undetected)} of {len(found)} interruption(s): "
+            "counted from the moment the supervisor knew"
+        )
     return tuple(notes)

@@ -39,8 +39,12 @@ def summary_rows(g: Goodput, advice: CheckpointAdvice, gpus: int | None = None) 
     if gpus:
         rows.append(("GPU-hours lost", f"{g.lost.total_s * gpus / 3600:,.1f} ({gpus} GPUs)"))
     if advice.interval_s is not None:
-        rows.append(("checkpoint interval (Young)", f"{hours(advice.interval_s)} — {advice.reason}; expected "
-                     f"overhead {percent(advice.expected_waste)}"))
+        rows.append(
+            (
+                "checkpoint interval (Young)",
+                f"{hours(advice.interval_s)} — {advice.reason}; expected overhead {percent(advice.expected_waste)}",
+            )
+        )
     else:
         rows.append(("checkpoint interval (Young)", f"- ({advice.reason})"))
     return rows
@@ -60,10 +64,15 @@ def cause_rows(g: Goodput) -> list[tuple[str, str, str, str]]:
 
 
 def markdown_lines(g: Goodput, advice: CheckpointAdvice, gpus: int | None = None) -> list[str]:
-    lines = ["## Goodput", "",
-             f"From {_iso(g.start)} to {_iso(g.end)}. Lost time is counted once, in this order: "
-             "detection, restart, queue, rework.", "",
-             "| figure | value |", "|---|---|"]
+    lines = [
+        "## Goodput",
+        "",
+        f"From {_iso(g.start)} to {_iso(g.end)}. Lost time is counted once, in this order: "
+        "detection, restart, queue, rework.",
+        "",
+        "| figure | value |",
+        "|---|---|",
+    ]
     lines += [f"| {k} | {v} |" for k, v in summary_rows(g, advice, gpus)]
     causes = cause_rows(g)
     if causes:

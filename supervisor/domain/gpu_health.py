@@ -43,46 +43,50 @@ FATAL, DEGRADED, WATCH = Severity.FATAL, Severity.DEGRADED, Severity.WATCH
 # XIDs after NVIDIA's XID catalogue (its "resolution bucket": RESTART_APP → watch; RESET_GPU,
 # RESTART_BM, hardware/RMA → fatal; reset at the next opportunity → degraded). Unlisted XIDs
 # are watch.
-XID_CATALOGUE: Mapping[int, tuple[Severity, str]] = MappingProxyType({
-    8: (WATCH, "GPU stopped processing (application)"),
-    13: (WATCH, "graphics engine exception (usually the application)"),
-    31: (WATCH, "GPU memory page fault (usually the application)"),
-    32: (WATCH, "invalid or corrupted push buffer stream"),
-    43: (WATCH, "GPU stopped processing (application)"),
-    45: (WATCH, "preemptive cleanup after an earlier error"),
-    46: (FATAL, "GPU stopped processing"),
-    48: (FATAL, "double-bit ECC error (DBE)"),
-    61: (DEGRADED, "internal micro-controller breakpoint/warning"),
-    62: (FATAL, "internal micro-controller halt"),
-    63: (DEGRADED, "row remap / page retirement recorded: reset the GPU to activate"),
-    64: (FATAL, "row remap / page retirement recording failure"),
-    68: (WATCH, "video processor exception"),
-    69: (WATCH, "graphics engine class error"),
-    74: (FATAL, "NVLink error"),
-    79: (FATAL, "GPU has fallen off the bus"),
-    92: (DEGRADED, "high single-bit ECC error rate"),
-    94: (DEGRADED, "contained ECC error: the GPU needs a reset at the next opportunity"),
-    95: (FATAL, "uncontained ECC error"),
-    109: (WATCH, "context switch timeout"),
-    119: (FATAL, "GSP RPC timeout"),
-    120: (FATAL, "GSP error"),
-    121: (DEGRADED, "C2C link corrected error"),
-    140: (FATAL, "unrecovered ECC error"),
-    143: (FATAL, "GPU initialisation failure"),
-    145: (WATCH, "NVLink non-fatal error"),
-    149: (FATAL, "NVLink fatal error"),
-})
+XID_CATALOGUE: Mapping[int, tuple[Severity, str]] = MappingProxyType(
+    {
+        8: (WATCH, "GPU stopped processing (application)"),
+        13: (WATCH, "graphics engine exception (usually the application)"),
+        31: (WATCH, "GPU memory page fault (usually the application)"),
+        32: (WATCH, "invalid or corrupted push buffer stream"),
+        43: (WATCH, "GPU stopped processing (application)"),
+        45: (WATCH, "preemptive cleanup after an earlier error"),
+        46: (FATAL, "GPU stopped processing"),
+        48: (FATAL, "double-bit ECC error (DBE)"),
+        61: (DEGRADED, "internal micro-controller breakpoint/warning"),
+        62: (FATAL, "internal micro-controller halt"),
+        63: (DEGRADED, "row remap / page retirement recorded: reset the GPU to activate"),
+        64: (FATAL, "row remap / page retirement recording failure"),
+        68: (WATCH, "video processor exception"),
+        69: (WATCH, "graphics engine class error"),
+        74: (FATAL, "NVLink error"),
+        79: (FATAL, "GPU has fallen off the bus"),
+        92: (DEGRADED, "high single-bit ECC error rate"),
+        94: (DEGRADED, "contained ECC error: the GPU needs a reset at the next opportunity"),
+        95: (FATAL, "uncontained ECC error"),
+        109: (WATCH, "context switch timeout"),
+        119: (FATAL, "GSP RPC timeout"),
+        120: (FATAL, "GSP error"),
+        121: (DEGRADED, "C2C link corrected error"),
+        140: (FATAL, "unrecovered ECC error"),
+        143: (FATAL, "GPU initialisation failure"),
+        145: (WATCH, "NVLink non-fatal error"),
+        149: (FATAL, "NVLink fatal error"),
+    }
+)
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvml.h).
-RECOVERY_ACTIONS: Mapping[int, tuple[Severity, str]] = MappingProxyType({
-    1: (FATAL, "GPU reset required"),
-    2: (FATAL, "node reboot required"),
-    3: (DEGRADED, "drain peer-to-peer traffic"),
-    4: (DEGRADED, "drain and reset recommended"),
-    5: (DEGRADED, "recover the IMEX domain"),
-    6: (FATAL, "bus reset required"),
-    7: (FATAL, "system reboot required"),
-})
+RECOVERY_ACTIONS: Mapping[int, tuple[Severity, str]] = MappingProxyType(
+    {
+        1: (FATAL, "GPU reset required"),
+        2: (FATAL, "node reboot required"),
+        3: (DEGRADED, "drain peer-to-peer traffic"),
+        4: (DEGRADED, "drain and reset recommended"),
+        5: (DEGRADED, "recover the IMEX domain"),
+        6: (FATAL, "bus reset required"),
+        7: (FATAL, "system reboot required"),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -102,10 +106,18 @@ class GpuHealthSettings:
     xid_ignore: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
-        problems = [f"{name} must be at least 1 (got {getattr(self, name)!r})"
-                    for name in ("persist_samples", "clear_samples", "slowdown_samples", "retired_pages_max",
-                                 "ecc_corrected_burst", "nvlink_error_burst")
-                    if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1)]
+        problems = [
+            f"{name} must be at least 1 (got {getattr(self, name)!r})"
+            for name in (
+                "persist_samples",
+                "clear_samples",
+                "slowdown_samples",
+                "retired_pages_max",
+                "ecc_corrected_burst",
+                "nvlink_error_burst",
+            )
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1)
+        ]
         if not 0 < self.host_mem_watch_pct <= 100:
             problems.append(f"host_mem_watch_pct must be within (0, 100] (got {self.host_mem_watch_pct})")
         if self.expected_gpus < 0:
@@ -147,55 +159,117 @@ def gpu_conditions(g: GpuSample, prev: GpuSample | None, s: GpuHealthSettings) -
         yield Condition("gpu-lost", FATAL, f"GPU lost: NVML cannot reach it ({where})", 1, g.i, ev)
         return
     if g.ecc_unc_vol:
-        yield Condition("ecc-uncorrectable", FATAL, f"{g.ecc_unc_vol} uncorrectable ECC errors since the "
-                        f"driver loaded ({where})", 1, g.i, {**ev, "ecc_unc_vol": g.ecc_unc_vol})
+        yield Condition(
+            "ecc-uncorrectable",
+            FATAL,
+            f"{g.ecc_unc_vol} uncorrectable ECC errors since the driver loaded ({where})",
+            1,
+            g.i,
+            {**ev, "ecc_unc_vol": g.ecc_unc_vol},
+        )
     if g.remap_failed:
-        yield Condition("row-remap-failed", FATAL, f"row remapping failed: memory cannot be repaired ({where})",
-                        1, g.i, {**ev, "remap_unc": g.remap_unc})
+        yield Condition(
+            "row-remap-failed",
+            FATAL,
+            f"row remapping failed: memory cannot be repaired ({where})",
+            1,
+            g.i,
+            {**ev, "remap_unc": g.remap_unc},
+        )
     elif g.remap_pending:
-        yield Condition("row-remap-pending", DEGRADED, f"row remap pending: the GPU needs a reset ({where}, "
-                        f"{g.remap_unc or 0} uncorrectable rows)", 1, g.i, {**ev, "remap_unc": g.remap_unc})
+        yield Condition(
+            "row-remap-pending",
+            DEGRADED,
+            f"row remap pending: the GPU needs a reset ({where}, {g.remap_unc or 0} uncorrectable rows)",
+            1,
+            g.i,
+            {**ev, "remap_unc": g.remap_unc},
+        )
     if g.retired_pending:
-        yield Condition("retired-pages-pending", DEGRADED, f"page retirement pending: the GPU needs a reset "
-                        f"({where})", 1, g.i, ev)
+        yield Condition(
+            "retired-pages-pending", DEGRADED, f"page retirement pending: the GPU needs a reset ({where})", 1, g.i, ev
+        )
     retired = (g.retired_sbe or 0) + (g.retired_dbe or 0)
     if retired >= s.retired_pages_max:
-        yield Condition("retired-pages", DEGRADED, f"{retired} retired pages (limit {s.retired_pages_max}) "
-                        f"({where})", 1, g.i, {**ev, "retired": retired})
+        yield Condition(
+            "retired-pages",
+            DEGRADED,
+            f"{retired} retired pages (limit {s.retired_pages_max}) ({where})",
+            1,
+            g.i,
+            {**ev, "retired": retired},
+        )
     if g.recovery is not None and g.recovery in RECOVERY_ACTIONS:
         severity, text = RECOVERY_ACTIONS[g.recovery]
-        yield Condition("recovery-action", severity, f"driver recovery action {g.recovery}: {text} ({where})",
-                        1, g.i, {**ev, "recovery": g.recovery})
+        yield Condition(
+            "recovery-action",
+            severity,
+            f"driver recovery action {g.recovery}: {text} ({where})",
+            1,
+            g.i,
+            {**ev, "recovery": g.recovery},
+        )
     yield from _rate_conditions(g, prev, s, where, ev)
     if g.clocks is not None and g.clocks & (CLOCKS_HW_SLOWDOWN | CLOCKS_HW_THERMAL | CLOCKS_HW_POWER_BRAKE):
-        kinds = [n for bit, n in ((CLOCKS_HW_THERMAL, "thermal"), (CLOCKS_HW_POWER_BRAKE, "power brake"))
-                 if g.clocks & bit] or ["hardware"]
-        yield Condition("hw-slowdown", DEGRADED, f"HW slowdown ({', '.join(kinds)}) sustained for "
-                        f"{s.slowdown_samples} reports ({where})", s.slowdown_samples, g.i,
-                        {**ev, "clocks": g.clocks})
+        kinds = [
+            n for bit, n in ((CLOCKS_HW_THERMAL, "thermal"), (CLOCKS_HW_POWER_BRAKE, "power brake")) if g.clocks & bit
+        ] or ["hardware"]
+        yield Condition(
+            "hw-slowdown",
+            DEGRADED,
+            f"HW slowdown ({', '.join(kinds)}) sustained for {s.slowdown_samples} reports ({where})",
+            s.slowdown_samples,
+            g.i,
+            {**ev, "clocks": g.clocks},
+        )
     if g.temp_c is not None and g.temp_c >= s.temp_watch_c:
-        yield Condition("temperature", WATCH, f"GPU at {g.temp_c} C (watch at {s.temp_watch_c} C) ({where})",
-                        s.persist_samples, g.i, {**ev, "temp_c": g.temp_c})
+        yield Condition(
+            "temperature",
+            WATCH,
+            f"GPU at {g.temp_c} C (watch at {s.temp_watch_c} C) ({where})",
+            s.persist_samples,
+            g.i,
+            {**ev, "temp_c": g.temp_c},
+        )
     timeouts = sorted(k for k, v in g.errors.items() if v != "Not Supported")
     if timeouts:
-        yield Condition("nvml-error", WATCH, f"NVML errors reading {', '.join(timeouts)} ({where})",
-                        s.persist_samples, g.i, {**ev, "errors": dict(g.errors)})
+        yield Condition(
+            "nvml-error",
+            WATCH,
+            f"NVML errors reading {', '.join(timeouts)} ({where})",
+            s.persist_samples,
+            g.i,
+            {**ev, "errors": dict(g.errors)},
+        )
 
 
-def _rate_conditions(g: GpuSample, prev: GpuSample | None, s: GpuHealthSettings, where: str,
-                     ev: dict[str, object]) -> Iterator[Condition]:
+def _rate_conditions(
+    g: GpuSample, prev: GpuSample | None, s: GpuHealthSettings, where: str, ev: dict[str, object]
+) -> Iterator[Condition]:
     if prev is None:
         return
     if g.ecc_cor_vol is not None and prev.ecc_cor_vol is not None:
         burst = g.ecc_cor_vol - prev.ecc_cor_vol
         if burst >= s.ecc_corrected_burst:
-            yield Condition("ecc-corrected-burst", WATCH, f"{burst} corrected ECC errors since the last report "
-                            f"({where})", 1, g.i, {**ev, "burst": burst})
+            yield Condition(
+                "ecc-corrected-burst",
+                WATCH,
+                f"{burst} corrected ECC errors since the last report ({where})",
+                1,
+                g.i,
+                {**ev, "burst": burst},
+            )
     now = sum(v for v in (g.nvlink_crc, g.nvlink_replay, g.nvlink_recovery) if v is not None)
     before = sum(v for v in (prev.nvlink_crc, prev.nvlink_replay, prev.nvlink_recovery) if v is not None)
     if g.nvlink_crc is not None and now - before >= s.nvlink_error_burst:
-        yield Condition("nvlink-errors", WATCH, f"{now - before} NVLink errors since the last report ({where})",
-                        s.persist_samples, g.i, {**ev, "burst": now - before})
+        yield Condition(
+            "nvlink-errors",
+            WATCH,
+            f"{now - before} NVLink errors since the last report ({where})",
+            s.persist_samples,
+            g.i,
+            {**ev, "burst": now - before},
+        )
 
 
 def report_conditions(report: NodeReport, prev: NodeReport | None, s: GpuHealthSettings) -> list[Condition]:
@@ -212,10 +286,21 @@ def report_conditions(report: NodeReport, prev: NodeReport | None, s: GpuHealthS
         severity, text = cls
         placed = by_index.get(x.gpu)
         where = _gpu_label(placed) if placed is not None else (f"gpu {x.gpu}" if x.gpu >= 0 else f"PCI {x.bus or '?'}")
-        found.append(Condition(f"xid-{x.xid}", severity, f"XID {x.xid}: {text} ({where})",
-                               1, x.gpu if x.gpu >= 0 else None,
-                               {"xid": x.xid, "gpu": x.gpu, **({"bus": x.bus} if x.gpu < 0 and x.bus else {}),
-                                **({"text": x.text} if x.text else {})}))
+        found.append(
+            Condition(
+                f"xid-{x.xid}",
+                severity,
+                f"XID {x.xid}: {text} ({where})",
+                1,
+                x.gpu if x.gpu >= 0 else None,
+                {
+                    "xid": x.xid,
+                    "gpu": x.gpu,
+                    **({"bus": x.bus} if x.gpu < 0 and x.bus else {}),
+                    **({"text": x.text} if x.text else {}),
+                },
+            )
+        )
     found.extend(_node_conditions(report, s))
     return found
 
@@ -223,15 +308,33 @@ def report_conditions(report: NodeReport, prev: NodeReport | None, s: GpuHealthS
 def _node_conditions(report: NodeReport, s: GpuHealthSettings) -> Iterator[Condition]:
     counted = report.gpu_count if report.gpu_count is not None else (len(report.gpus) if report.gpus else None)
     if s.expected_gpus and counted is not None and counted < s.expected_gpus:
-        yield Condition("gpu-missing", FATAL, f"{counted} GPUs visible, {s.expected_gpus} expected", 1, None,
-                        {"gpu_count": counted, "expected": s.expected_gpus})
+        yield Condition(
+            "gpu-missing",
+            FATAL,
+            f"{counted} GPUs visible, {s.expected_gpus} expected",
+            1,
+            None,
+            {"gpu_count": counted, "expected": s.expected_gpus},
+        )
     if report.errors and not report.gpus and s.expected_gpus:
-        yield Condition("nvml-unavailable", DEGRADED, f"GPUs cannot be read: {report.errors[0]}",
-                        s.persist_samples, None, {"errors": list(report.errors)})
+        yield Condition(
+            "nvml-unavailable",
+            DEGRADED,
+            f"GPUs cannot be read: {report.errors[0]}",
+            s.persist_samples,
+            None,
+            {"errors": list(report.errors)},
+        )
     host = report.host
     if host is not None and host.mem_used_pct is not None and host.mem_used_pct >= s.host_mem_watch_pct:
-        yield Condition("host-memory", WATCH, f"host memory {host.mem_used_pct:.0f}% used (watch at "
-                        f"{s.host_mem_watch_pct:g}%)", s.persist_samples, None, {"mem_used_pct": host.mem_used_pct})
+        yield Condition(
+            "host-memory",
+            WATCH,
+            f"host memory {host.mem_used_pct:.0f}% used (watch at {s.host_mem_watch_pct:g}%)",
+            s.persist_samples,
+            None,
+            {"mem_used_pct": host.mem_used_pct},
+        )
 
 
 @dataclass
@@ -266,8 +369,11 @@ class HealthRules:
     def active(self, node: str) -> list[str]:
         """Rule ids (with the GPU) currently latched for ``node``."""
         state = self._nodes.get(node)
-        return sorted(f"{r}@{RULES_VERSION}" + (f"/gpu{g}" if g is not None else f"/{bus}" if bus else "")
-                      for (r, g, bus), t in (state.tracks.items() if state else ()) if t.fired)
+        return sorted(
+            f"{r}@{RULES_VERSION}" + (f"/gpu{g}" if g is not None else f"/{bus}" if bus else "")
+            for (r, g, bus), t in (state.tracks.items() if state else ())
+            if t.fired
+        )
 
     def _step(self, state: _NodeState, conditions: Iterable[Condition]) -> list[Condition]:
         fire: list[Condition] = []
@@ -294,6 +400,13 @@ class HealthRules:
     @staticmethod
     def _finding(report: NodeReport, c: Condition, now: float, run: str | None) -> NodeFinding:
         evidence = {**c.evidence, "report_seq": report.seq, "report_at": report.at}
-        return NodeFinding(node=report.node, severity=c.severity, reason=c.reason,
-                           rule=f"{c.rule}@{RULES_VERSION}", at=now, source=report.source, run=run,
-                           evidence=evidence)
+        return NodeFinding(
+            node=report.node,
+            severity=c.severity,
+            reason=c.reason,
+            rule=f"{c.rule}@{RULES_VERSION}",
+            at=now,
+            source=report.source,
+            run=run,
+            evidence=evidence,
+        )

@@ -21,9 +21,15 @@ from supervisor.domain.node_report import GpuSample, XidEvent
 Tree = dict[str, "str | Tree"]
 
 _CLOCK_BITS = {
-    "Idle": 0x1, "Applications Clocks Setting": 0x2, "SW Power Cap": 0x4, "HW Slowdown": 0x8,
-    "Sync Boost": 0x10, "SW Thermal Slowdown": 0x20, "HW Thermal Slowdown": 0x40,
-    "HW Power Brake Slowdown": 0x80, "Display Clock Setting": 0x100,
+    "Idle": 0x1,
+    "Applications Clocks Setting": 0x2,
+    "SW Power Cap": 0x4,
+    "HW Slowdown": 0x8,
+    "Sync Boost": 0x10,
+    "SW Thermal Slowdown": 0x20,
+    "HW Thermal Slowdown": 0x40,
+    "HW Power Brake Slowdown": 0x80,
+    "Display Clock Setting": 0x100,
 }
 
 
@@ -100,8 +106,11 @@ def _ecc(section: object, correctable: bool) -> int | None:
         return None
     if "Single Bit" in section or "Double Bit" in section:
         return _num(_get(section, "Single Bit" if correctable else "Double Bit", "Total"))
-    keys = [k for k in section if isinstance(section[k], str)
-            and ("Correctable" in k if correctable else "Uncorrectable" in k)]
+    keys = [
+        k
+        for k in section
+        if isinstance(section[k], str) and ("Correctable" in k if correctable else "Uncorrectable" in k)
+    ]
     return _sum(_num(section[k]) for k in keys)
 
 
@@ -140,20 +149,27 @@ def _gpu(index: int, bus: str, g: Tree) -> GpuSample:
     remap = _get(g, "Remapped Rows")
     power = _get(g, "GPU Power Readings") or _get(g, "Power Readings")
     return GpuSample(
-        i=index, bus=bus, uuid=str(_get(g, "GPU UUID") or ""), name=str(_get(g, "Product Name") or ""),
+        i=index,
+        bus=bus,
+        uuid=str(_get(g, "GPU UUID") or ""),
+        name=str(_get(g, "Product Name") or ""),
         ecc_cor_vol=_ecc(_get(g, "ECC Errors", "Volatile"), True),
         ecc_unc_vol=_ecc(_get(g, "ECC Errors", "Volatile"), False),
         ecc_cor_agg=_ecc(_get(g, "ECC Errors", "Aggregate"), True),
         ecc_unc_agg=_ecc(_get(g, "ECC Errors", "Aggregate"), False),
-        retired_sbe=_num(_get(retired, "Single Bit ECC")), retired_dbe=_num(_get(retired, "Double Bit ECC")),
+        retired_sbe=_num(_get(retired, "Single Bit ECC")),
+        retired_dbe=_num(_get(retired, "Double Bit ECC")),
         retired_pending=_yes(_get(retired, "Pending Page Blacklist") or _get(retired, "Pending")),
-        remap_cor=_num(_get(remap, "Correctable Error")), remap_unc=_num(_get(remap, "Uncorrectable Error")),
-        remap_pending=_yes(_get(remap, "Pending")), remap_failed=_yes(_get(remap, "Remapping Failure Occurred")),
+        remap_cor=_num(_get(remap, "Correctable Error")),
+        remap_unc=_num(_get(remap, "Uncorrectable Error")),
+        remap_pending=_yes(_get(remap, "Pending")),
+        remap_failed=_yes(_get(remap, "Remapping Failure Occurred")),
         clocks=_clocks(_get(g, "Clocks Event Reasons") or _get(g, "Clocks Throttle Reasons")),
         temp_c=_num(_get(g, "Temperature", "GPU Current Temp")),
         power_w=_float(_get(power, "Power Draw")),
         sm_mhz=_num(_get(g, "Clocks", "SM")),
-        util=_num(_get(g, "Utilization", "Gpu")), mem_util=_num(_get(g, "Utilization", "Memory")),
+        util=_num(_get(g, "Utilization", "Gpu")),
+        mem_util=_num(_get(g, "Utilization", "Memory")),
         recovery=_recovery(_get(g, "GPU Reset Status")),
     )
 
@@ -221,7 +237,7 @@ def _off_bus(bus: str, by_pci: Mapping[tuple[int, int, int] | None, int]) -> Xid
 
 
 def _dedupe_off_bus(events: list[XidEvent]) -> list[XidEvent]:
-    """"GPU 0000:a1:00.0: GPU has fallen off the bus." follows the Xid 79 line itself: count once."""
+    """ "GPU 0000:a1:00.0: GPU has fallen off the bus." follows the Xid 79 line itself: count once."""
     out: list[XidEvent] = []
     for e in events:
         if e.xid == 79 and out and out[-1].xid == 79 and pci_key(out[-1].bus) == pci_key(e.bus):

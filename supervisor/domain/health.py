@@ -47,8 +47,9 @@ class HeartbeatSettings:
     startup_grace_s: float = 120.0  # agents need time to start with the job
 
 
-def stale_heartbeats(nodes: tuple[str, ...], ages: Mapping[str, float], running_for: float,
-                     settings: HeartbeatSettings) -> dict[str, str]:
+def stale_heartbeats(
+    nodes: tuple[str, ...], ages: Mapping[str, float], running_for: float, settings: HeartbeatSettings
+) -> dict[str, str]:
     """Nodes of a running job whose agent went silent while agents on other nodes of the same job
     still report: the node itself is stuck (frozen, kernel hang), not the network to the daemon
     or the daemon's ingest. A node that never reported is not judged (no agent there). A one-node
@@ -60,9 +61,14 @@ def stale_heartbeats(nodes: tuple[str, ...], ages: Mapping[str, float], running_
     fresh = [n for n, age in known.items() if age <= settings.timeout_s]
     if not fresh:
         return {}
-    return {n: (f"node agent silent for {age:.1f} s while {len(fresh)} other node(s) of the job report; "
-                "Slurm still calls the node responding")
-            for n, age in sorted(known.items()) if age > settings.timeout_s}
+    return {
+        n: (
+            f"node agent silent for {age:.1f} s while {len(fresh)} other node(s) of the job report; "
+            "Slurm still calls the node responding"
+        )
+        for n, age in sorted(known.items())
+        if age > settings.timeout_s
+    }
 
 
 def worst(findings: list[NodeFinding]) -> dict[str, NodeFinding]:

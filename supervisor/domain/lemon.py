@@ -39,12 +39,18 @@ class Quarantine:
     @property
     def reason(self) -> str:
         runs = sorted({f.run for f in self.faults})
-        return (f"quarantined: {len(self.faults)} faults in {len(runs)} run(s) "
-                f"({'; '.join(f.reason for f in self.faults[-3:])})")[:300]
+        return (
+            f"quarantined: {len(self.faults)} faults in {len(runs)} run(s) "
+            f"({'; '.join(f.reason for f in self.faults[-3:])})"
+        )[:300]
 
 
-def quarantined(history: Iterable[Fault], cleared: Mapping[str, float], now: float,
-                settings: QuarantineSettings = QuarantineSettings()) -> dict[str, Quarantine]:
+def quarantined(
+    history: Iterable[Fault],
+    cleared: Mapping[str, float],
+    now: float,
+    settings: QuarantineSettings = QuarantineSettings(),
+) -> dict[str, Quarantine]:
     """The nodes under quarantine at ``now``, from the fault history and operators' clears."""
     by_node: dict[str, list[Fault]] = {}
     for f in history:
@@ -57,7 +63,7 @@ def quarantined(history: Iterable[Fault], cleared: Mapping[str, float], now: flo
         if len(recent) < settings.faults:
             continue
         extra = len(recent) - settings.faults
-        until = recent[-1].at + min(settings.max_s, settings.base_s * (2 ** extra))
+        until = recent[-1].at + min(settings.max_s, settings.base_s * (2**extra))
         if until > now:
             out[node] = Quarantine(node, recent[-1].at, until, tuple(recent))
     return out

@@ -117,8 +117,21 @@ def _node_name_ok(name: str) -> bool:
     return 0 < len(name) <= 128 and all(c.isalnum() or c in "-_." for c in name) and name.isascii()
 
 
-_COUNTERS = ("ecc_cor_vol", "ecc_unc_vol", "ecc_cor_agg", "ecc_unc_agg", "retired_sbe", "retired_dbe",
-             "remap_cor", "remap_unc", "clocks", "sm_mhz", "nvlink_replay", "nvlink_recovery", "nvlink_crc")
+_COUNTERS = (
+    "ecc_cor_vol",
+    "ecc_unc_vol",
+    "ecc_cor_agg",
+    "ecc_unc_agg",
+    "retired_sbe",
+    "retired_dbe",
+    "remap_cor",
+    "remap_unc",
+    "clocks",
+    "sm_mhz",
+    "nvlink_replay",
+    "nvlink_recovery",
+    "nvlink_crc",
+)
 
 
 def _check_gpu(g: GpuSample, seen: set[int]) -> str | None:

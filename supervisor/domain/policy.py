@@ -22,12 +22,12 @@ from supervisor.domain.actions import (
     Decision,
     Defer,
     Exclude,
-    Unexclude,
     Fence,
     Release,
     SetExcluded,
     SetState,
     Submit,
+    Unexclude,
 )
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange
 from supervisor.domain.health import NodeFinding, Severity
@@ -87,10 +87,18 @@ def _returned(run: RunRecord, obs: Observation) -> Decision:
     records: list = []
     for node in sorted(set(run.excluded) & obs.returned):
         quarantine = f"; still quarantined: {obs.quarantined[node]}" if node in obs.quarantined else ""
-        records += [Unexclude(run.name, node),
-                    _event(run, run.attempt, EventKind.NODE_RETURNED,
-                           f"{node} is back in service in Slurm; the run may use it again{quarantine}", obs,
-                           {"node": node, "was": run.excluded[node]}, f"{node}:{obs.now:.0f}")]
+        records += [
+            Unexclude(run.name, node),
+            _event(
+                run,
+                run.attempt,
+                EventKind.NODE_RETURNED,
+                f"{node} is back in service in Slurm; the run may use it again{quarantine}",
+                obs,
+                {"node": node, "was": run.excluded[node]},
+                f"{node}:{obs.now:.0f}",
+            ),
+        ]
     return Decision(tuple(records))
 
 
@@ -174,8 +182,9 @@ def _running(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, p
     if a.started_at is None:
         records += [
             AttemptStarted(run.name, a.seq, job.nodes, job.start_time or obs.now),
-            _event(run, a, EventKind.STARTED, f"{a.label} running on {_fmt(job.nodes)}", obs,
-                   {"nodes": list(job.nodes)}),
+            _event(
+                run, a, EventKind.STARTED, f"{a.label} running on {_fmt(job.nodes)}", obs, {"nodes": list(job.nodes)}
+            ),
         ]
         if run.state is not RunState.RECOVERING:
             records.append(SetState(run.name, RunState.RUNNING))
@@ -207,15 +216,23 @@ def _degraded(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) 
         out += [
             Defer(run.name, node, found.reason),
             NodeVerdict(node, Verdict.SUSPECT, found.reason, evidence, run.name, "deferred", obs.now),
-            _event(run, a, EventKind.NODE_DEGRADED,
-                   f"{node} degraded: {found.reason} [rule {found.rule}]; kept out from the next restart or "
-                   "checkpoint boundary", obs, evidence, f"{node}:{found.rule}"),
+            _event(
+                run,
+                a,
+                EventKind.NODE_DEGRADED,
+                f"{node} degraded: {found.reason} [rule {found.rule}]; kept out from the next restart or "
+                "checkpoint boundary",
+                obs,
+                evidence,
+                f"{node}:{found.rule}",
+            ),
         ]
     return out
 
 
-def _at_checkpoint_boundary(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation,
-                            policy: Policy) -> Decision:
+def _at_checkpoint_boundary(
+    run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy
+) -> Decision:
     """A verified checkpoint newer than both the attempt and a degraded node's finding: restart now
     without the node, losing (almost) no work, and drain it with the evidence."""
     ckpt = obs.checkpoint_at.get(run.name)
@@ -226,9 +243,18 @@ def _at_checkpoint_boundary(run: RunRecord, a: AttemptRecord, job: JobInfo, obs:
         return Decision()
     why = f"checkpoint boundary: dropping degraded {_fmt(tuple(nodes))}"
     evidence = {"nodes": {n: run.deferred[n][1] for n in nodes}, "checkpoint_at": ckpt, "planned": True}
-    records: list = [_event(run, a, EventKind.FAULT, f"{a.label}: {why} ({'; '.join(run.deferred[n][1] for n in nodes)})",
-                            obs, evidence, "boundary"),
-                     SetState(run.name, RunState.RECOVERING, reason=why)]
+    records: list = [
+        _event(
+            run,
+            a,
+            EventKind.FAULT,
+            f"{a.label}: {why} ({'; '.join(run.deferred[n][1] for n in nodes)})",
+            obs,
+            evidence,
+            "boundary",
+        ),
+        SetState(run.name, RunState.RECOVERING, reason=why),
+    ]
     actions: list[Action] = []
     drains_left = policy.drains_left
     for node in nodes:
@@ -247,7 +273,9 @@ def _recover(
     run: RunRecord, a: AttemptRecord, job: JobInfo, bad: Mapping[str, str], obs: Observation, policy: Policy
 ) -> Decision:
     records, actions = _contain(run, a, bad, obs, policy)
-    records.append(SetState(run.name, RunState.RECOVERING, reason="; ".join(f"{n}: {w}" for n, w in sorted(bad.items()))))
+    records.append(
+        SetState(run.name, RunState.RECOVERING, reason="; ".join(f"{n}: {w}" for n, w in sorted(bad.items())))
+    )
     actions += _stop(run, job, f"node fault on {_fmt(tuple(bad))}")
     return Decision(tuple(records), tuple(actions))
 
@@ -263,8 +291,11 @@ def _contain(
     for node, why in sorted(bad.items()):
         if policy.may_change_nodes and drains_left <= 0 and not _handled(run, node, obs):
             held.append(node)  # beyond the blast radius: suspect, neither drained nor kept out
-            records.append(NodeVerdict(node, Verdict.SUSPECT, why, {"node": node, "observed": why}, run.name,
-                                       "blast-radius", obs.now))
+            records.append(
+                NodeVerdict(
+                    node, Verdict.SUSPECT, why, {"node": node, "observed": why}, run.name, "blast-radius", obs.now
+                )
+            )
             continue
         records += _fault_records(run, a, node, why, obs)
         items, drains_left = _node_change(run, a, node, why, obs, policy, drains_left)
@@ -272,11 +303,22 @@ def _contain(
         records += [x for x in items if not isinstance(x, ChangeNode)]
     if held:
         drained = sorted({x.node for x in actions if isinstance(x, ChangeNode)})
-        msg = (f"mass fault: {len(bad)} nodes of {a.label} faulted at once; the blast-radius cap allowed "
-               f"{len(drained)} drain(s) ({_fmt(tuple(drained))}); {len(held)} left suspect, not drained, "
-               f"for a human to judge: {_fmt(tuple(held))}")
-        records.append(_event(run, a, EventKind.MASS_FAULT, msg, obs,
-                              {"faulted": dict(sorted(bad.items())), "drained": drained, "suspect": held}, "mass"))
+        msg = (
+            f"mass fault: {len(bad)} nodes of {a.label} faulted at once; the blast-radius cap allowed "
+            f"{len(drained)} drain(s) ({_fmt(tuple(drained))}); {len(held)} left suspect, not drained, "
+            f"for a human to judge: {_fmt(tuple(held))}"
+        )
+        records.append(
+            _event(
+                run,
+                a,
+                EventKind.MASS_FAULT,
+                msg,
+                obs,
+                {"faulted": dict(sorted(bad.items())), "drained": drained, "suspect": held},
+                "mass",
+            )
+        )
     return records, actions
 
 
@@ -286,8 +328,9 @@ def _handled(run: RunRecord, node: str, obs: Observation) -> bool:
     return info is not None and _marked_by_us(info.reason, run.name) and (info.down or info.drained)
 
 
-def _recover_hang(run: RunRecord, a: AttemptRecord, job: JobInfo, hang: Mapping[str, Any],
-                  obs: Observation) -> Decision:
+def _recover_hang(
+    run: RunRecord, a: AttemptRecord, job: JobInfo, hang: Mapping[str, Any], obs: Observation
+) -> Decision:
     """The job runs but its log shows no progress: stop it and restart (no node is blamed)."""
     why = f"hang: {hang.get('reason', 'no progress')}"
     evidence = {**hang, "nodes": list(job.nodes)}
@@ -323,8 +366,17 @@ def _node_change(
     reason = node_reason(run.name, why)
     if info is not None and info.drained and info.responding and not _marked_by_us(info.reason, run.name):
         msg = f"{node} excluded from run {run.name}; already drained in Slurm ({info.reason or 'no reason'})"
-        return [_event(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node, "slurm_reason": info.reason},
-                       f"{node}:drained")], drains_left
+        return [
+            _event(
+                run,
+                a,
+                EventKind.NODE_EXCLUDED,
+                msg,
+                obs,
+                {"node": node, "slurm_reason": info.reason},
+                f"{node}:drained",
+            )
+        ], drains_left
     if info is not None and _handled(run, node, obs):
         done = info.drained
         return ([] if done else [ChangeNode(run.name, node, NodeChange.DRAIN, info.reason)]), drains_left
@@ -332,12 +384,20 @@ def _node_change(
         msg = f"{node} excluded from run {run.name}; not drained: the supervisor has no node rights (may_change_nodes = false)"
         return [_event(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:norights")], drains_left
     if drains_left <= 0:
-        msg = f"{node} excluded from run {run.name}; not drained: blast-radius limit reached (daemon.max_drains_per_hour)"
+        msg = (
+            f"{node} excluded from run {run.name}; not drained: blast-radius limit reached (daemon.max_drains_per_hour)"
+        )
         return [_event(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:blast")], drains_left
     # A node the agent found faulty but that still answers is drained, not downed: its slurmd
     # cleans up the cancelled job. Requeue mode relies on DOWN to make Slurm requeue the job.
-    alive = (node in obs.findings and node not in obs.dead and info is not None and info.responding
-             and not info.down and run.spec.restart_mode is RestartMode.RESUBMIT)
+    alive = (
+        node in obs.findings
+        and node not in obs.dead
+        and info is not None
+        and info.responding
+        and not info.down
+        and run.spec.restart_mode is RestartMode.RESUBMIT
+    )
     kinds = (NodeChange.DRAIN,) if alive else (NodeChange.DOWN, NodeChange.DRAIN)
     return [ChangeNode(run.name, node, c, reason) for c in kinds], drains_left - 1
 
@@ -378,16 +438,21 @@ def _held_after_our_prolog(run: RunRecord, job: JobInfo) -> bool:
     """The prolog's failure and this run's own drain of the same node race: Slurm may then keep the
     launch-failure hold (JobHeldAdmin) but lose its description. The hold is ours to lift when the
     requeued incarnation's fault was a prolog finding on a node this run excluded for it."""
-    return (job.restart_count > 0 and job.state_reason == "JobHeldAdmin"
-            and any("[prolog" in why for why in run.excluded.values()))
+    return (
+        job.restart_count > 0
+        and job.state_reason == "JobHeldAdmin"
+        and any("[prolog" in why for why in run.excluded.values())
+    )
 
 
-def _requeued_by_slurm(
-    run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy
-) -> Decision:
+def _requeued_by_slurm(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
     records: list = []
     if a.ended_at is None:
-        records.append(AttemptEnded(run.name, a.seq, obs.now, "REQUEUED", f"requeued by Slurm ({job.state_reason or 'no reason given'})"))
+        records.append(
+            AttemptEnded(
+                run.name, a.seq, obs.now, "REQUEUED", f"requeued by Slurm ({job.state_reason or 'no reason given'})"
+            )
+        )
     bad = faulty_nodes(run, a.nodes, obs)
     contained, actions = _contain(run, a, bad, obs, policy)
     records += contained
@@ -395,8 +460,14 @@ def _requeued_by_slurm(
     records += [
         AttemptRequeued(run.name, job.job_id, job.restart_count, obs.now, excluded),
         SetState(run.name, RunState.QUEUED, spend_restart=True),
-        _event(run, a, EventKind.REQUEUED, f"Slurm requeued job {job.job_id} (restart {job.restart_count})", obs,
-               {"state_reason": job.state_reason, "bad_nodes": dict(bad)}),
+        _event(
+            run,
+            a,
+            EventKind.REQUEUED,
+            f"Slurm requeued job {job.job_id} (restart {job.restart_count})",
+            obs,
+            {"state_reason": job.state_reason, "bad_nodes": dict(bad)},
+        ),
     ]
     return Decision(tuple(records), tuple(actions))
 
@@ -404,19 +475,42 @@ def _requeued_by_slurm(
 def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
     records: list = []
     if a.ended_at is None:
-        records.append(AttemptEnded(run.name, a.seq, job.end_time or obs.now, job.state.value,
-                                    job.state_reason or job.state.value, job.exit_code))
+        records.append(
+            AttemptEnded(
+                run.name,
+                a.seq,
+                job.end_time or obs.now,
+                job.state.value,
+                job.state_reason or job.state.value,
+                job.exit_code,
+            )
+        )
     if run.state is RunState.RECOVERING:
-        how = (f"is left only on fenced-off {_fmt(job.nodes)} (Slurm still completing it there)" if job.completing
-               else f"ended {job.state.value} after the fault")
-        records.append(_event(run, a, EventKind.STOPPED, f"{a.label} {how}", obs,
-                              {"state": job.state.value, "exit_code": job.exit_code, "nodes": list(job.nodes)},
-                              str(job.job_id)))
+        how = (
+            f"is left only on fenced-off {_fmt(job.nodes)} (Slurm still completing it there)"
+            if job.completing
+            else f"ended {job.state.value} after the fault"
+        )
+        records.append(
+            _event(
+                run,
+                a,
+                EventKind.STOPPED,
+                f"{a.label} {how}",
+                obs,
+                {"state": job.state.value, "exit_code": job.exit_code, "nodes": list(job.nodes)},
+                str(job.job_id),
+            )
+        )
     done = Decision(tuple(records))
     if run.state is RunState.RECOVERING:
         rollback = obs.rollbacks.get(run.name)
-        why = (f"rollback to step {rollback.get('checkpoint_step')} after the loss spike at step "
-               f"{rollback.get('onset_step')}" if rollback else "replacing the incarnation stopped after a fault")
+        why = (
+            f"rollback to step {rollback.get('checkpoint_step')} after the loss spike at step "
+            f"{rollback.get('onset_step')}"
+            if rollback
+            else "replacing the incarnation stopped after a fault"
+        )
         return done + _restart(run, a, job, obs, policy, why)
     if job.state is JobState.COMPLETED and (job.exit_code or 0) == 0:
         return done + _set_terminal(run, RunState.COMPLETED, EventKind.COMPLETED, f"job {job.job_id} completed", obs)
@@ -429,8 +523,13 @@ def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, 
             return done + _recover_finished(run, a, job, failed_on, obs, policy)
         if _just_launched(job) and obs.now - (job.end_time or obs.now) < LAUNCH_WINDOW_S:
             return done  # cancelled as it started: give Slurm a moment to show a prolog's drain
-        return done + _set_terminal(run, RunState.CANCELLED, EventKind.CANCELLED,
-                                    f"job {job.job_id} was cancelled outside the supervisor; not restarting", obs)
+        return done + _set_terminal(
+            run,
+            RunState.CANCELLED,
+            EventKind.CANCELLED,
+            f"job {job.job_id} was cancelled outside the supervisor; not restarting",
+            obs,
+        )
     bad = faulty_nodes(run, a.nodes or job.nodes, obs)
     if bad:
         return done + _recover_finished(run, a, job, bad, obs, policy)
@@ -441,8 +540,14 @@ def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, 
         # Restarting before that would put the run back on the broken node: wait that long.
         return done + Decision(notes={"recheck_at": ended + policy.evidence_wait_s})
     why = f"job {job.job_id} ended {job.state.value}" + (f" with exit code {job.exit_code}" if job.exit_code else "")
-    fault = _event(run, a, EventKind.FAULT, why, obs, {"state": job.state.value, "exit_code": job.exit_code,
-                                                      "state_reason": job.state_reason})
+    fault = _event(
+        run,
+        a,
+        EventKind.FAULT,
+        why,
+        obs,
+        {"state": job.state.value, "exit_code": job.exit_code, "state_reason": job.state_reason},
+    )
     return done + Decision((fault, SetState(run.name, RunState.RECOVERING, reason=why)))
 
 
@@ -474,7 +579,9 @@ def _recover_finished(
     return Decision(decision.records, actions)
 
 
-def _restart(run: RunRecord, a: AttemptRecord, job: JobInfo | None, obs: Observation, policy: Policy, reason: str) -> Decision:
+def _restart(
+    run: RunRecord, a: AttemptRecord, job: JobInfo | None, obs: Observation, policy: Policy, reason: str
+) -> Decision:
     if run.restarts_spent >= run.spec.max_restarts:
         why = f"restart budget spent ({run.restarts_spent} of {run.spec.max_restarts}); giving up"
         return _set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
@@ -484,8 +591,10 @@ def _restart(run: RunRecord, a: AttemptRecord, job: JobInfo | None, obs: Observa
     if policy.fence and job is not None:
         actions += [Fence(run.name, n, a.job_id) for n in dead]
     elif dead:
-        msg = (f"no fence command: cannot confirm that nothing of {a.label} still runs on {_fmt(tuple(dead))}; "
-               "Slurm kills leftovers when the node's slurmd returns (set fence.command to power it off)")
+        msg = (
+            f"no fence command: cannot confirm that nothing of {a.label} still runs on {_fmt(tuple(dead))}; "
+            "Slurm kills leftovers when the node's slurmd returns (set fence.command to power it off)"
+        )
         records.append(_event(run, a, EventKind.WARNING, msg, obs, {"nodes": dead}, "unfenced"))
     actions.append(Submit(run.name, exclusions_for(run, obs.snapshot, obs.quarantined), restart=True, reason=reason))
     return Decision(tuple(records), tuple(actions))
@@ -499,11 +608,17 @@ def _unreachable(obs: Observation, node: str) -> bool:
 
 
 def _vanished(run: RunRecord, a: AttemptRecord, obs: Observation, policy: Policy) -> Decision:
-    ended = () if a.ended_at is not None else (AttemptEnded(run.name, a.seq, obs.now, "VANISHED", "job no longer known to Slurm"),)
+    ended = (
+        ()
+        if a.ended_at is not None
+        else (AttemptEnded(run.name, a.seq, obs.now, "VANISHED", "job no longer known to Slurm"),)
+    )
     if run.state is RunState.RECOVERING:
         return Decision(ended) + _restart(run, a, None, obs, policy, "replacing the incarnation stopped after a fault")
-    why = (f"job {a.job_id} is no longer known to Slurm and its outcome is unknown (it ended longer than "
-           "MinJobAge ago); not restarting blindly. Check the job's output, then submit the spec under a new run name")
+    why = (
+        f"job {a.job_id} is no longer known to Slurm and its outcome is unknown (it ended longer than "
+        "MinJobAge ago); not restarting blindly. Check the job's output, then submit the spec under a new run name"
+    )
     return Decision(ended) + _set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
 
 
@@ -519,11 +634,20 @@ def _set_terminal(run: RunRecord, state: RunState, kind: EventKind, why: str, ob
     return Decision((SetState(run.name, state, reason=why), _event(run, run.attempt, kind, why, obs)))
 
 
-def _event(run: RunRecord, a: AttemptRecord | None, kind: EventKind, message: str, obs: Observation,
-           evidence: Mapping | None = None, suffix: str = "") -> Event:
+def _event(
+    run: RunRecord,
+    a: AttemptRecord | None,
+    kind: EventKind,
+    message: str,
+    obs: Observation,
+    evidence: Mapping | None = None,
+    suffix: str = "",
+) -> Event:
     seq = a.seq if a else None
     key = f"{run.name}:{seq}:{kind.value}:{suffix}"
-    return Event(run.name, kind, message, key, obs.now, seq, a.job_id if a else None, "supervisor", dict(evidence or {}))
+    return Event(
+        run.name, kind, message, key, obs.now, seq, a.job_id if a else None, "supervisor", dict(evidence or {})
+    )
 
 
 def _fmt(nodes: tuple[str, ...]) -> str:

@@ -106,24 +106,43 @@ class RollbackAction:
         return self.plan is None
 
 
-def decide_rollback(outcome: SpikeOutcome, verified_checkpoint_steps: list[int] | tuple[int, ...],
-                    history: list[PastRollback], now: float, settings: SpikeSettings,
-                    policy: RollbackPolicy = RollbackPolicy()) -> RollbackAction:
+def decide_rollback(
+    outcome: SpikeOutcome,
+    verified_checkpoint_steps: list[int] | tuple[int, ...],
+    history: list[PastRollback],
+    now: float,
+    settings: SpikeSettings,
+    policy: RollbackPolicy = RollbackPolicy(),
+) -> RollbackAction:
     onset = outcome.event.onset_step
     recent = [r for r in history if now - r.at <= policy.window_s]
     if len(recent) >= policy.max_rollbacks:
-        return RollbackAction(None, 1.0, len(recent),
-                              f"{len(recent)} automatic rollbacks in the last {policy.window_s / 3600:g} h "
-                              f"(limit {policy.max_rollbacks}); not rolling back again by itself: a human decides")
+        return RollbackAction(
+            None,
+            1.0,
+            len(recent),
+            f"{len(recent)} automatic rollbacks in the last {policy.window_s / 3600:g} h "
+            f"(limit {policy.max_rollbacks}); not rolling back again by itself: a human decides",
+        )
     near = [r for r in recent if abs(r.onset_step - onset) <= policy.near_steps]
     escalation = len(near)
-    lr = policy.lr_scale_first * (policy.lr_scale_repeat ** escalation)
-    wider = SpikeSettings(**{**settings.__dict__, "skip_batches": int(settings.skip_batches * policy.skip_growth ** escalation)})
+    lr = policy.lr_scale_first * (policy.lr_scale_repeat**escalation)
+    wider = SpikeSettings(
+        **{**settings.__dict__, "skip_batches": int(settings.skip_batches * policy.skip_growth**escalation)}
+    )
     plan = plan_rollback(outcome, verified_checkpoint_steps, wider)
     if plan is None:
-        return RollbackAction(None, lr, escalation,
-                              f"no verified checkpoint at least {settings.min_steps_before} steps before the onset at "
-                              f"step {onset}; a human decides")
-    again = f"; repeat {escalation} near step {onset}: skip ×{policy.skip_growth ** escalation:g}, LR ×{lr:g}" if escalation else ""
+        return RollbackAction(
+            None,
+            lr,
+            escalation,
+            f"no verified checkpoint at least {settings.min_steps_before} steps before the onset at "
+            f"step {onset}; a human decides",
+        )
+    again = (
+        f"; repeat {escalation} near step {onset}: skip ×{policy.skip_growth**escalation:g}, LR ×{lr:g}"
+        if escalation
+        else ""
+    )
     lr_text = f"; LR ×{lr:g}" if lr != 1.0 and not escalation else ""
     return RollbackAction(plan, lr, escalation, plan.reason + again + lr_text)

@@ -226,15 +226,28 @@ class SpikeDetector:
         value = record.loss if record.loss is not None else math.nan
         what = "no loss printed (Megatron leaves out a NaN loss)" if record.loss is None else f"loss {value}"
         event = SpikeEvent(
-            SpikeKind.NONFINITE, step, value, None, None, None,
+            SpikeKind.NONFINITE,
+            step,
+            value,
+            None,
+            None,
+            None,
             f"non-finite values at step {step}: {what}, grad norm {record.grad_norm}",
         )
         out.append(event)
-        out.append(self._decide(
-            event, SpikeStatus.DIVERGED, "nonfinite", step, step, value, None,
-            f"{self._nonfinite_run} consecutive non-finite record(s) (tolerated: "
-            f"{self.settings.max_nonfinite_records}) → roll back",
-        ))
+        out.append(
+            self._decide(
+                event,
+                SpikeStatus.DIVERGED,
+                "nonfinite",
+                step,
+                step,
+                value,
+                None,
+                f"{self._nonfinite_run} consecutive non-finite record(s) (tolerated: "
+                f"{self.settings.max_nonfinite_records}) → roll back",
+            )
+        )
         self._loss_spike = None  # superseded
         self._loss.clear()
 
@@ -267,10 +280,18 @@ class SpikeDetector:
         self._scale_collapsed = True
         event = SpikeEvent(SpikeKind.LOSS_SCALE, step, scale, None, None, None, f"fp16 {why} at step {step}")
         out.append(event)
-        out.append(self._decide(
-            event, SpikeStatus.DIVERGED, rule, step, step, scale, None,
-            f"{why}: gradients overflow persistently → roll back",
-        ))
+        out.append(
+            self._decide(
+                event,
+                SpikeStatus.DIVERGED,
+                rule,
+                step,
+                step,
+                scale,
+                None,
+                f"{why}: gradients overflow persistently → roll back",
+            )
+        )
 
     # ------------------------------------------------------------------ loss
 
@@ -290,10 +311,16 @@ class SpikeDetector:
                 if z >= s.spike_z and loss - median >= s.min_rel_jump * abs(median):
                     band = median + max(s.heal_band_z * sigma, s.heal_band_rel * abs(median))
                     event = SpikeEvent(
-                        SpikeKind.LOSS, step, loss, median, sigma, z,
+                        SpikeKind.LOSS,
+                        step,
+                        loss,
+                        median,
+                        sigma,
+                        z,
                         f"loss spike at step {step}: {loss:.4g} vs baseline median {median:.4g} "
                         f"(robust sigma {sigma:.3g}, z {z:.1f}, +{(loss / median - 1) * 100:.0f}%)"
-                        if median else f"loss spike at step {step}: {loss:.4g} (z {z:.1f})",
+                        if median
+                        else f"loss spike at step {step}: {loss:.4g} (z {z:.1f})",
                     )
                     self._loss_spike = _Open(event, band, step, loss)
                     out.append(event)
@@ -310,34 +337,58 @@ class SpikeDetector:
         peak_z = (spike.peak_value - ev.baseline) / ev.sigma
         span = step - self._rise_start
         if new_high and self._rises >= s.diverge_rises and span >= s.diverge_min_steps:
-            out.append(self._decide(
-                ev, SpikeStatus.DIVERGED, "diverged", step, spike.peak_step, spike.peak_value, peak_z,
-                f"loss rose on {self._rises} consecutive records over {span} steps (since step "
-                f"{self._rise_start}), now {loss:.4g} vs baseline {ev.baseline:.4g} (z {peak_z:.1f}) "
-                f"→ roll back",
-            ))
+            out.append(
+                self._decide(
+                    ev,
+                    SpikeStatus.DIVERGED,
+                    "diverged",
+                    step,
+                    spike.peak_step,
+                    spike.peak_value,
+                    peak_z,
+                    f"loss rose on {self._rises} consecutive records over {span} steps (since step "
+                    f"{self._rise_start}), now {loss:.4g} vs baseline {ev.baseline:.4g} (z {peak_z:.1f}) "
+                    f"→ roll back",
+                )
+            )
             self._loss_spike = None
             self._loss.clear()
             return
         if loss <= spike.band_hi:
             spike.in_band += 1
             if spike.in_band >= s.heal_confirm_records:
-                out.append(self._decide(
-                    ev, SpikeStatus.HEALED, "healed", step, spike.peak_step, spike.peak_value, peak_z,
-                    f"loss back to {loss:.4g} (band ≤ {spike.band_hi:.4g} around baseline "
-                    f"{ev.baseline:.4g}) {after} steps after onset, peak {spike.peak_value:.4g} at "
-                    f"step {spike.peak_step} (z {peak_z:.1f}); healed by itself → leave it",
-                ))
+                out.append(
+                    self._decide(
+                        ev,
+                        SpikeStatus.HEALED,
+                        "healed",
+                        step,
+                        spike.peak_step,
+                        spike.peak_value,
+                        peak_z,
+                        f"loss back to {loss:.4g} (band ≤ {spike.band_hi:.4g} around baseline "
+                        f"{ev.baseline:.4g}) {after} steps after onset, peak {spike.peak_value:.4g} at "
+                        f"step {spike.peak_step} (z {peak_z:.1f}); healed by itself → leave it",
+                    )
+                )
                 self._loss_spike = None
             return
         spike.in_band = 0
         if after > s.heal_window_steps:
-            out.append(self._decide(
-                ev, SpikeStatus.NOT_HEALED, "not_healed", step, spike.peak_step, spike.peak_value, peak_z,
-                f"loss still {loss:.4g} at step {step}, {after} steps after onset (heal window "
-                f"{s.heal_window_steps}), above the band ≤ {spike.band_hi:.4g} around baseline "
-                f"{ev.baseline:.4g}; peak {spike.peak_value:.4g} (z {peak_z:.1f}) → roll back",
-            ))
+            out.append(
+                self._decide(
+                    ev,
+                    SpikeStatus.NOT_HEALED,
+                    "not_healed",
+                    step,
+                    spike.peak_step,
+                    spike.peak_value,
+                    peak_z,
+                    f"loss still {loss:.4g} at step {step}, {after} steps after onset (heal window "
+                    f"{s.heal_window_steps}), above the band ≤ {spike.band_hi:.4g} around baseline "
+                    f"{ev.baseline:.4g}; peak {spike.peak_value:.4g} (z {peak_z:.1f}) → roll back",
+                )
+            )
             self._loss_spike = None
             self._loss.clear()  # a new level: relearn the baseline rather than re-fire on it
 
@@ -353,7 +404,12 @@ class SpikeDetector:
                 if z >= s.grad_spike_z and lg - median >= math.log10(s.grad_min_ratio):
                     band = median + max(s.heal_band_z * sigma, math.log10(2.0))
                     event = SpikeEvent(
-                        SpikeKind.GRAD_NORM, step, g, 10**median, sigma, z,
+                        SpikeKind.GRAD_NORM,
+                        step,
+                        g,
+                        10**median,
+                        sigma,
+                        z,
                         f"grad-norm spike at step {step}: {g:.4g} vs baseline median "
                         f"{10**median:.4g} (x{g / 10**median:.0f}, z {z:.1f} on log10)",
                     )
@@ -370,25 +426,46 @@ class SpikeDetector:
             if spike.in_band >= s.heal_confirm_records:
                 assert ev.sigma is not None and ev.baseline is not None
                 peak_z = (math.log10(spike.peak_value) - math.log10(ev.baseline)) / ev.sigma
-                out.append(self._decide(
-                    ev, SpikeStatus.HEALED, "grad_norm_only", step, spike.peak_step, spike.peak_value,
-                    peak_z,
-                    f"grad norm back to {g:.4g} {step - ev.onset_step} steps after onset, peak "
-                    f"{spike.peak_value:.4g} at step {spike.peak_step}; the loss decides → leave it",
-                ))
+                out.append(
+                    self._decide(
+                        ev,
+                        SpikeStatus.HEALED,
+                        "grad_norm_only",
+                        step,
+                        spike.peak_step,
+                        spike.peak_value,
+                        peak_z,
+                        f"grad norm back to {g:.4g} {step - ev.onset_step} steps after onset, peak "
+                        f"{spike.peak_value:.4g} at step {spike.peak_step}; the loss decides → leave it",
+                    )
+                )
                 self._grad_spike = None
         else:
             spike.in_band = 0
 
     @staticmethod
     def _decide(
-        event: SpikeEvent, status: SpikeStatus, rule: str, step: int, peak_step: int,
-        peak_value: float, peak_z: float | None, reason: str,
+        event: SpikeEvent,
+        status: SpikeStatus,
+        rule: str,
+        step: int,
+        peak_step: int,
+        peak_value: float,
+        peak_z: float | None,
+        reason: str,
     ) -> SpikeOutcome:
         decision = Decision.LEAVE if status is SpikeStatus.HEALED else Decision.ROLLBACK
         return SpikeOutcome(
-            event, status, decision, rule, step, peak_step, peak_value, peak_z,
-            step - event.onset_step, reason,
+            event,
+            status,
+            decision,
+            rule,
+            step,
+            peak_step,
+            peak_value,
+            peak_z,
+            step - event.onset_step,
+            reason,
         )
 
 

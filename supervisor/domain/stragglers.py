@@ -161,9 +161,7 @@ class StragglerScorer:
         self.steps += 1
         return self.named()
 
-    def _score(
-        self, dev: FloatArray, med: float, scale: float, valid: npt.NDArray[np.bool_], all_valid: bool
-    ) -> None:
+    def _score(self, dev: FloatArray, med: float, scale: float, valid: npt.NDArray[np.bool_], all_valid: bool) -> None:
         p = self.params
         z = np.divide(dev, scale, out=self._z if all_valid else None)
         np.clip(z, -p.z_clip, p.z_clip, out=z)
@@ -304,8 +302,7 @@ class SlowdownDetector:
         slow = self.below >= self.sustain
         reason = (
             f"throughput {recent:.4g} (median of last {min(self._n_recent, self._recent.size)} steps) is "
-            f"{100 * drop:.1f}% below the baseline {self.baseline:.4g}"
-            + (f", for {self.below} steps" if slow else "")
+            f"{100 * drop:.1f}% below the baseline {self.baseline:.4g}" + (f", for {self.below} steps" if slow else "")
         )
         state = SlowdownState.SLOW if slow else SlowdownState.NORMAL
         return SlowdownVerdict(state, self.baseline, recent, drop, self.below, reason)

@@ -69,8 +69,15 @@ class _RunState:
 
 
 class CheckpointWatch:
-    def __init__(self, factory: StoreFactory, clock: Clock, *, inline: bool = False, workers: int = 2,
-                 write_resume: ResumeWriter | None = None) -> None:
+    def __init__(
+        self,
+        factory: StoreFactory,
+        clock: Clock,
+        *,
+        inline: bool = False,
+        workers: int = 2,
+        write_resume: ResumeWriter | None = None,
+    ) -> None:
         self._factory = factory
         self._clock = clock
         self._pool = None if inline else ThreadPoolExecutor(workers, thread_name_prefix="ckpt-verify")
@@ -124,7 +131,7 @@ class CheckpointWatch:
             listing, st.listing = st.listing, None
             try:
                 refs = listing.result()
-            except Exception as exc:  # storage trouble, or a store bug: never the tick's end
+            except Exception as exc:  # noqa: BLE001 - storage trouble, or a store bug: never the tick's end
                 self._listing_failed(run, store, exc)
                 refs = []
             for ref in refs:
@@ -155,12 +162,19 @@ class CheckpointWatch:
         kind = type(exc).__name__
         log.warning("checkpoint_listing_failed", run=run.name, error=str(exc), error_type=kind)
         a = run.attempt
-        store.record_event(Event(
-            run.name, EventKind.WARNING,
-            f"cannot list the checkpoint root {run.spec.checkpoints.root if run.spec.checkpoints else ''}: "
-            f"{kind}: {exc}; new checkpoints are not verified (and not resumed from) until it can",
-            f"{run.name}:ckpt-listing:{kind}", self._clock.now(), a.seq if a else None, a.job_id if a else None,
-            evidence={"error": str(exc), "error_type": kind}))
+        store.record_event(
+            Event(
+                run.name,
+                EventKind.WARNING,
+                f"cannot list the checkpoint root {run.spec.checkpoints.root if run.spec.checkpoints else ''}: "
+                f"{kind}: {exc}; new checkpoints are not verified (and not resumed from) until it can",
+                f"{run.name}:ckpt-listing:{kind}",
+                self._clock.now(),
+                a.seq if a else None,
+                a.job_id if a else None,
+                evidence={"error": str(exc), "error_type": kind},
+            )
+        )
 
     def _queue(self, run: RunRecord, st: _RunState, ref: CheckpointRef, level: Level) -> None:
         if (ref.location, level) in st.queued:
@@ -170,8 +184,14 @@ class CheckpointWatch:
 
     def _record(self, run: RunRecord, st: _RunState, store: Store, ref: CheckpointRef, result: VerifyResult) -> None:
         store.checkpoint_result(run.name, result)
-        log.info("checkpoint_checked", run=run.name, location=ref.location, level=result.level.value,
-                 outcome=result.outcome.value, reason=result.reason)
+        log.info(
+            "checkpoint_checked",
+            run=run.name,
+            location=ref.location,
+            level=result.level.value,
+            outcome=result.outcome.value,
+            reason=result.reason,
+        )
         policy = run.spec.checkpoints
         if result.outcome is Outcome.VERIFIED and result.level is Level.METADATA and policy and policy.full_verify:
             self._queue(run, st, ref, Level.FULL)
@@ -182,11 +202,18 @@ class CheckpointWatch:
         step = f"step {result.step}" if result.step is not None else ref.name
         weak = f" [{ref.guarantee.value}: weaker guarantee]" if ref.guarantee.weak else ""
         a = run.attempt
-        store.record_event(Event(
-            run.name, _KIND[result.outcome],
-            f"checkpoint {step} {result.outcome.value} ({result.level.value}){weak}: {result.reason}",
-            f"{run.name}:ckpt:{ref.location}:{result.level.value}:{result.outcome.value}", self._clock.now(),
-            a.seq if a else None, a.job_id if a else None, evidence=result.evidence()))
+        store.record_event(
+            Event(
+                run.name,
+                _KIND[result.outcome],
+                f"checkpoint {step} {result.outcome.value} ({result.level.value}){weak}: {result.reason}",
+                f"{run.name}:ckpt:{ref.location}:{result.level.value}:{result.outcome.value}",
+                self._clock.now(),
+                a.seq if a else None,
+                a.job_id if a else None,
+                evidence=result.evidence(),
+            )
+        )
 
     def _alarm(self, run: RunRecord, policy: CheckpointPolicy, store: Store, now: float) -> None:
         if not policy.expected_interval_s:
@@ -194,19 +221,30 @@ class CheckpointWatch:
         if run.state is not RunState.RUNNING or run.attempt is None or run.attempt.started_at is None:
             return
         newest = _newest_verified(store.checkpoints(run.name, RECENT))
-        age = staleness(now, run.created_at, newest.seen_at if newest else None, policy.expected_interval_s,
-                        policy.alarm_intervals)
+        age = staleness(
+            now, run.created_at, newest.seen_at if newest else None, policy.expected_interval_s, policy.alarm_intervals
+        )
         if age is None:
             return
         a = run.attempt
         last = f"step {newest.step}" if newest else "none yet"
-        store.record_event(Event(
-            run.name, EventKind.CHECKPOINT_STALE,
-            f"no verified checkpoint for {age / 3600:.1f} h ({policy.alarm_intervals:g} × the expected "
-            f"{policy.expected_interval_s:g} s interval); newest verified: {last}",
-            f"{run.name}:ckpt-stale:{newest.location if newest else 'none'}", now, a.seq, a.job_id,
-            evidence={"age_s": round(age, 1), "expected_interval_s": policy.expected_interval_s,
-                      "newest_verified": newest.location if newest else None}))
+        store.record_event(
+            Event(
+                run.name,
+                EventKind.CHECKPOINT_STALE,
+                f"no verified checkpoint for {age / 3600:.1f} h ({policy.alarm_intervals:g} × the expected "
+                f"{policy.expected_interval_s:g} s interval); newest verified: {last}",
+                f"{run.name}:ckpt-stale:{newest.location if newest else 'none'}",
+                now,
+                a.seq,
+                a.job_id,
+                evidence={
+                    "age_s": round(age, 1),
+                    "expected_interval_s": policy.expected_interval_s,
+                    "newest_verified": newest.location if newest else None,
+                },
+            )
+        )
 
     def verified_at(self, runs: Iterable[RunRecord], store: Store) -> dict[str, float]:
         """Per run with checkpoints: when its newest verified checkpoint was written."""
@@ -240,8 +278,11 @@ class CheckpointWatch:
             plan["skip_iterations"] = skip_ranges(history)
             plan["lr_scale"] = float(history[-1].get("lr_scale", 1.0))
         if pending:
-            plan["rollback"] = {"onset_step": pending.get("onset_step"), "checkpoint_step": pending["checkpoint_step"],
-                                "skip": f"{pending['skip_first']}-{pending['skip_last']}"}
+            plan["rollback"] = {
+                "onset_step": pending.get("onset_step"),
+                "checkpoint_step": pending["checkpoint_step"],
+                "skip": f"{pending['skip_first']}-{pending['skip_last']}",
+            }
         if path and self._write_resume is not None:
             try:
                 self._write_resume(path, json.dumps({"run": run.name, **plan}, indent=1))
@@ -249,13 +290,20 @@ class CheckpointWatch:
                 plan["file"] = None
                 log.error("resume_file_unwritable", run=run.name, path=path, error=str(exc))
                 a = run.attempt
-                store.record_event(Event(
-                    run.name, EventKind.WARNING,
-                    f"could not write the resume file {path} ({exc.strerror or exc}); the job gets the checkpoint "
-                    "in its environment only. Fix: let the supervisor's user write there (under systemd, add the "
-                    "folder to ReadWritePaths in a drop-in)",
-                    f"{run.name}:resume-file:{path}:{exc.errno}", self._clock.now(),
-                    a.seq if a else None, a.job_id if a else None, evidence={"path": path, "error": str(exc)}))
+                store.record_event(
+                    Event(
+                        run.name,
+                        EventKind.WARNING,
+                        f"could not write the resume file {path} ({exc.strerror or exc}); the job gets the checkpoint "
+                        "in its environment only. Fix: let the supervisor's user write there (under systemd, add the "
+                        "folder to ReadWritePaths in a drop-in)",
+                        f"{run.name}:resume-file:{path}:{exc.errno}",
+                        self._clock.now(),
+                        a.seq if a else None,
+                        a.job_id if a else None,
+                        evidence={"path": path, "error": str(exc)},
+                    )
+                )
         return plan
 
     def refresh(self, run: RunRecord, store: Store) -> None:
@@ -278,8 +326,9 @@ class CheckpointWatch:
             if eff is not None:
                 results[ref.location] = eff
         policy = run.spec.checkpoints
-        return choose_resume(refs, results, before_step=before_step,
-                             allow_weak=policy.allow_adopted if policy else True)
+        return choose_resume(
+            refs, results, before_step=before_step, allow_weak=policy.allow_adopted if policy else True
+        )
 
     def _verify_unchecked(self, run: RunRecord, st: _RunState, store: Store) -> None:
         """Metadata-verify, now and in this thread, committed checkpoints newer than the newest
@@ -287,7 +336,7 @@ class CheckpointWatch:
         try:
             for ref in st.store.discover():
                 self._seen(run, st, store, ref)
-        except Exception as exc:  # the choice falls back on what earlier scans verified
+        except Exception as exc:  # noqa: BLE001 - the choice falls back on what earlier scans verified
             self._listing_failed(run, store, exc)
         rows = store.checkpoints(run.name, RECENT)
         newest = _newest_verified(rows)
@@ -298,7 +347,6 @@ class CheckpointWatch:
             if not ref.committed or demoted or (eff is not None and eff.outcome is not Outcome.UNVERIFIABLE):
                 continue
             self._record(run, st, store, ref, _safe_verify(st.store, ref, Level.METADATA))
-
 
     def _demote_failed_loads(self, run: RunRecord, store: Store) -> None:
         window = 2 * LOAD_FAILURES_TO_DEMOTE + 2
@@ -311,7 +359,7 @@ class CheckpointWatch:
         attempts = sorted(store.attempts(run.name, window), key=lambda a: a.seq, reverse=True)
         streak: list[str] = []
         location = None
-        steps: dict[str, int | None] = {loc: None for loc in handed.values()}
+        steps: dict[str, int | None] = dict.fromkeys(handed.values())
         for ref, *_ in store.checkpoints(run.name, RECENT):
             if ref.location in steps:
                 steps[ref.location] = ref.step
@@ -329,9 +377,18 @@ class CheckpointWatch:
             store.demote_checkpoint(run.name, location, why)
             log.warning("checkpoint_demoted", run=run.name, location=location, why=why)
             a = attempts[0]
-            store.record_event(Event(run.name, EventKind.WARNING, f"checkpoint {location} passed over: {why}",
-                                     f"{run.name}:ckpt-demoted:{location}", self._clock.now(), a.seq, a.job_id,
-                                     evidence={"location": location, "failures": streak}))
+            store.record_event(
+                Event(
+                    run.name,
+                    EventKind.WARNING,
+                    f"checkpoint {location} passed over: {why}",
+                    f"{run.name}:ckpt-demoted:{location}",
+                    self._clock.now(),
+                    a.seq,
+                    a.job_id,
+                    evidence={"location": location, "failures": streak},
+                )
+            )
 
 
 def _failed_soon(a: AttemptRecord, run: RunRecord) -> bool:
@@ -343,8 +400,9 @@ def _failed_soon(a: AttemptRecord, run: RunRecord) -> bool:
     return a.ended_at - a.started_at <= LOAD_FAILURE_WINDOW_S
 
 
-def _newest_verified(rows: list[tuple[CheckpointRef, VerifyResult | None, VerifyResult | None, str | None]]
-                     ) -> CheckpointRef | None:
+def _newest_verified(
+    rows: list[tuple[CheckpointRef, VerifyResult | None, VerifyResult | None, str | None]],
+) -> CheckpointRef | None:
     for ref, meta, full, demoted in rows:
         eff = effective_result(meta, full)
         if eff is not None and eff.outcome is Outcome.VERIFIED and not demoted:
@@ -362,7 +420,13 @@ def _safe_verify(store: CheckpointStore, ref: CheckpointRef, level: Level) -> Ve
 def _result_of(ref: CheckpointRef, level: Level, fut: Future[VerifyResult]) -> VerifyResult:
     try:
         return fut.result()
-    except Exception as exc:  # a verifier bug or a storage error it did not classify: not evidence of corruption
+    except Exception as exc:  # noqa: BLE001 - a verifier bug or an unclassified storage error: not evidence of corruption
         log.error("checkpoint_verify_crashed", location=ref.location, error=str(exc), error_type=type(exc).__name__)
-        return VerifyResult(ref.location, ref.step, level, Outcome.UNVERIFIABLE,
-                            f"verification failed: {type(exc).__name__}: {exc}", ref.guarantee)
+        return VerifyResult(
+            ref.location,
+            ref.step,
+            level,
+            Outcome.UNVERIFIABLE,
+            f"verification failed: {type(exc).__name__}: {exc}",
+            ref.guarantee,
+        )

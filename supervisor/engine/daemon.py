@@ -47,8 +47,13 @@ class Pacing:
     urgent_interval_s: float = 0.5  # while a recovery or a suspect node is in progress
 
 
-def run_loop(engine: Engine, pacing: Pacing, service: ServiceManager | None = None,
-             max_ticks: int | None = None, after_tick: Callable[[], object] | None = None) -> int:
+def run_loop(
+    engine: Engine,
+    pacing: Pacing,
+    service: ServiceManager | None = None,
+    max_ticks: int | None = None,
+    after_tick: Callable[[], object] | None = None,
+) -> int:
     """Tick until the clock's wait is interrupted (stop requested). Returns the number of ticks.
     ``after_tick`` runs after every tick (paging); its errors are logged, never fatal."""
     service = service or NullServiceManager()

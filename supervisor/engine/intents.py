@@ -49,8 +49,9 @@ def submit_tag(run: str, store_id: str, intent_id: int) -> str:
     return f"{REASON_PREFIX}:{run}:{store_id}:{intent_id}"
 
 
-def submit_request(spec: RunSpec, action: Submit, tag: str, seq_hint: int, *, token: str | None = None,
-                   ingest_url: str | None = None) -> SubmitRequest:
+def submit_request(
+    spec: RunSpec, action: Submit, tag: str, seq_hint: int, *, token: str | None = None, ingest_url: str | None = None
+) -> SubmitRequest:
     env = dict(spec.env)
     env["SLURM_SUPERVISOR_RUN"] = spec.name
     env["SLURM_SUPERVISOR_ATTEMPT"] = str(seq_hint)
@@ -75,8 +76,7 @@ def submit_request(spec: RunSpec, action: Submit, tag: str, seq_hint: int, *, to
     )
 
 
-def effect_present(kind: str, tag: str, params: Mapping[str, Any],
-                   snap: ClusterSnapshot) -> dict[str, Any] | None:
+def effect_present(kind: str, tag: str, params: Mapping[str, Any], snap: ClusterSnapshot) -> dict[str, Any] | None:
     """The action's result if Slurm already shows its effect, else None. ``tag``: see submit_tag."""
     if kind == ActionKind.SUBMIT:
         jobs = snap.jobs_with_comment(tag)

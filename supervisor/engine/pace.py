@@ -51,10 +51,21 @@ class Pace:
         for v in self.scorer.update(times):
             if v.name in self.named:
                 continue
-            finding = NodeFinding(v.name, Severity.DEGRADED, f"straggler: {v.reason}", STRAGGLER_RULE, now,
-                                  "progress", self.run,
-                                  {"slowdown": round(v.slowdown, 4), "score": round(v.score, 2),
-                                   "steps_observed": v.steps_observed, "step": record.step})
+            finding = NodeFinding(
+                v.name,
+                Severity.DEGRADED,
+                f"straggler: {v.reason}",
+                STRAGGLER_RULE,
+                now,
+                "progress",
+                self.run,
+                {
+                    "slowdown": round(v.slowdown, 4),
+                    "score": round(v.score, 2),
+                    "steps_observed": v.steps_observed,
+                    "step": record.step,
+                },
+            )
             self.named[v.name] = finding
             new.append(finding)
         return new
@@ -69,6 +80,11 @@ class Pace:
         if verdict.state is not SlowdownState.SLOW:
             return None
         self.slow_reported = True
-        return {"reason": verdict.reason, "baseline": verdict.baseline, "recent": verdict.recent,
-                "drop": round(verdict.drop or 0.0, 4), "step": record.step,
-                "stragglers": {n: f.reason for n, f in self.named.items()}}
+        return {
+            "reason": verdict.reason,
+            "baseline": verdict.baseline,
+            "recent": verdict.recent,
+            "drop": round(verdict.drop or 0.0, 4),
+            "step": record.step,
+            "stragglers": {n: f.reason for n, f in self.named.items()},
+        }

@@ -15,11 +15,11 @@ from typing import Any
 import structlog
 
 from supervisor.domain.cluster import ClusterSnapshot, JobState
+from supervisor.domain.health import NodeFinding
 from supervisor.domain.progress import ProgressParser, parser_for
 from supervisor.domain.progress.hang import HangDetector, HangSettings
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.progress.pauses import ends_pause, pause_of
-from supervisor.domain.health import NodeFinding
 from supervisor.domain.records import RunRecord
 from supervisor.domain.run import SpikePolicy
 from supervisor.domain.spikes import Notice, SpikeDetector, SpikeSettings
@@ -43,7 +43,8 @@ class _Watch:
     recent: list[str] = field(default_factory=list)
     # (step, loss, grad_norm, lr) of the last records: the evidence around a spike
     series: deque[tuple[int, float | None, float | None, float | None]] = field(
-        default_factory=lambda: deque(maxlen=SERIES_LEN))
+        default_factory=lambda: deque(maxlen=SERIES_LEN)
+    )
 
 
 SERIES_LEN = 40
@@ -60,8 +61,12 @@ class SpikeNotice:
 
 
 def spike_settings(policy: SpikePolicy) -> SpikeSettings:
-    return replace(SpikeSettings(), heal_window_steps=policy.heal_window_steps,
-                   min_steps_before=policy.min_steps_before, skip_batches=policy.skip_batches)
+    return replace(
+        SpikeSettings(),
+        heal_window_steps=policy.heal_window_steps,
+        min_steps_before=policy.min_steps_before,
+        skip_batches=policy.skip_batches,
+    )
 
 
 class ProgressWatch:
@@ -115,10 +120,15 @@ class ProgressWatch:
             verdict = watch.detector.check(now)
             if verdict is not None:
                 hangs[run.name] = {
-                    "reason": verdict.reason, "last_step": verdict.last_step, "silent_s": round(verdict.since_s, 1),
-                    "step_interval_s": verdict.interval_s, "threshold_s": verdict.threshold_s,
+                    "reason": verdict.reason,
+                    "last_step": verdict.last_step,
+                    "silent_s": round(verdict.since_s, 1),
+                    "step_interval_s": verdict.interval_s,
+                    "threshold_s": verdict.threshold_s,
                     "step_time_s": self._step_times.get(watch.key),
-                    "log": watch.path, "records_read": watch.records, "last_lines": list(watch.recent),
+                    "log": watch.path,
+                    "records_read": watch.records,
+                    "last_lines": list(watch.recent),
                 }
         for name in set(self._watches) - seen:
             watch = self._watches.pop(name)
@@ -138,8 +148,9 @@ class ProgressWatch:
                 deadlines.append(probe - verdict.since_s + verdict.threshold_s)
         return min(deadlines) if deadlines else None
 
-    def _watch(self, run: RunRecord, key: tuple[int, int], started_at: float,
-               nodes: tuple[str, ...] = ()) -> _Watch | None:
+    def _watch(
+        self, run: RunRecord, key: tuple[int, int], started_at: float, nodes: tuple[str, ...] = ()
+    ) -> _Watch | None:
         current = self._watches.get(run.name)
         if current is not None and current.key == key:
             return current
@@ -149,9 +160,15 @@ class ProgressWatch:
         same_file = current is not None and current.path == path
         if current is not None:
             current.source.close()
-        watch = _Watch(key, path, self.opener(path, same_file), parser_for(None),
-                       HangDetector(self.settings, started_at=started_at),
-                       SpikeDetector(spike_settings(run.spec.spikes)), Pace(run.name, tuple(nodes)))
+        watch = _Watch(
+            key,
+            path,
+            self.opener(path, same_file),
+            parser_for(None),
+            HangDetector(self.settings, started_at=started_at),
+            SpikeDetector(spike_settings(run.spec.spikes)),
+            Pace(run.name, tuple(nodes)),
+        )
         self._watches[run.name] = watch
         log.info("progress_following", run=run.name, log=path, attempt_key=list(key))
         return watch

@@ -7,8 +7,7 @@ fresh snapshot before anything new is decided, and every record is idempotent.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -23,25 +22,25 @@ from supervisor.domain.actions import (
     Decision,
     Defer,
     Exclude,
-    Unexclude,
     Fence,
     Release,
     SetExcluded,
     SetState,
     Submit,
+    Unexclude,
 )
+from supervisor.domain.checkpoints import describe_plan
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange
 from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity, stale_heartbeats, worst
 from supervisor.domain.lemon import QuarantineSettings, quarantined
 from supervisor.domain.policy import REASON_PREFIX, Observation, Policy, decide
 from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import IllegalTransition, RunState
-from supervisor.domain.checkpoints import describe_plan
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
 from supervisor.engine.probes import ProbeTracker
-from supervisor.engine.spikes import handle_spikes, pending_rollbacks
 from supervisor.engine.progress import ProgressWatch
+from supervisor.engine.spikes import handle_spikes, pending_rollbacks
 from supervisor.ports import (
     Clock,
     Fencer,
@@ -141,8 +140,13 @@ class Engine:
             hangs = self.progress.update(runs, snap, self.clock.now()) if self.progress else {}
             if self.progress is not None:
                 watch = self.checkpoints
-                handle_spikes(self.progress.take_notices(), runs, self.store, self.clock,
-                              (lambda r: watch.refresh(r, self.store)) if watch is not None else None)
+                handle_spikes(
+                    self.progress.take_notices(),
+                    runs,
+                    self.store,
+                    self.clock,
+                    (lambda r: watch.refresh(r, self.store)) if watch is not None else None,
+                )
                 self._record_slowdowns(runs)
             checkpoint_at: dict[str, float] = {}
             if self.checkpoints is not None:
@@ -150,8 +154,17 @@ class Engine:
                 checkpoint_at = self.checkpoints.verified_at([r for r in runs if r.deferred], self.store)
             dead = {**self._stale_agents(runs, snap), **dead}
             returned = self._returned(snap)
-            obs = Observation(snap, dead, hangs, self._active_findings(runs, snap), self._quarantined(),
-                              checkpoint_at, pending_rollbacks(runs, self.store), returned, self._agents())
+            obs = Observation(
+                snap,
+                dead,
+                hangs,
+                self._active_findings(runs, snap),
+                self._quarantined(),
+                checkpoint_at,
+                pending_rollbacks(runs, self.store),
+                returned,
+                self._agents(),
+            )
             self._recheck_at = None
             for run in runs:
                 if run.name in blocked:
@@ -176,8 +189,12 @@ class Engine:
     def _observe(self) -> ClusterSnapshot:
         """Jobs every tick; nodes when anything is in motion or every ``node_refresh_ticks``."""
         self._ticks += 1
-        fresh = (self._nodes is None or self._urgent or self._in_motion()
-                 or self._ticks % max(1, self.settings.node_refresh_ticks) == 0)
+        fresh = (
+            self._nodes is None
+            or self._urgent
+            or self._in_motion()
+            or self._ticks % max(1, self.settings.node_refresh_ticks) == 0
+        )
         snap = self.scheduler.snapshot(include_nodes=fresh)
         if not fresh and self._a_job_ended(snap):  # decisions on a job's end read its nodes' state
             snap, fresh = self.scheduler.snapshot(include_nodes=True), True
@@ -207,17 +224,28 @@ class Engine:
         runs = self.store.runs(active_only=True)
         for run in runs:
             job = f"job {run.attempt.job_id}" if run.attempt else "no job yet"
-            self.store.record_event(Event(run.name, EventKind.ADOPTED, f"daemon re-adopted the run ({run.state}, {job})",
-                                          f"{run.name}:adopted:{now:.6f}", now,
-                                          run.attempt.seq if run.attempt else None,
-                                          run.attempt.job_id if run.attempt else None))
+            self.store.record_event(
+                Event(
+                    run.name,
+                    EventKind.ADOPTED,
+                    f"daemon re-adopted the run ({run.state}, {job})",
+                    f"{run.name}:adopted:{now:.6f}",
+                    now,
+                    run.attempt.seq if run.attempt else None,
+                    run.attempt.job_id if run.attempt else None,
+                )
+            )
         return runs
 
     def _reconcile_run(self, run: RunRecord, obs: Observation, result: TickResult) -> None:
         structlog.contextvars.bind_contextvars(run=run.name, job_id=run.attempt.job_id if run.attempt else None)
         try:
-            policy = Policy(self._node_rights, self._drains_left(run.name), self.fencer is not None,
-                            self.settings.evidence_wait_s if self.health is not None else 0.0)
+            policy = Policy(
+                self._node_rights,
+                self._drains_left(run.name),
+                self.fencer is not None,
+                self.settings.evidence_wait_s if self.health is not None else 0.0,
+            )
             decision = decide(run, obs, policy)
             recheck = decision.notes.get("recheck_at")
             if recheck is not None:
@@ -236,10 +264,17 @@ class Engine:
             # once in the run's logbook, and try again next tick on fresh state.
             log.error("run_reconcile_failed", error=str(exc), error_type=type(exc).__name__)
             now = self.clock.now()
-            self.store.record_event(Event(run.name, EventKind.WARNING, f"the supervisor could not act on this run: {exc}",
-                                          f"{run.name}:reconcile-failed:{exc}", now,
-                                          run.attempt.seq if run.attempt else None,
-                                          run.attempt.job_id if run.attempt else None))
+            self.store.record_event(
+                Event(
+                    run.name,
+                    EventKind.WARNING,
+                    f"the supervisor could not act on this run: {exc}",
+                    f"{run.name}:reconcile-failed:{exc}",
+                    now,
+                    run.attempt.seq if run.attempt else None,
+                    run.attempt.job_id if run.attempt else None,
+                )
+            )
         finally:
             structlog.contextvars.unbind_contextvars("run", "job_id")
 
@@ -272,7 +307,11 @@ class Engine:
                     log.info("node_watch", node=node, reason=found.reason, rule=found.rule)
                     continue
                 cur = self._findings.get(node)
-                if cur is None or found.severity.rank >= cur.severity.rank or now - cur.at > self.settings.finding_ttl_s:
+                if (
+                    cur is None
+                    or found.severity.rank >= cur.severity.rank
+                    or now - cur.at > self.settings.finding_ttl_s
+                ):
                     self._findings[node] = found
                     self._note_outside_runs(found, runs, snap)
         ttl = self.settings.finding_ttl_s
@@ -289,18 +328,35 @@ class Engine:
                 continue
             blame = evidence.get("stragglers") or {}
             linked = f"; explained by straggler {', '.join(sorted(blame))}" if blame else "; no straggler named"
-            self.store.record_event(Event(name, EventKind.SLOWDOWN, f"{a.label}: slowdown: {evidence['reason']}{linked}",
-                                          f"{name}:{a.seq}:slowdown", self.clock.now(), a.seq, a.job_id,
-                                          evidence=evidence))
+            self.store.record_event(
+                Event(
+                    name,
+                    EventKind.SLOWDOWN,
+                    f"{a.label}: slowdown: {evidence['reason']}{linked}",
+                    f"{name}:{a.seq}:slowdown",
+                    self.clock.now(),
+                    a.seq,
+                    a.job_id,
+                    evidence=evidence,
+                )
+            )
 
     def _note_outside_runs(self, found: NodeFinding, runs: list[RunRecord], snap: ClusterSnapshot) -> None:
         """A finding on a node none of our runs uses: remembered as the node's verdict."""
         if found.node in self._running_nodes(runs, snap):
             return  # the run's decision records it, with the run's context
         verdict = Verdict.BAD if found.severity is Severity.FATAL else Verdict.SUSPECT
-        self.store.set_verdict(NodeVerdict(found.node, verdict, found.reason,
-                                           {"rule": found.rule, "source": found.source, **found.evidence},
-                                           found.run, None, found.at))
+        self.store.set_verdict(
+            NodeVerdict(
+                found.node,
+                verdict,
+                found.reason,
+                {"rule": found.rule, "source": found.source, **found.evidence},
+                found.run,
+                None,
+                found.at,
+            )
+        )
 
     def _agents(self) -> frozenset[str]:
         """Nodes whose agent reported within the heartbeat timeout."""
@@ -328,8 +384,14 @@ class Engine:
         out = set()
         for v in self.store.verdicts():
             info = snap.nodes.get(v.node)
-            if (v.verdict is Verdict.BAD and v.action in ("drained", "down") and info is not None
-                    and info.responding and not info.down and not info.drained):
+            if (
+                v.verdict is Verdict.BAD
+                and v.action in ("drained", "down")
+                and info is not None
+                and info.responding
+                and not info.down
+                and not info.drained
+            ):
                 out.add(v.node)
         return frozenset(out)
 
@@ -338,8 +400,9 @@ class Engine:
             return  # a run waiting on an intent has not seen them yet: next tick
         now = self.clock.now()
         for node in returned:
-            self.store.set_verdict(NodeVerdict(node, Verdict.HEALTHY, "back in service in Slurm", {}, None,
-                                               "returned", now))
+            self.store.set_verdict(
+                NodeVerdict(node, Verdict.HEALTHY, "back in service in Slurm", {}, None, "returned", now)
+            )
 
     def _quarantined(self) -> dict[str, str]:
         q = self.settings.quarantine
@@ -453,8 +516,11 @@ class Engine:
             verb = "restarted as" if action.restart else "submitted as"
             excl = f", excluding {','.join(action.exclude)}" if action.exclude else ""
             resume = f"; {describe_plan(action.resume)}" if action.resume is not None else ""
-            evidence: dict[str, Any] = {"exclude": list(action.exclude), "reason": action.reason,
-                                        "restarts_spent": run.restarts_spent + int(action.restart)}
+            evidence: dict[str, Any] = {
+                "exclude": list(action.exclude),
+                "reason": action.reason,
+                "restarts_spent": run.restarts_spent + int(action.restart),
+            }
             if action.resume is not None:
                 evidence["resume"] = dict(action.resume)
                 chosen = action.resume.get("checkpoint") or {}
@@ -462,25 +528,69 @@ class Engine:
             if self.progress is not None and a is not None:  # what the replaced attempt had reached
                 evidence["last_step"] = self.progress.last_step(a.job_id, a.restart_count)
                 evidence["step_time_s"] = self.progress.step_time(a.job_id, a.restart_count)
-            s.record_event(Event(run.name, kind, f"{new.label}: {verb} job {new.job_id}{excl} ({action.reason}){resume}",
-                                 f"{run.name}:{new.seq}:{kind.value}:", now, new.seq, new.job_id,
-                                 evidence=evidence))
+            s.record_event(
+                Event(
+                    run.name,
+                    kind,
+                    f"{new.label}: {verb} job {new.job_id}{excl} ({action.reason}){resume}",
+                    f"{run.name}:{new.seq}:{kind.value}:",
+                    now,
+                    new.seq,
+                    new.job_id,
+                    evidence=evidence,
+                )
+            )
         elif isinstance(action, ChangeNode):
             s.set_node_action(action.node, "drained" if action.change is NodeChange.DRAIN else "down", now)
             if action.change is NodeChange.DRAIN:
-                s.record_event(Event(run.name, EventKind.NODE_DRAINED,
-                                     f"{action.node} downed and drained in Slurm: {action.reason}",
-                                     f"{run.name}:node_drained:{action.node}", now, seq, job,
-                                     evidence={"node": action.node, "reason": action.reason}))
+                s.record_event(
+                    Event(
+                        run.name,
+                        EventKind.NODE_DRAINED,
+                        f"{action.node} downed and drained in Slurm: {action.reason}",
+                        f"{run.name}:node_drained:{action.node}",
+                        now,
+                        seq,
+                        job,
+                        evidence={"node": action.node, "reason": action.reason},
+                    )
+                )
         elif isinstance(action, Cancel) and run.state is RunState.RECOVERING:
-            s.record_event(Event(run.name, EventKind.STOPPED, f"stopped job {action.job_id}: {action.reason}",
-                                 f"{run.name}:{seq}:stopped:{action.job_id}", now, seq, job))
+            s.record_event(
+                Event(
+                    run.name,
+                    EventKind.STOPPED,
+                    f"stopped job {action.job_id}: {action.reason}",
+                    f"{run.name}:{seq}:stopped:{action.job_id}",
+                    now,
+                    seq,
+                    job,
+                )
+            )
         elif isinstance(action, Release):
-            s.record_event(Event(run.name, EventKind.RELEASED, f"released job {action.job_id}: {action.reason}",
-                                 f"{run.name}:{seq}:released:{now:.3f}", now, seq, job))
+            s.record_event(
+                Event(
+                    run.name,
+                    EventKind.RELEASED,
+                    f"released job {action.job_id}: {action.reason}",
+                    f"{run.name}:{seq}:released:{now:.3f}",
+                    now,
+                    seq,
+                    job,
+                )
+            )
         elif isinstance(action, Fence):
-            s.record_event(Event(run.name, EventKind.FENCED, f"fenced {action.node} (site fence command)",
-                                 f"{run.name}:{seq}:fenced:{action.node}", now, seq, job))
+            s.record_event(
+                Event(
+                    run.name,
+                    EventKind.FENCED,
+                    f"fenced {action.node} (site fence command)",
+                    f"{run.name}:{seq}:fenced:{action.node}",
+                    now,
+                    seq,
+                    job,
+                )
+            )
 
     def _fail(self, run: RunRecord, intent: int, action: Action, exc: PortError) -> None:
         now = self.clock.now()
@@ -492,8 +602,18 @@ class Engine:
             what = f"could not {action.kind.value.replace('_', ' ')}"
             if isinstance(action, ChangeNode):
                 what = f"{action.node} excluded from the run; could not set it {action.change.value}"
-            self.store.record_event(Event(run.name, kind, f"{what}: {exc}", f"{run.name}:failed-intent:{intent}", now,
-                                          a.seq if a else None, a.job_id if a else None, evidence=params_of(action)))
+            self.store.record_event(
+                Event(
+                    run.name,
+                    kind,
+                    f"{what}: {exc}",
+                    f"{run.name}:failed-intent:{intent}",
+                    now,
+                    a.seq if a else None,
+                    a.job_id if a else None,
+                    evidence=params_of(action),
+                )
+            )
 
     # ------------------------------------------------------------------ crash recovery
 

@@ -29,8 +29,13 @@ from supervisor.ports import Clock, Store
 log = structlog.get_logger("supervisor.spikes")
 
 
-def handle_spikes(notices: Iterable[SpikeNotice], runs: Iterable[RunRecord], store: Store, clock: Clock,
-                  refresh: Callable[[RunRecord], None] | None = None) -> None:
+def handle_spikes(
+    notices: Iterable[SpikeNotice],
+    runs: Iterable[RunRecord],
+    store: Store,
+    clock: Clock,
+    refresh: Callable[[RunRecord], None] | None = None,
+) -> None:
     """Record each notice; decide what an unhealed spike calls for (see the module docstring).
     ``refresh(run)`` brings the run's checkpoint verdicts up to date before a rollback is planned
     (a checkpoint written moments ago may be the right one to go back to)."""
@@ -74,28 +79,58 @@ def _series(n: SpikeNotice) -> list[list[Any]]:
 def _record_spike(run: RunRecord, n: SpikeNotice, ev: SpikeEvent, store: Store, clock: Clock) -> None:
     a = run.attempt
     assert a is not None
-    store.record_event(Event(
-        run.name, EventKind.SPIKE, f"{ev.kind.value} spike at step {ev.onset_step}: {ev.reason}",
-        f"{run.name}:{a.seq}:spike:{ev.kind.value}:{ev.onset_step}", clock.now(), a.seq, a.job_id,
-        evidence={"kind": ev.kind.value, "onset_step": ev.onset_step, "value": ev.value, "baseline": ev.baseline,
-                  "sigma": ev.sigma, "z": ev.severity_z, "series": _series(n)}))
+    store.record_event(
+        Event(
+            run.name,
+            EventKind.SPIKE,
+            f"{ev.kind.value} spike at step {ev.onset_step}: {ev.reason}",
+            f"{run.name}:{a.seq}:spike:{ev.kind.value}:{ev.onset_step}",
+            clock.now(),
+            a.seq,
+            a.job_id,
+            evidence={
+                "kind": ev.kind.value,
+                "onset_step": ev.onset_step,
+                "value": ev.value,
+                "baseline": ev.baseline,
+                "sigma": ev.sigma,
+                "z": ev.severity_z,
+                "series": _series(n),
+            },
+        )
+    )
 
 
 def _outcome_evidence(out: SpikeOutcome, n: SpikeNotice) -> dict[str, Any]:
-    return {"kind": out.event.kind.value, "onset_step": out.event.onset_step, "status": out.status.value,
-            "rule": out.rule, "decided_step": out.decided_step, "peak_step": out.peak_step,
-            "peak_value": out.peak_value, "peak_z": out.peak_z, "steps_after_onset": out.steps_after_onset,
-            "series": _series(n)}
+    return {
+        "kind": out.event.kind.value,
+        "onset_step": out.event.onset_step,
+        "status": out.status.value,
+        "rule": out.rule,
+        "decided_step": out.decided_step,
+        "peak_step": out.peak_step,
+        "peak_value": out.peak_value,
+        "peak_z": out.peak_z,
+        "steps_after_onset": out.steps_after_onset,
+        "series": _series(n),
+    }
 
 
 def _record_healed(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, clock: Clock) -> None:
     a = run.attempt
     assert a is not None
-    store.record_event(Event(
-        run.name, EventKind.SPIKE_HEALED,
-        f"spike at step {out.event.onset_step} healed after {out.steps_after_onset} steps; left alone ({out.reason})",
-        f"{run.name}:{a.seq}:spike-healed:{out.event.onset_step}", clock.now(), a.seq, a.job_id,
-        evidence=_outcome_evidence(out, n)))
+    store.record_event(
+        Event(
+            run.name,
+            EventKind.SPIKE_HEALED,
+            f"spike at step {out.event.onset_step} healed after {out.steps_after_onset} steps; left alone ({out.reason})",
+            f"{run.name}:{a.seq}:spike-healed:{out.event.onset_step}",
+            clock.now(),
+            a.seq,
+            a.job_id,
+            evidence=_outcome_evidence(out, n),
+        )
+    )
 
 
 def _rollback(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, clock: Clock) -> None:
@@ -111,26 +146,50 @@ def _rollback(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, c
     elif run.spec.checkpoints is None:
         blocked = "the run has no [checkpoints] section: no verified checkpoint to roll back to; a human decides"
     if blocked is None:
-        history = [PastRollback(int(h["onset_step"]), float(h["at"]), float(h.get("lr_scale", 1.0)))
-                   for h in rollback_history(store, run.name)]
-        rules = RollbackPolicy(max_rollbacks=policy.max_rollbacks, window_s=policy.window_h * 3600,
-                               lr_scale_repeat=policy.lr_scale_repeat)
+        history = [
+            PastRollback(int(h["onset_step"]), float(h["at"]), float(h.get("lr_scale", 1.0)))
+            for h in rollback_history(store, run.name)
+        ]
+        rules = RollbackPolicy(
+            max_rollbacks=policy.max_rollbacks, window_s=policy.window_h * 3600, lr_scale_repeat=policy.lr_scale_repeat
+        )
         action = decide_rollback(out, verified_steps(store, run.name), history, now, spike_settings(policy), rules)
         if action.plan is not None:
             plan = action.plan
-            evidence.update(checkpoint_step=plan.checkpoint_step, skip_first=plan.skip.first,
-                            skip_last=plan.skip.last, lr_scale=action.lr_scale, escalation=action.escalation)
-            store.record_event(Event(
-                run.name, EventKind.ROLLBACK,
-                f"rollback: spike at step {onset} {out.status.value} ({out.reason}); {action.reason}",
-                f"{run.name}:{a.seq}:rollback:{onset}", now, a.seq, a.job_id, evidence=evidence))
+            evidence.update(
+                checkpoint_step=plan.checkpoint_step,
+                skip_first=plan.skip.first,
+                skip_last=plan.skip.last,
+                lr_scale=action.lr_scale,
+                escalation=action.escalation,
+            )
+            store.record_event(
+                Event(
+                    run.name,
+                    EventKind.ROLLBACK,
+                    f"rollback: spike at step {onset} {out.status.value} ({out.reason}); {action.reason}",
+                    f"{run.name}:{a.seq}:rollback:{onset}",
+                    now,
+                    a.seq,
+                    a.job_id,
+                    evidence=evidence,
+                )
+            )
             log.warning("rollback_decided", run=run.name, onset=onset, checkpoint=plan.checkpoint_step)
             return
         blocked = action.reason
-    store.record_event(Event(
-        run.name, EventKind.ROLLBACK_BLOCKED,
-        f"spike at step {onset} {out.status.value} ({out.reason}); not rolled back: {blocked}",
-        f"{run.name}:{a.seq}:rollback-blocked:{onset}", now, a.seq, a.job_id, evidence={**evidence, "page": True}))
+    store.record_event(
+        Event(
+            run.name,
+            EventKind.ROLLBACK_BLOCKED,
+            f"spike at step {onset} {out.status.value} ({out.reason}); not rolled back: {blocked}",
+            f"{run.name}:{a.seq}:rollback-blocked:{onset}",
+            now,
+            a.seq,
+            a.job_id,
+            evidence={**evidence, "page": True},
+        )
+    )
 
 
 def verified_steps(store: Store, run: str) -> list[int]:

@@ -37,8 +37,9 @@ class SimSave:
 
 
 class SimCheckpointStore:
-    def __init__(self, clock: VirtualClock, root: str = "sim://checkpoints/run/", shard_bytes: int = 1 << 30,
-                 shards: int = 8) -> None:
+    def __init__(
+        self, clock: VirtualClock, root: str = "sim://checkpoints/run/", shard_bytes: int = 1 << 30, shards: int = 8
+    ) -> None:
         self.clock = clock
         self.root = root
         self.shard_bytes = shard_bytes
@@ -83,9 +84,17 @@ class SimCheckpointStore:
 
     def discover(self) -> list[CheckpointRef]:
         now = self.clock.now()
-        return [CheckpointRef(self.location(s.step), f"step_{s.step:08d}", s.step, Guarantee.MANIFEST,
-                              committed=s.committed(now), seen_at=s.committed_at or s.started_at)
-                for s in self.visible()]
+        return [
+            CheckpointRef(
+                self.location(s.step),
+                f"step_{s.step:08d}",
+                s.step,
+                Guarantee.MANIFEST,
+                committed=s.committed(now),
+                seen_at=s.committed_at or s.started_at,
+            )
+            for s in self.visible()
+        ]
 
     def verify(self, ref: CheckpointRef, level: Level) -> VerifyResult:
         now = self.clock.now()
@@ -93,14 +102,31 @@ class SimCheckpointStore:
         size = self.shard_bytes * self.shards
         if save is None:
             problem = ShardProblem(MANIFEST_NAME, "missing", "no such checkpoint under the root")
-            return VerifyResult(ref.location, ref.step, level, Outcome.CORRUPT, "checkpoint not found",
-                                problems=(problem,), at=now)
+            return VerifyResult(
+                ref.location, ref.step, level, Outcome.CORRUPT, "checkpoint not found", problems=(problem,), at=now
+            )
         if not save.committed(now):
             problem = ShardProblem(MANIFEST_NAME, "uncommitted", "shards present, no manifest: the save was torn")
-            return VerifyResult(ref.location, save.step, level, Outcome.CORRUPT, "torn: no commit marker",
-                                problems=(problem,), shards=self.shards, at=now)
-        return VerifyResult(ref.location, save.step, level, Outcome.VERIFIED, "checkpoint matches its manifest",
-                            shards=self.shards, bytes=size if level is Level.FULL else 0, at=now)
+            return VerifyResult(
+                ref.location,
+                save.step,
+                level,
+                Outcome.CORRUPT,
+                "torn: no commit marker",
+                problems=(problem,),
+                shards=self.shards,
+                at=now,
+            )
+        return VerifyResult(
+            ref.location,
+            save.step,
+            level,
+            Outcome.VERIFIED,
+            "checkpoint matches its manifest",
+            shards=self.shards,
+            bytes=size if level is Level.FULL else 0,
+            at=now,
+        )
 
     def commit(self, name: str, manifest: Manifest) -> str:
         save = self.get(manifest.step)

@@ -17,8 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import MappingProxyType
 
-from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange, NodeInfo
-from supervisor.domain.cluster import SubmitRequest
+from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange, NodeInfo, SubmitRequest
 from supervisor.ports import PermanentError, PermissionDenied, PortError, TransientError
 from supervisor.sim.clock import VirtualClock
 from supervisor.sim.records import Incarnation, SimJob, SimNode
@@ -253,17 +252,13 @@ class SimCluster:
     def incarnations(self) -> dict[str, frozenset[tuple[int, int]]]:
         """Per node, the (job_id, restart_count) copies whose processes execute there now."""
         return {
-            name: frozenset(exe.key for exe in node.procs)
-            for name, node in self._state.nodes.items()
-            if node.procs
+            name: frozenset(exe.key for exe in node.procs) for name, node in self._state.nodes.items() if node.procs
         }
 
     def executing(self, job_id: int) -> frozenset[int]:
         """The restart counts of ``job_id`` that have processes running somewhere right now."""
         return frozenset(
-            exe.restart_count
-            for exe in self._state.executions
-            if exe.job_id == job_id and exe.end is None
+            exe.restart_count for exe in self._state.executions if exe.job_id == job_id and exe.end is None
         )
 
     def overlapping_incarnations(self) -> list[tuple[Incarnation, Incarnation]]:

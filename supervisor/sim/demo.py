@@ -44,17 +44,35 @@ def build(settings: DemoSettings, state_dir: Path) -> tuple[VirtualClock, SimClu
     cluster = SimCluster(clock, settings.total_nodes, "gpu")
     names = cluster.node_names
     spec = RunSpec(
-        name=RUN, script="/shared/llama/train.sbatch", partition="gpu", nodes=settings.run_nodes,
-        sbatch_args=("--gpus-per-node=8", "--time=14-00:00:00"), spare_policy=SparePolicy.NAMED,
-        spare_nodes=tuple(names[len(names) - settings.spares:]), max_restarts=10,
+        name=RUN,
+        script="/shared/llama/train.sbatch",
+        partition="gpu",
+        nodes=settings.run_nodes,
+        sbatch_args=("--gpus-per-node=8", "--time=14-00:00:00"),
+        spare_policy=SparePolicy.NAMED,
+        spare_nodes=tuple(names[len(names) - settings.spares :]),
+        max_restarts=10,
     )
     store = SqliteStore(state_dir)
     now = clock.now()
     store.add_run(spec, now)
-    store.record_event(Event(RUN, EventKind.REGISTERED, f"run registered: {spec.nodes} nodes on gpu, "
-                             f"spares {','.join(spec.spare_nodes)}", f"{RUN}:registered", now, actor="demo"))
-    engine = Engine(scheduler=cluster, store=store, clock=clock, settings=EngineSettings(probe_confirm_s=1.0),
-                    probe=SimProbe(cluster))
+    store.record_event(
+        Event(
+            RUN,
+            EventKind.REGISTERED,
+            f"run registered: {spec.nodes} nodes on gpu, spares {','.join(spec.spare_nodes)}",
+            f"{RUN}:registered",
+            now,
+            actor="demo",
+        )
+    )
+    engine = Engine(
+        scheduler=cluster,
+        store=store,
+        clock=clock,
+        settings=EngineSettings(probe_confirm_s=1.0),
+        probe=SimProbe(cluster),
+    )
     return clock, cluster, store, engine
 
 
@@ -103,7 +121,15 @@ def run_demo(settings: DemoSettings, state_dir: str | None = None) -> DemoOutcom
         ticks = run_loop(engine, Pacing(settings.poll_interval_s))
         run = store.get_run(RUN)
         assert run is not None
-        outcome = DemoOutcome(settings, run, store.events(RUN), store.verdicts(), injected, ticks,
-                              time.perf_counter() - started, len(cluster.overlapping_incarnations()))
+        outcome = DemoOutcome(
+            settings,
+            run,
+            store.events(RUN),
+            store.verdicts(),
+            injected,
+            ticks,
+            time.perf_counter() - started,
+            len(cluster.overlapping_incarnations()),
+        )
         store.close()
         return outcome

@@ -49,8 +49,13 @@ class Manifestation(StrEnum):
     @property
     def agent_visible(self) -> bool:
         """A node agent (NVML, IB counters, heartbeats) reports it within one sample interval."""
-        return self in (Manifestation.XID, Manifestation.ECC, Manifestation.NIC, Manifestation.HOST_DOWN,
-                        Manifestation.STRAGGLER)
+        return self in (
+            Manifestation.XID,
+            Manifestation.ECC,
+            Manifestation.NIC,
+            Manifestation.HOST_DOWN,
+            Manifestation.STRAGGLER,
+        )
 
     @property
     def health_check_visible(self) -> bool:
@@ -175,8 +180,11 @@ class FailureModel:
             return self
         extra = max(1, round(sum(c.count for c in self.categories) * per_gpu_hour / self.per_gpu_hour))
         cat = Category(STRAGGLER.component, STRAGGLER.group, extra, 0.0, STRAGGLER.shows, STRAGGLER.repair)
-        return FailureModel(self.categories + (cat,), self.per_gpu_hour + per_gpu_hour,
-                            self.source + f" + slow nodes at {per_gpu_hour:.2e}/GPU-hour")
+        return FailureModel(
+            self.categories + (cat,),
+            self.per_gpu_hour + per_gpu_hour,
+            self.source + f" + slow nodes at {per_gpu_hour:.2e}/GPU-hour",
+        )
 
     def draw(self, seed: int, gpus: int, seconds: float) -> list[Failure]:
         """A Poisson process at the scaled rate over ``seconds``, categories by count."""
@@ -216,14 +224,21 @@ def titan_model(path: str | Path) -> FailureModel:
                 dbe += event == "DBE"
                 otb += event == "OTB"
     except (OSError, KeyError, ValueError) as exc:
-        raise ValueError(f"cannot read the Titan GPU trace {path}: {exc}; pass gc_full.csv "
-                         "(columns SN,location,insert,remove,duration,out,event)") from exc
+        raise ValueError(
+            f"cannot read the Titan GPU trace {path}: {exc}; pass gc_full.csv "
+            "(columns SN,location,insert,remove,duration,out,event)"
+        ) from exc
     if seconds <= 0 or dbe + otb == 0:
         raise ValueError(f"the Titan trace {path} holds no GPU operation time or no DBE/OTB events")
-    cats = (Category("Double-bit ECC (Titan DBE)", "GPU", dbe, 0.0, _M.ECC, _R.REPLACE, 48),
-            Category("Off the bus (Titan OTB)", "GPU", otb, 0.0, _M.XID, _R.REPLACE, 79))
-    return FailureModel(cats, (dbe + otb) / (seconds / 3600.0),
-                        f"ORNL Titan GPU trace ({dbe} DBE + {otb} OTB over {seconds / 3600 / 24 / 365:.0f} GPU-years)")
+    cats = (
+        Category("Double-bit ECC (Titan DBE)", "GPU", dbe, 0.0, _M.ECC, _R.REPLACE, 48),
+        Category("Off the bus (Titan OTB)", "GPU", otb, 0.0, _M.XID, _R.REPLACE, 79),
+    )
+    return FailureModel(
+        cats,
+        (dbe + otb) / (seconds / 3600.0),
+        f"ORNL Titan GPU trace ({dbe} DBE + {otb} OTB over {seconds / 3600 / 24 / 365:.0f} GPU-years)",
+    )
 
 
 def by_cause(failures: Sequence[Failure]) -> dict[str, int]:

@@ -45,8 +45,16 @@ class SimHealthFeed:
         values = {"xid": category.xid or 0, "component": category.component}
         severity = Severity.DEGRADED if shows is Manifestation.STRAGGLER else Severity.FATAL
         when = at + phase * self.sample_s
-        finding = NodeFinding(node, severity, text.format(**values), rule.format(**values), when, "sim", run,
-                              {"category": category.component, "xid": category.xid, "fault_at": at})
+        finding = NodeFinding(
+            node,
+            severity,
+            text.format(**values),
+            rule.format(**values),
+            when,
+            "sim",
+            run,
+            {"category": category.component, "xid": category.xid, "fault_at": at},
+        )
         self.clock.call_at(when, self._arrive, finding)
         return when
 

@@ -16,7 +16,9 @@ from supervisor.sim.settings import Mode, SimSettings
 from supervisor.sim.trainer import TrainerSettings
 
 
-def checkpoint_steps(interval: str | float, trainer: TrainerSettings, model: FailureModel, gpus: int) -> tuple[int, float]:
+def checkpoint_steps(
+    interval: str | float, trainer: TrainerSettings, model: FailureModel, gpus: int
+) -> tuple[int, float]:
     """Steps between saves for ``interval`` (seconds, or "auto" = Young/Daly from the failure rate
     and the save cost); returns (steps, the interval in seconds it stands for)."""
     if isinstance(interval, str) and interval.strip().lower() == "auto":
@@ -46,8 +48,13 @@ def make_plan(settings: SimSettings, interval: str | float) -> Plan:
     return Plan(replace(settings, trainer=trainer), seconds, source)
 
 
-def run_seeds(plan: Plan, modes: Sequence[Mode], seeds: Sequence[int], state_root: Path | None,
-              progress: Callable[[str, float], None] | None = None) -> dict[Mode, list[SimResult]]:
+def run_seeds(
+    plan: Plan,
+    modes: Sequence[Mode],
+    seeds: Sequence[int],
+    state_root: Path | None,
+    progress: Callable[[str, float], None] | None = None,
+) -> dict[Mode, list[SimResult]]:
     """Every seed in every mode, on the same failure draw per seed (a paired comparison)."""
     out: dict[Mode, list[SimResult]] = {m: [] for m in modes}
     root = state_root or Path(tempfile.mkdtemp(prefix="ssv-sim-"))
@@ -94,17 +101,32 @@ def assumptions(plan: Plan) -> list[tuple[str, str]]:
         ("failure model", s.failures.source),
         ("MTBF of the job", f"{s.failures.mtbf_s(s.gpus) / 3600:.2f} h ({s.gpus} GPUs)"),
         ("step time", f"{t.step_s:g} s (noise {t.step_noise:.0%}), a log line every {t.log_every} steps"),
-        ("checkpoint", f"every {t.checkpoint_steps} steps = {plan.checkpoint_interval_s:.0f} s of training "
-                       f"[{plan.checkpoint_source}], save {t.save_s:g} s (blocking)"),
-        ("restart costs", f"startup {t.startup_s:g} s + restore {t.restore_s:g} s; a job on a broken GPU dies "
-                          f"after {t.crash_at_start_s:g} s"),
-        ("repairs", f"reboot {s.repair.reboot_s / 60:g} min, replacement {s.repair.replace_s / 3600:g} h (medians, "
-                    f"log-normal sigma {s.repair.sigma:g})"),
-        ("detection", f"daemon poll {s.poll_interval_s:g} s, probe confirm {s.probe_confirm_s:g} s, hang multiple "
-                      f"{s.hang_multiple:g}; Slurm SlurmdTimeout {s.slurmd_timeout_s:g} s, NHC every "
-                      f"{s.health_check_s:g} s; NCCL watchdog {s.nccl_timeout_s:g} s"),
-        ("nodes", f"{s.nodes_per_job} x {s.gpus_per_node} GPUs for the job; supervisor: {s.spares} named spares; "
-                  f"baseline: {s.baseline_spares} idle nodes (Slurm alone, requeue from the job's trap)"),
+        (
+            "checkpoint",
+            f"every {t.checkpoint_steps} steps = {plan.checkpoint_interval_s:.0f} s of training "
+            f"[{plan.checkpoint_source}], save {t.save_s:g} s (blocking)",
+        ),
+        (
+            "restart costs",
+            f"startup {t.startup_s:g} s + restore {t.restore_s:g} s; a job on a broken GPU dies "
+            f"after {t.crash_at_start_s:g} s",
+        ),
+        (
+            "repairs",
+            f"reboot {s.repair.reboot_s / 60:g} min, replacement {s.repair.replace_s / 3600:g} h (medians, "
+            f"log-normal sigma {s.repair.sigma:g})",
+        ),
+        (
+            "detection",
+            f"daemon poll {s.poll_interval_s:g} s, probe confirm {s.probe_confirm_s:g} s, hang multiple "
+            f"{s.hang_multiple:g}; Slurm SlurmdTimeout {s.slurmd_timeout_s:g} s, NHC every "
+            f"{s.health_check_s:g} s; NCCL watchdog {s.nccl_timeout_s:g} s",
+        ),
+        (
+            "nodes",
+            f"{s.nodes_per_job} x {s.gpus_per_node} GPUs for the job; supervisor: {s.spares} named spares; "
+            f"baseline: {s.baseline_spares} idle nodes (Slurm alone, requeue from the job's trap)",
+        ),
     ]
 
 

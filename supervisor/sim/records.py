@@ -97,9 +97,7 @@ class SimNode:
     @property
     def free(self) -> bool:
         """Would Slurm's scheduler put a new job here?"""
-        return (
-            self.job is None and not self.down and not self.drain and not self.not_responding
-        )
+        return self.job is None and not self.down and not self.drain and not self.not_responding
 
     def cancel_timers(self) -> None:
         for timer in self.timers:

@@ -80,9 +80,11 @@ def quantile(values: Sequence[float], q: float) -> float | None:
 
 def mark_recoveries(strikes: list[Strike], attempts: Sequence[Attempt], end: float) -> None:
     """Each interruption recovers when a later attempt begins computing (and really computes)."""
-    computing = sorted(a.computing_at for a in attempts
-                       if a.computing_at <= end and (a.stopped_at is None or a.computing_at < a.stopped_at)
-                       and not a.resume_torn)
+    computing = sorted(
+        a.computing_at
+        for a in attempts
+        if a.computing_at <= end and (a.stopped_at is None or a.computing_at < a.stopped_at) and not a.resume_torn
+    )
     i = 0
     for strike in sorted((s for s in strikes if s.interrupted), key=lambda s: s.at):
         while i < len(computing) and computing[i] <= strike.at:

@@ -73,10 +73,21 @@ class Simulation:
             self._baseline(world, spec, end)
         wall = clock.now() - world.start
         mark_recoveries(world.strikes, world.attempts(), clock.now())
-        result = SimResult(s, self.mode, wall, world.kept_steps(), world.strikes, len(world.attempts()),
-                           world.torn_restarts, world.crash_restarts, ticks, time.process_time() - started,
-                           str(self.state_dir) if store is not None else None, self.run_name,
-                           {"health_findings": len(world.health.emitted)})
+        result = SimResult(
+            s,
+            self.mode,
+            wall,
+            world.kept_steps(),
+            world.strikes,
+            len(world.attempts()),
+            world.torn_restarts,
+            world.crash_restarts,
+            ticks,
+            time.process_time() - started,
+            str(self.state_dir) if store is not None else None,
+            self.run_name,
+            {"health_findings": len(world.health.emitted)},
+        )
         if store is not None:
             store.close()
         return result
@@ -84,18 +95,33 @@ class Simulation:
     def _spec(self, clock: VirtualClock) -> RunSpec:
         s = self.settings
         names = [f"n{i:0{max(3, len(str(s.pool(self.mode))))}d}" for i in range(1, s.pool(self.mode) + 1)]
-        spares = tuple(names[s.nodes_per_job:]) if self.mode is Mode.SUPERVISOR else ()
-        return RunSpec(name=self.run_name, script="/sim/train.sbatch", partition="gpu", nodes=s.nodes_per_job,
-                       sbatch_args=(f"--gpus-per-node={s.gpus_per_node}",), output="/sim/logs/%x-%j.out",
-                       spare_policy=SparePolicy.NAMED if spares else SparePolicy.PARTITION_IDLE,
-                       spare_nodes=spares, max_restarts=1_000_000)
+        spares = tuple(names[s.nodes_per_job :]) if self.mode is Mode.SUPERVISOR else ()
+        return RunSpec(
+            name=self.run_name,
+            script="/sim/train.sbatch",
+            partition="gpu",
+            nodes=s.nodes_per_job,
+            sbatch_args=(f"--gpus-per-node={s.gpus_per_node}",),
+            output="/sim/logs/%x-%j.out",
+            spare_policy=SparePolicy.NAMED if spares else SparePolicy.PARTITION_IDLE,
+            spare_nodes=spares,
+            max_restarts=1_000_000,
+        )
 
     # -- baseline: Slurm alone ------------------------------------------------------------------
 
     def _baseline(self, world: World, spec: RunSpec, end: float) -> None:
-        request = SubmitRequest(run=spec.name, script=spec.script, job_name=spec.name, partition=spec.partition,
-                                nodes=spec.nodes, comment="baseline", extra_args=spec.sbatch_args,
-                                output=spec.output, requeue=True)
+        request = SubmitRequest(
+            run=spec.name,
+            script=spec.script,
+            job_name=spec.name,
+            partition=spec.partition,
+            nodes=spec.nodes,
+            comment="baseline",
+            extra_args=spec.sbatch_args,
+            output=spec.output,
+            requeue=True,
+        )
         world.cluster.submit(request)
         clock = world.clock
         step = max(3600.0, (end - clock.now()) / 200)
@@ -109,24 +135,41 @@ class Simulation:
         s = self.settings
         clock = world.clock
         now = clock.now()
-        spec = replace(spec, checkpoints=CheckpointPolicy(root=world.checkpoints.root, full_verify=False,
-                                                          scan_interval_s=600.0))
+        spec = replace(
+            spec, checkpoints=CheckpointPolicy(root=world.checkpoints.root, full_verify=False, scan_interval_s=600.0)
+        )
         store.add_run(spec, now)
-        store.record_event(Event(spec.name, EventKind.REGISTERED,
-                                 f"simulated run registered: {spec.nodes} nodes x {s.gpus_per_node} GPUs, "
-                                 f"{len(spec.spare_nodes)} named spares, seed {s.seed}",
-                                 f"{spec.name}:registered", now, actor="simulator"))
+        store.record_event(
+            Event(
+                spec.name,
+                EventKind.REGISTERED,
+                f"simulated run registered: {spec.nodes} nodes x {s.gpus_per_node} GPUs, "
+                f"{len(spec.spare_nodes)} named spares, seed {s.seed}",
+                f"{spec.name}:registered",
+                now,
+                actor="simulator",
+            )
+        )
         progress = ProgressWatch(world.trainer.opener, HangSettings(multiple=s.hang_multiple))
         # The real checkpoint watch: every restart is handed the newest *verified* save (a torn
         # one is never resumed from), checked through the CheckpointStore port like S3 or Lustre.
         watch = CheckpointWatch(lambda _spec: world.checkpoints, clock, inline=True)
-        engine = Engine(scheduler=world.cluster, store=store, clock=clock,
-                        settings=EngineSettings(probe_confirm_s=s.probe_confirm_s, node_refresh_ticks=1,
-                                                max_drains_per_hour=s.max_drains_per_hour,
-                                                max_drains_per_run_per_hour=s.max_drains_per_hour,
-                                                evidence_wait_s=s.agent_sample_s + s.poll_interval_s),
-                        probe=SimProbe(world.cluster), progress=progress, checkpoints=watch,
-                        health=world.health if s.node_agents else None)
+        engine = Engine(
+            scheduler=world.cluster,
+            store=store,
+            clock=clock,
+            settings=EngineSettings(
+                probe_confirm_s=s.probe_confirm_s,
+                node_refresh_ticks=1,
+                max_drains_per_hour=s.max_drains_per_hour,
+                max_drains_per_run_per_hour=s.max_drains_per_hour,
+                evidence_wait_s=s.agent_sample_s + s.poll_interval_s,
+            ),
+            probe=SimProbe(world.cluster),
+            progress=progress,
+            checkpoints=watch,
+            health=world.health if s.node_agents else None,
+        )
         return self._loop(engine, world, Pacing(s.poll_interval_s), end)
 
     def _loop(self, engine: Engine, world: World, pacing: Pacing, end: float) -> int:

@@ -51,8 +51,15 @@ class SimSettings:
             problems.append("spares must be 0 or more")
         if not (math.isfinite(self.days) and self.days > 0):
             problems.append(f"days must be positive (got {self.days})")
-        for name in ("poll_interval_s", "nccl_timeout_s", "slurmd_timeout_s", "health_check_s", "agent_sample_s",
-                     "max_skip_s", "hang_multiple"):
+        for name in (
+            "poll_interval_s",
+            "nccl_timeout_s",
+            "slurmd_timeout_s",
+            "health_check_s",
+            "agent_sample_s",
+            "max_skip_s",
+            "hang_multiple",
+        ):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 problems.append(f"{name} must be a positive number (got {getattr(self, name)!r})")
         if problems:

@@ -91,8 +91,15 @@ class SimTrainer:
 
     LEARN_LINES = 8  # skip_samples + min_samples + 1 of HangSettings: the first lines of each attempt are read on the daemon's real poll grid
 
-    def __init__(self, settings: TrainerSettings, clock: VirtualClock, store: SimCheckpointStore,
-                 seed: int = 0, *, resume_uncommitted: bool = False) -> None:
+    def __init__(
+        self,
+        settings: TrainerSettings,
+        clock: VirtualClock,
+        store: SimCheckpointStore,
+        seed: int = 0,
+        *,
+        resume_uncommitted: bool = False,
+    ) -> None:
         self.settings = settings
         self.clock = clock
         self.store = store
@@ -103,14 +110,23 @@ class SimTrainer:
 
     # -- attempts -------------------------------------------------------------------------------
 
-    def start(self, key: tuple[int, int], path: str, nodes: tuple[str, ...], env: dict[str, str],
-              slow: float = 1.0) -> Attempt:
+    def start(
+        self, key: tuple[int, int], path: str, nodes: tuple[str, ...], env: dict[str, str], slow: float = 1.0
+    ) -> Attempt:
         now = self.clock.now()
         save = self._resume_point(env)
         s = self.settings
-        a = Attempt(key, path, nodes, now, save.step if save else 0,
-                    save is not None and not save.committed(now), now + s.startup_s + (s.restore_s if save else 0.0),
-                    random.Random(f"trainer:{self.seed}:{len(self.attempts)}"), slow=slow)
+        a = Attempt(
+            key,
+            path,
+            nodes,
+            now,
+            save.step if save else 0,
+            save is not None and not save.committed(now),
+            now + s.startup_s + (s.restore_s if save else 0.0),
+            random.Random(f"trainer:{self.seed}:{len(self.attempts)}"),
+            slow=slow,
+        )
         a.step = a.resume_step
         a.cursor = a.computing_at
         a.next_save = (a.step // s.checkpoint_steps + 1) * s.checkpoint_steps
@@ -259,11 +275,13 @@ class SimTrainer:
             loss *= 1.5 + a.rng.random()
         ms = 1000.0 * elapsed_s / s.log_every
         lr = 8e-5 * min(1.0, (step + 1) / 8000.0)
-        return (f" iteration {step:>8d}/{s.total_steps:>10d} | consumed samples: {step * s.global_batch:>12d} |"
-                f" elapsed time per iteration (ms): {ms:.1f} | learning rate: {lr:.3E} |"
-                f" global batch size: {s.global_batch:>5d} | lm loss: {loss:.6E} | loss scale: 1.0 |"
-                f" grad norm: {0.8 + 0.4 * a.rng.random():.3f} | number of skipped iterations:   0 |"
-                " number of nan iterations:   0 |")
+        return (
+            f" iteration {step:>8d}/{s.total_steps:>10d} | consumed samples: {step * s.global_batch:>12d} |"
+            f" elapsed time per iteration (ms): {ms:.1f} | learning rate: {lr:.3E} |"
+            f" global batch size: {s.global_batch:>5d} | lm loss: {loss:.6E} | loss scale: 1.0 |"
+            f" grad norm: {0.8 + 0.4 * a.rng.random():.3f} | number of skipped iterations:   0 |"
+            " number of nan iterations:   0 |"
+        )
 
 
 class InMemoryLog:

@@ -35,8 +35,14 @@ from supervisor.sim.settings import Mode, SimSettings
 from supervisor.sim.trainer import Attempt, SimTrainer
 
 NHC_REASON = "NHC: {what} failed"
-_CRASH_NOW = (Manifestation.XID, Manifestation.ECC, Manifestation.NIC, Manifestation.NCCL_ERROR,
-              Manifestation.SOFTWARE, Manifestation.SDC)
+_CRASH_NOW = (
+    Manifestation.XID,
+    Manifestation.ECC,
+    Manifestation.NIC,
+    Manifestation.NCCL_ERROR,
+    Manifestation.SOFTWARE,
+    Manifestation.SDC,
+)
 _BROKEN = (Manifestation.XID, Manifestation.ECC, Manifestation.NIC)
 
 
@@ -46,12 +52,19 @@ class World:
         self.mode = mode
         self.clock = clock
         self.start = clock.now()
-        self.cluster = SimCluster(clock, settings.pool(mode), "gpu", slurmd_timeout=settings.slurmd_timeout_s / 3,
-                                  down_after=settings.slurmd_timeout_s, cred_expire=settings.cred_expire_s,
-                                  min_job_age=300.0)
+        self.cluster = SimCluster(
+            clock,
+            settings.pool(mode),
+            "gpu",
+            slurmd_timeout=settings.slurmd_timeout_s / 3,
+            down_after=settings.slurmd_timeout_s,
+            cred_expire=settings.cred_expire_s,
+            min_job_age=300.0,
+        )
         self.checkpoints = SimCheckpointStore(clock)
-        self.trainer = SimTrainer(settings.trainer, clock, self.checkpoints, settings.seed,
-                                  resume_uncommitted=mode is Mode.BASELINE)
+        self.trainer = SimTrainer(
+            settings.trainer, clock, self.checkpoints, settings.seed, resume_uncommitted=mode is Mode.BASELINE
+        )
         self.health = SimHealthFeed(clock, self.cluster.node_names, settings.agent_sample_s)
         self.broken: dict[str, Category] = {}  # nodes with a lasting fault, until repaired
         self.slow: dict[str, float] = {}
@@ -141,8 +154,9 @@ class World:
         node = nodes[min(len(nodes) - 1, int(f.u_node * len(nodes)))]
         cat, shows = f.category, f.category.shows
         interrupts = computing and shows.interrupts
-        strike = Strike(now, cat.component, shows.value, node, interrupts,
-                        self.trainer.reached(a, now) if a is not None else None)
+        strike = Strike(
+            now, cat.component, shows.value, node, interrupts, self.trainer.reached(a, now) if a is not None else None
+        )
         self.strikes.append(strike)
         self.health.fault(node, cat, now, f.u_phase)
         repair_s = self.settings.repair.draw(cat.repair, f.u_repair)
@@ -162,8 +176,12 @@ class World:
             elif shows in (Manifestation.HANG, Manifestation.HOST_DOWN):
                 self.trainer.freeze(a, now)
                 self._later(a, now + self.settings.nccl_timeout_s, self._watchdog)
-        if repair_s > 0 and shows not in (Manifestation.NCCL_ERROR, Manifestation.SOFTWARE, Manifestation.SDC,
-                                          Manifestation.HANG):
+        if repair_s > 0 and shows not in (
+            Manifestation.NCCL_ERROR,
+            Manifestation.SOFTWARE,
+            Manifestation.SDC,
+            Manifestation.HANG,
+        ):
             self.clock.call_at(now + repair_s, self._repair, node)
 
     def _health_check(self, node: str, cat: Category) -> None:
@@ -185,7 +203,9 @@ class World:
         if i >= len(self.interrupt_times):
             return None
         j = bisect.bisect_right(self.hang_times, now)
-        return self.hang_times[j] if j < len(self.hang_times) and self.hang_times[j] == self.interrupt_times[i] else None
+        return (
+            self.hang_times[j] if j < len(self.hang_times) and self.hang_times[j] == self.interrupt_times[i] else None
+        )
 
     def kept_steps(self) -> int:
         """Progress that survives: the running attempt's step, else the checkpoint a restart loads."""

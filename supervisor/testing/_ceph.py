@@ -43,8 +43,7 @@ class CephError(RuntimeError):
 def ceph_unavailable_reason() -> str | None:
     missing = [b for b in BINARIES if find_binary(b) is None]
     if missing:
-        return (f"Ceph binaries not found: {', '.join(missing)} "
-                f"(apt-get install --no-install-recommends {PACKAGES})")
+        return f"Ceph binaries not found: {', '.join(missing)} (apt-get install --no-install-recommends {PACKAGES})"
     return None
 
 
@@ -69,8 +68,14 @@ def _port_range(span: int) -> int:
 class CephCluster:
     """mon + OSD + radosgw under one directory. ``start()`` returns once the gateway answers."""
 
-    def __init__(self, base_dir: str | os.PathLike[str] | None = None, *, ready_timeout: float = 60.0,
-                 keep_dir: bool = False, memstore_bytes: int = 3 << 30) -> None:
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str] | None = None,
+        *,
+        ready_timeout: float = 60.0,
+        keep_dir: bool = False,
+        memstore_bytes: int = 3 << 30,
+    ) -> None:
         self.ready_timeout = ready_timeout
         self.keep_dir = keep_dir
         self.memstore_bytes = memstore_bytes
@@ -98,8 +103,7 @@ class CephCluster:
         except BaseException:
             self.stop()
             raise
-        log.info("ceph.started", root=str(self.root), port=self.rgw_port,
-                 seconds=round(time.monotonic() - started, 2))
+        log.info("ceph.started", root=str(self.root), port=self.rgw_port, seconds=round(time.monotonic() - started, 2))
         return self
 
     def stop(self) -> None:
@@ -128,12 +132,37 @@ class CephCluster:
         self.conf = self.root / "ceph.conf"
         self.conf.write_text(self.render_conf(base + 1, base + _PORT_SPAN - 1))
         keyring = str(self.root / "keyring")
-        self._run(["ceph-authtool", "--create-keyring", keyring, "--gen-key", "-n", "mon.",
-                   "--cap", "mon", "allow *"])
-        self._run(["ceph-authtool", keyring, "--gen-key", "-n", "client.admin",
-                   "--cap", "mon", "allow *", "--cap", "osd", "allow *", "--cap", "mgr", "allow *"])
-        self._run(["monmaptool", "--create", "--fsid", self.fsid, "--addv", "a",
-                   f"[v2:127.0.0.1:{self.mon_port}]", str(self.root / "monmap")])
+        self._run(["ceph-authtool", "--create-keyring", keyring, "--gen-key", "-n", "mon.", "--cap", "mon", "allow *"])
+        self._run(
+            [
+                "ceph-authtool",
+                keyring,
+                "--gen-key",
+                "-n",
+                "client.admin",
+                "--cap",
+                "mon",
+                "allow *",
+                "--cap",
+                "osd",
+                "allow *",
+                "--cap",
+                "mgr",
+                "allow *",
+            ]
+        )
+        self._run(
+            [
+                "monmaptool",
+                "--create",
+                "--fsid",
+                self.fsid,
+                "--addv",
+                "a",
+                f"[v2:127.0.0.1:{self.mon_port}]",
+                str(self.root / "monmap"),
+            ]
+        )
 
     def render_conf(self, port_min: int, port_max: int) -> str:
         r = self.root
@@ -174,9 +203,12 @@ class CephCluster:
             "osd max object name len": "460",
             "osd max object namespace len": "64",
         }
-        return ("[global]\n" + "".join(f"{k} = {v}\n" for k, v in settings.items())
-                + f"[osd]\nkeyring = {r}/osd/$name/keyring\n"
-                + f"[client.rgw.gw]\nkeyring = {r}/rgw/keyring\n")
+        return (
+            "[global]\n"
+            + "".join(f"{k} = {v}\n" for k, v in settings.items())
+            + f"[osd]\nkeyring = {r}/osd/$name/keyring\n"
+            + f"[client.rgw.gw]\nkeyring = {r}/rgw/keyring\n"
+        )
 
     def _daemon(self, name: str, argv: list[str]) -> Daemon:
         daemon = Daemon(name, argv, self.root / "log" / f"{name}.out", self.root / "log" / f"{name}.log")
@@ -185,8 +217,20 @@ class CephCluster:
         return daemon
 
     def _start_mon(self) -> None:
-        self._run(["ceph-mon", "-c", str(self.conf), "--mkfs", "-i", "a",
-                   "--monmap", str(self.root / "monmap"), "--keyring", str(self.root / "keyring")])
+        self._run(
+            [
+                "ceph-mon",
+                "-c",
+                str(self.conf),
+                "--mkfs",
+                "-i",
+                "a",
+                "--monmap",
+                str(self.root / "monmap"),
+                "--keyring",
+                str(self.root / "keyring"),
+            ]
+        )
         mon = self._daemon("mon.a", ["ceph-mon", "-c", str(self.conf), "-f", "-i", "a"])
         mon.wait_ready(lambda: self._try(["ceph", "mon", "stat"]) is not None, 30.0, "mon answered")
         self._run(["ceph", "config", "set", "mon", "auth_allow_insecure_global_id_reclaim", "false"])
@@ -198,8 +242,22 @@ class CephCluster:
         data.mkdir()
         keyring = data / "keyring"
         self._run(["ceph-authtool", "--create-keyring", str(keyring), "--gen-key", "-n", f"osd.{osd_id}"])
-        self._run(["ceph", "auth", "add", f"osd.{osd_id}", "osd", "allow *", "mon", "allow profile osd",
-                   "mgr", "allow profile osd", "-i", str(keyring)])
+        self._run(
+            [
+                "ceph",
+                "auth",
+                "add",
+                f"osd.{osd_id}",
+                "osd",
+                "allow *",
+                "mon",
+                "allow profile osd",
+                "mgr",
+                "allow profile osd",
+                "-i",
+                str(keyring),
+            ]
+        )
         self._run(["ceph-osd", "-c", str(self.conf), "-i", osd_id, "--mkfs", "--osd-uuid", osd_uuid])
         osd = self._daemon(f"osd.{osd_id}", ["ceph-osd", "-c", str(self.conf), "-f", "-i", osd_id])
         osd.wait_ready(lambda: self._osd_up(osd_id), 30.0, "OSD up")
@@ -212,10 +270,23 @@ class CephCluster:
 
     def _start_rgw(self) -> None:
         keyring = self.root / "rgw" / "keyring"
-        self._run(["ceph", "auth", "get-or-create", "client.rgw.gw", "mon", "allow rw", "osd", "allow rwx",
-                   "-o", str(keyring)])
-        rgw = self._daemon("client.rgw.gw", ["radosgw", "-c", str(self.conf), "-f", "-n", "client.rgw.gw",
-                                             "--keyring", str(keyring)])
+        self._run(
+            [
+                "ceph",
+                "auth",
+                "get-or-create",
+                "client.rgw.gw",
+                "mon",
+                "allow rw",
+                "osd",
+                "allow rwx",
+                "-o",
+                str(keyring),
+            ]
+        )
+        rgw = self._daemon(
+            "client.rgw.gw", ["radosgw", "-c", str(self.conf), "-f", "-n", "client.rgw.gw", "--keyring", str(keyring)]
+        )
         rgw.wait_ready(self._rgw_answers, self.ready_timeout, "radosgw answered")
 
     def _rgw_answers(self) -> bool:
@@ -227,9 +298,24 @@ class CephCluster:
             return False
 
     def _create_user(self) -> None:
-        self._run(["radosgw-admin", "-c", str(self.conf), "user", "create", "--uid", "ssv-test",
-                   "--display-name", "slurm-supervisor tests", "--access-key", self.access_key,
-                   "--secret-key", self.secret_key], secret=True)
+        self._run(
+            [
+                "radosgw-admin",
+                "-c",
+                str(self.conf),
+                "user",
+                "create",
+                "--uid",
+                "ssv-test",
+                "--display-name",
+                "slurm-supervisor tests",
+                "--access-key",
+                self.access_key,
+                "--secret-key",
+                self.secret_key,
+            ],
+            secret=True,
+        )
 
     # ----------------------------------------------------------------- clients
 
@@ -245,15 +331,23 @@ class CephCluster:
             return ["rados", "-c", str(self.conf), *argv[1:]]
         return list(argv)
 
-    def _run(self, argv: Sequence[str], *, timeout: float = 30.0, secret: bool = False,
-             stdin: bytes | None = None) -> str:
+    def _run(
+        self, argv: Sequence[str], *, timeout: float = 30.0, secret: bool = False, stdin: bytes | None = None
+    ) -> str:
         full = self._argv(argv)
-        done = subprocess.run(full, input=stdin, capture_output=True, timeout=timeout,  # noqa: S603
-                              env=self._env(), check=False)
+        done = subprocess.run(
+            full,
+            input=stdin,
+            capture_output=True,
+            timeout=timeout,  # noqa: S603
+            env=self._env(),
+            check=False,
+        )
         if done.returncode != 0:
             shown = full[:3] if secret else full
-            raise CephError(f"{' '.join(shown)} failed ({done.returncode}): "
-                            f"{done.stderr.decode(errors='replace').strip()[-2000:]}")
+            raise CephError(
+                f"{' '.join(shown)} failed ({done.returncode}): {done.stderr.decode(errors='replace').strip()[-2000:]}"
+            )
         return done.stdout.decode(errors="replace")
 
     def _try(self, argv: Sequence[str]) -> str | None:

@@ -63,11 +63,7 @@ def render(
     lines = [f"{key}={value}" for key, value in settings.items()]
     for name, port in node_ports.items():
         lines.append(
-            f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
-            f"CPUs={cpus_per_node} State=UNKNOWN"
+            f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={cpus_per_node} State=UNKNOWN"
         )
-    lines.append(
-        f"PartitionName={partition} Nodes={','.join(node_ports)} Default=YES "
-        "MaxTime=INFINITE State=UP"
-    )
+    lines.append(f"PartitionName={partition} Nodes={','.join(node_ports)} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"

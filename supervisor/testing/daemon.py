@@ -20,9 +20,18 @@ CLI = [sys.executable, "-m", "supervisor"]
 class SupervisorProcess:
     """A daemon config in ``workdir``, the daemon started as a subprocess, and the CLI beside it."""
 
-    def __init__(self, cluster: LocalSlurm, workdir: Path, *, poll_interval_s: float = 0.5,
-                 probe: bool = True, may_change_nodes: bool = True, extra: str = "", ingest_port: int = 0,
-                 hook_token_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        cluster: LocalSlurm,
+        workdir: Path,
+        *,
+        poll_interval_s: float = 0.5,
+        probe: bool = True,
+        may_change_nodes: bool = True,
+        extra: str = "",
+        ingest_port: int = 0,
+        hook_token_file: Path | None = None,
+    ) -> None:
         self.cluster = cluster
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -49,8 +58,14 @@ class SupervisorProcess:
         return self.workdir / f"daemon-{self.starts}.log"
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([*CLI, "--config", str(self.config), *args], env=self.env, capture_output=True,
-                              text=True, timeout=60, check=False)
+        done = subprocess.run(
+            [*CLI, "--config", str(self.config), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         if check and done.returncode != 0:
             raise AssertionError(f"slurm-supervisor {' '.join(args)} failed: {done.stdout}{done.stderr}")
         return done
@@ -58,9 +73,13 @@ class SupervisorProcess:
     def start(self, *extra_args: str, env: Mapping[str, str] | None = None) -> SupervisorProcess:
         self.starts += 1
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen([*CLI, "--config", str(self.config), "daemon", *extra_args],
-                                     env={**self.env, **(env or {})},
-                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [*CLI, "--config", str(self.config), "daemon", *extra_args],
+            env={**self.env, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         log.close()
         return self
 
@@ -102,8 +121,9 @@ class SupervisorProcess:
                     lines.append({"event": "raw", "text": raw})
         return lines
 
-    def wait_running(self, run: str, *, attempt: int = 0, avoid: Sequence[str] = (), timeout: float = 60.0,
-                     interval: float = 0.1) -> dict[str, Any]:
+    def wait_running(
+        self, run: str, *, attempt: int = 0, avoid: Sequence[str] = (), timeout: float = 60.0, interval: float = 0.1
+    ) -> dict[str, Any]:
         """Wait until the run's attempt ``attempt`` is running on nodes not in ``avoid``."""
         deadline = time.monotonic() + timeout
         last: dict[str, Any] = {}
@@ -118,8 +138,17 @@ class SupervisorProcess:
         raise AssertionError(f"run {run} attempt {attempt} not running within {timeout} s; last status {last}")
 
 
-def write_run(workdir: Path, name: str, *, nodes: int, partition: str, spares: str | None = None,
-              script_body: str, env: Mapping[str, str] | None = None, max_restarts: int = 5) -> Path:
+def write_run(
+    workdir: Path,
+    name: str,
+    *,
+    nodes: int,
+    partition: str,
+    spares: str | None = None,
+    script_body: str,
+    env: Mapping[str, str] | None = None,
+    max_restarts: int = 5,
+) -> Path:
     """A batch script and a run spec for it; returns the spec's path."""
     script = workdir / f"{name}.sbatch"
     script.write_text("#!/bin/bash\n" + script_body)

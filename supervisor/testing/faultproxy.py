@@ -47,9 +47,11 @@ class Fault:
             raise ValueError(f"fault kind {self.kind!r} is not one of {', '.join(KINDS)}")
 
     def matches(self, method: str, path: str) -> bool:
-        return ((self.method is None or self.method == method)
-                and (self.path_contains is None or self.path_contains in path)
-                and (self.times is None or self.hits < self.times))
+        return (
+            (self.method is None or self.method == method)
+            and (self.path_contains is None or self.path_contains in path)
+            and (self.times is None or self.hits < self.times)
+        )
 
 
 class FaultProxy:
@@ -132,8 +134,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle  # noqa: N815 - http.server's names
 
     def _error(self, status: int, code: str) -> None:
-        payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
-                   f"<Message>injected by the fault proxy</Message></Error>").encode()
+        payload = (
+            f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+            f"<Message>injected by the fault proxy</Message></Error>"
+        ).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/xml")
         self.send_header("Content-Length", str(len(payload)))

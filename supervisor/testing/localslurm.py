@@ -101,15 +101,18 @@ class LocalSlurm:
             self._ctld = self._daemon("slurmctld", ["slurmctld", "-D", "-i"], "slurmctld")
             self.start_controller()
             for name in self.nodes:
-                self._slurmd[name] = self._daemon(f"slurmd {name}", ["slurmd", "-D", "-N", name],
-                                                  f"slurmd-{name}")
+                self._slurmd[name] = self._daemon(f"slurmd {name}", ["slurmd", "-D", "-N", name], f"slurmd-{name}")
                 self._slurmd[name].spawn(self._env())
             self.wait_nodes_idle(timeout=self.ready_timeout)
         except BaseException:
             self.stop()
             raise
-        log.info("localslurm.started", root=str(self.root), nodes=len(self.nodes),
-                 seconds=round(time.monotonic() - started, 2))
+        log.info(
+            "localslurm.started",
+            root=str(self.root),
+            nodes=len(self.nodes),
+            seconds=round(time.monotonic() - started, 2),
+        )
         return self
 
     def stop(self) -> None:
@@ -177,9 +180,15 @@ class LocalSlurm:
         key, run = self.root / "munge.key", self.root / "run"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        argv = [str(find_binary("munged")), "-F", f"--socket={self.munge_socket}",
-                f"--key-file={key}", f"--pid-file={run}/munged.pid",
-                f"--seed-file={run}/munged.seed", f"--log-file={self.root}/log/munged.log"]
+        argv = [
+            str(find_binary("munged")),
+            "-F",
+            f"--socket={self.munge_socket}",
+            f"--key-file={key}",
+            f"--pid-file={run}/munged.pid",
+            f"--seed-file={run}/munged.seed",
+            f"--log-file={self.root}/log/munged.log",
+        ]
         logs = self.root / "log"
         self._munged = Daemon("munged", argv, logs / "munged.out", logs / "munged.log")
         self._munged.spawn(self._env())
@@ -187,12 +196,17 @@ class LocalSlurm:
 
     # ----------------------------------------------------------------- clients
 
-    def run(self, argv: Sequence[str], *, check: bool = False, timeout: float = 20.0,
-            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, argv: Sequence[str], *, check: bool = False, timeout: float = 20.0, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command against this cluster; text output."""
         result = subprocess.run(  # noqa: S603 - argv list, no shell
-            list(argv), capture_output=True, text=True, env={**self._env(), **(env or {})},
-            timeout=timeout, check=False,
+            list(argv),
+            capture_output=True,
+            text=True,
+            env={**self._env(), **(env or {})},
+            timeout=timeout,
+            check=False,
         )
         if check and result.returncode != 0:
             raise LocalSlurmError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
@@ -209,8 +223,9 @@ class LocalSlurm:
         return [int(j) for j in out.split()]
 
     @staticmethod
-    def wait_for(predicate: Callable[[], T | None], timeout: float, *, interval: float = 0.1,
-                 message: str = "condition") -> T:
+    def wait_for(
+        predicate: Callable[[], T | None], timeout: float, *, interval: float = 0.1, message: str = "condition"
+    ) -> T:
         """Poll ``predicate`` until it returns something truthy; return that. TimeoutError after."""
         deadline = time.monotonic() + timeout
         while True:
@@ -269,8 +284,7 @@ class LocalSlurm:
         """The node hangs: slurmd and its jobs stop running (cgroup.freeze) but stay alive."""
         cgroup = self._node_cgroup(name)
         cgroup.freeze(True)
-        self.wait_for(lambda: cgroup.frozen or not cgroup.populated, 5.0, interval=0.02,
-                      message=f"{name} frozen")
+        self.wait_for(lambda: cgroup.frozen or not cgroup.populated, 5.0, interval=0.02, message=f"{name} frozen")
         log.info("localslurm.frozen", node=name)
 
     def thaw_node(self, name: str) -> None:
@@ -286,8 +300,9 @@ class LocalSlurm:
         daemon.spawn(self._env())
         log.info("localslurm.restarted", node=name)
         if wait:
-            self.wait_for(lambda: not self.node_states().get(name, "*").endswith("*"),
-                          timeout, message=f"{name} responding")
+            self.wait_for(
+                lambda: not self.node_states().get(name, "*").endswith("*"), timeout, message=f"{name} responding"
+            )
 
     def stop_controller(self, *, kill: bool = False) -> None:
         """Stop slurmctld (SIGTERM, saving its state; SIGKILL with ``kill``). Nodes keep running."""
@@ -321,8 +336,12 @@ class LocalSlurm:
         jobs = self.active_jobs()
         if jobs:
             self.run(["scancel", *map(str, jobs)], timeout=15)
-        self.wait_for(lambda: self._resume_unavailable() and not self.active_jobs(), timeout,
-                      interval=0.1, message="no active jobs and no unavailable node")
+        self.wait_for(
+            lambda: self._resume_unavailable() and not self.active_jobs(),
+            timeout,
+            interval=0.1,
+            message="no active jobs and no unavailable node",
+        )
         self.wait_nodes_idle(timeout=timeout)
 
     def _resume_unavailable(self) -> bool:

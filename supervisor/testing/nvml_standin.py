@@ -29,8 +29,7 @@ GPU_IS_LOST = 15
 DRIVER_NOT_LOADED = 9
 UNKNOWN = 999
 
-_HEALTHY = {"temp": 35, "power_mw": 70000, "sm_mhz": 1980, "util_gpu": 0, "util_mem": 0, "nvlinks": 18,
-            "recovery": 0}
+_HEALTHY = {"temp": 35, "power_mw": 70000, "sm_mhz": 1980, "util_gpu": 0, "util_mem": 0, "nvlinks": 18, "recovery": 0}
 
 
 class StandinBuildError(RuntimeError):
@@ -51,8 +50,22 @@ def build_standin(dest: Path, source: Path = SOURCE) -> Path:
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{LIBRARY_NAME}.{os.getpid()}"
-    argv = [gcc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Wno-format-truncation", "-fPIC", "-shared",
-            "-fvisibility=hidden", f"-Wl,-soname,{LIBRARY_NAME}", "-o", str(tmp), str(source), "-lpthread"]
+    argv = [
+        gcc,
+        "-std=c11",
+        "-O1",
+        "-Wall",
+        "-Wextra",
+        "-Wno-format-truncation",
+        "-fPIC",
+        "-shared",
+        "-fvisibility=hidden",
+        f"-Wl,-soname,{LIBRARY_NAME}",
+        "-o",
+        str(tmp),
+        str(source),
+        "-lpthread",
+    ]
     result = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 - fixed argv
     if result.returncode != 0:
         raise StandinBuildError(f"gcc failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
@@ -75,8 +88,10 @@ class NvmlStandin:
         self.library = library
         self.state_path = state_path
         self.driver = driver
-        self.gpus = [StandinGpu(uuid=f"GPU-5a1d0000-0000-4000-8000-{i:012d}", bus=f"00000000:{0x19 + 0x20 * i:02X}:00.0")
-                     for i in range(gpus)]
+        self.gpus = [
+            StandinGpu(uuid=f"GPU-5a1d0000-0000-4000-8000-{i:012d}", bus=f"00000000:{0x19 + 0x20 * i:02X}:00.0")
+            for i in range(gpus)
+        ]
         self.fails: list[tuple[str, str, int]] = []
         self.delays: list[tuple[str, str, int]] = []
         self.xids: list[tuple[int, int, int]] = []

@@ -72,17 +72,29 @@ class S3Server:
 
     def credentials_env(self) -> dict[str, str]:
         """Environment variables that give boto3's default chain this server's credentials."""
-        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
-                "AWS_DEFAULT_REGION": self.region}
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": self.region,
+        }
 
     def client(self, *, endpoint_url: str | None = None, read_timeout: float = 30.0, max_attempts: int = 3) -> Any:
-        config = Config(connect_timeout=5.0, read_timeout=read_timeout,
-                        retries={"mode": "standard", "max_attempts": max_attempts},  # type: ignore[typeddict-item]
-                        request_checksum_calculation="when_required",
-                        response_checksum_validation="when_required", max_pool_connections=32)
+        config = Config(
+            connect_timeout=5.0,
+            read_timeout=read_timeout,
+            retries={"mode": "standard", "max_attempts": max_attempts},  # type: ignore[typeddict-item]
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            max_pool_connections=32,
+        )
         return boto3.session.Session().client(
-            "s3", endpoint_url=endpoint_url or self.endpoint_url, region_name=self.region,
-            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key, config=config)
+            "s3",
+            endpoint_url=endpoint_url or self.endpoint_url,
+            region_name=self.region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            config=config,
+        )
 
     def admin_client(self) -> Any:
         """One shared client with the defaults, for setting up and damaging test data."""
@@ -149,7 +161,12 @@ class MotoS3(S3Server):
         with os.fdopen(fd, "ab") as out:
             self.proc = subprocess.Popen(  # noqa: S603 - fixed argv
                 [sys.executable, "-m", "supervisor.testing._moto_main", "--port", str(self.port)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + self.ready_timeout
         while not _answers_http(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -174,7 +191,7 @@ class MotoS3(S3Server):
 
     def _at_rest(self, bucket: str, key: str, **params: str | int) -> None:
         query = urlencode({"bucket": bucket, "key": key, **params})
-        req = urllib.request.Request(f"{self.endpoint_url}/_ssv_at_rest?{query}", method="POST", data=b"")
+        req = urllib.request.Request(f"{self.endpoint_url}/_ssv_at_rest?{query}", method="POST", data=b"")  # noqa: S310 - loopback test server
         try:
             with urllib.request.urlopen(req, timeout=10.0) as resp:  # noqa: S310 - loopback test server
                 resp.read()
@@ -193,8 +210,9 @@ class CephRgw(S3Server):
 
     name = "ceph-rgw"
 
-    def __init__(self, base_dir: str | os.PathLike[str] | None = None, *, keep_dir: bool = False,
-                 ready_timeout: float = 60.0) -> None:
+    def __init__(
+        self, base_dir: str | os.PathLike[str] | None = None, *, keep_dir: bool = False, ready_timeout: float = 60.0
+    ) -> None:
         super().__init__()
         self.cluster = CephCluster(base_dir, keep_dir=keep_dir, ready_timeout=ready_timeout)
 
@@ -232,8 +250,10 @@ class CephRgw(S3Server):
         name = self.rados_name(bucket, key)
         data = bytearray(self.cluster.rados_get(name))
         if offset >= len(data):
-            raise S3ServerError(f"offset {offset} is beyond the head object ({len(data)} bytes); "
-                                "use a smaller offset (tails live in __shadow_ objects)")
+            raise S3ServerError(
+                f"offset {offset} is beyond the head object ({len(data)} bytes); "
+                "use a smaller offset (tails live in __shadow_ objects)"
+            )
         data[offset] ^= 0x01
         self.cluster.rados_put(name, bytes(data))
 

@@ -14,8 +14,17 @@ from pathlib import Path
 
 import pytest
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+)
 
 
 @dataclass(frozen=True)
@@ -36,17 +45,27 @@ class Chromium:
 
     def load(self, page: Path) -> Loaded:
         """Load the page, run its scripts, return the DOM afterwards and the console messages."""
-        done = subprocess.run(self._argv("--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
-                                         "--dump-dom", page.resolve().as_uri()),
-                              capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(
+            self._argv(
+                "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
         return Loaded(done.stdout, console, done.stderr)
 
     def screenshot(self, page: Path, out: Path, width: int = 1200, height: int = 1600) -> Path:
-        done = subprocess.run(self._argv(f"--window-size={width},{height}", f"--screenshot={out}",
-                                         page.resolve().as_uri()),
-                              capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(
+            self._argv(f"--window-size={width},{height}", f"--screenshot={out}", page.resolve().as_uri()),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 0 and out.exists(), done.stderr[-2000:]
         return out
 

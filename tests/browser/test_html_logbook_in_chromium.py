@@ -17,8 +17,10 @@ def _page(tmp_path: Path) -> Path:
     run_demo(DemoSettings(hours=12, crashes=2, seed=7), state_dir=str(tmp_path / "state"))
     store = SqliteStore(tmp_path / "state")
     try:
-        series = [(T0 + t, t // 10, 3.0 - t / 40000 + (1.5 if 21600 <= t < 22000 else 0.0), 41000.0 + (t % 700))
-                  for t in range(0, 43200, 60)]
+        series = [
+            (T0 + t, t // 10, 3.0 - t / 40000 + (1.5 if 21600 <= t < 22000 else 0.0), 41000.0 + (t % 700))
+            for t in range(0, 43200, 60)
+        ]
         html = render_html(store.get_run(RUN), store.attempts(RUN), store.events(RUN), series, now=T0 + 43200)
     finally:
         store.close()

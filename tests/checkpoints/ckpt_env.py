@@ -28,8 +28,13 @@ class StoreEnv:
     def backend(self, **s3_options: Any) -> Any:
         if self.server is None:
             return PosixBackend(self.root)
-        opts = {"endpoint_url": self.server.endpoint_url, "region": self.server.region, "read_timeout": 10.0,
-                "max_attempts": 3, **s3_options}
+        opts = {
+            "endpoint_url": self.server.endpoint_url,
+            "region": self.server.region,
+            "read_timeout": 10.0,
+            "max_attempts": 3,
+            **s3_options,
+        }
         return S3Backend(self.root, **opts)
 
     def store(self, *, backend: Any = None, **options: Any) -> BackendCheckpointStore:
@@ -43,7 +48,9 @@ class StoreEnv:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             return
-        self.server.admin_client().put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data, ChecksumAlgorithm="CRC64NVME")
+        self.server.admin_client().put_object(
+            Bucket=self.bucket, Key=self.prefix + key, Body=data, ChecksumAlgorithm="CRC64NVME"
+        )
 
     def remove(self, key: str) -> None:
         if self.server is None:

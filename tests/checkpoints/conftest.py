@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ckpt_env import StoreEnv
 
 from supervisor.testing.s3servers import CephRgw, MotoS3, S3Server, S3ServerError
-
-from ckpt_env import StoreEnv
 
 S3_KINDS = ("moto", "rgw")
 

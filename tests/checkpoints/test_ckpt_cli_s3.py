@@ -20,8 +20,9 @@ pytestmark = pytest.mark.s3
 
 
 def ssv(server: S3Server, *args: str) -> Result:
-    return CliRunner(env=server.credentials_env()).invoke(main, ["ckpt", *args, "--endpoint-url", server.endpoint_url],
-                                                          catch_exceptions=False)
+    return CliRunner(env=server.credentials_env()).invoke(
+        main, ["ckpt", *args, "--endpoint-url", server.endpoint_url], catch_exceptions=False
+    )
 
 
 def test_commit_list_verify_on_s3(moto_s3: S3Server) -> None:
@@ -40,11 +41,14 @@ def test_commit_list_verify_on_s3(moto_s3: S3Server) -> None:
     body = s3.get_object(Bucket=bucket, Key=f"run42/ckpt/step_000100/{MANIFEST_NAME}")["Body"].read()
     manifest = Manifest.from_json(body)
     assert {s.key: s.checksum for s in manifest.shards} == {
-        k.rsplit("step_000100/", 1)[1]: checksum_of(v) for k, v in shards.items()}
+        k.rsplit("step_000100/", 1)[1]: checksum_of(v) for k, v in shards.items()
+    }
 
     doc = json.loads(ssv(moto_s3, "list", root, "--json").stdout)
     assert [(c["step"], c["committed"], c["guarantee"]) for c in doc["checkpoints"]] == [
-        (100, True, "manifest"), (200, False, "manifest")]
+        (100, True, "manifest"),
+        (200, False, "manifest"),
+    ]
 
     assert ssv(moto_s3, "verify", root, "step_000100", "--level", "full").exit_code == 0
     moto_s3.flip_bit_at_rest(bucket, "run42/ckpt/step_000100/model/rank1.pt", 10)
@@ -58,6 +62,7 @@ def test_commit_list_verify_on_s3(moto_s3: S3Server) -> None:
 
 def test_unreachable_endpoint_is_a_storage_error_not_corrupt(moto_s3: S3Server) -> None:
     env = {**moto_s3.credentials_env(), "AWS_MAX_ATTEMPTS": "1"}
-    res = CliRunner(env=env).invoke(main, ["ckpt", "list", "s3://nobucket/x/", "--endpoint-url",
-                                           "http://127.0.0.1:9"], catch_exceptions=False)
+    res = CliRunner(env=env).invoke(
+        main, ["ckpt", "list", "s3://nobucket/x/", "--endpoint-url", "http://127.0.0.1:9"], catch_exceptions=False
+    )
     assert res.exit_code == 2 and "cannot list s3://nobucket/x/" in res.output, res.output

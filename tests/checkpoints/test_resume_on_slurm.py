@@ -20,7 +20,7 @@ from supervisor.testing.daemon import SupervisorProcess, write_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.s3]
 
-TRAINER = '''
+TRAINER = """
 import os, sys, time
 import boto3
 from botocore.config import Config
@@ -54,7 +54,7 @@ if attempt == "0":
     with open(marks, "a") as f:
         f.write("uploading 300\\n")
 time.sleep(3600)
-'''
+"""
 
 
 def wait_for(path: Path, text: str, timeout: float) -> list[str]:
@@ -74,15 +74,27 @@ def test_node_dies_while_checkpoint_n_plus_1_is_half_uploaded_restart_gets_n(slu
     marks = tmp_path / "marks.txt"
     trainer = tmp_path / "trainer.py"
     trainer.write_text(TRAINER)
-    spec = write_run(tmp_path, "llm", nodes=2, partition=slurm_cluster.partition, spares=slurm_cluster.nodes[-1],
-                     script_body=f'srun --ntasks-per-node=1 sleep 3600 &\nexec "{sys.executable}" "{trainer}"\n',
-                     # the trainer's own credentials: the daemon's never reach a job
-                     env={"MARKS": str(marks), "CKPT_ROOT": root, "CKPT_ENDPOINT": moto_s3.endpoint_url,
-                          **moto_s3.credentials_env()})
+    spec = write_run(
+        tmp_path,
+        "llm",
+        nodes=2,
+        partition=slurm_cluster.partition,
+        spares=slurm_cluster.nodes[-1],
+        script_body=f'srun --ntasks-per-node=1 sleep 3600 &\nexec "{sys.executable}" "{trainer}"\n',
+        # the trainer's own credentials: the daemon's never reach a job
+        env={
+            "MARKS": str(marks),
+            "CKPT_ROOT": root,
+            "CKPT_ENDPOINT": moto_s3.endpoint_url,
+            **moto_s3.credentials_env(),
+        },
+    )
     resume_file = tmp_path / "resume.json"
     with spec.open("a") as f:
-        f.write(f'[checkpoints]\nroot = "{root}"\nendpoint_url = "{moto_s3.endpoint_url}"\n'
-                f'scan_interval_s = 1\nresume_file = "{resume_file}"\n')
+        f.write(
+            f'[checkpoints]\nroot = "{root}"\nendpoint_url = "{moto_s3.endpoint_url}"\n'
+            f'scan_interval_s = 1\nresume_file = "{resume_file}"\n'
+        )
     sup = SupervisorProcess(slurm_cluster, tmp_path)
     sup.start(env=moto_s3.credentials_env())
     try:

@@ -6,10 +6,8 @@ onset, with the skip range in its environment — and the logbook must say so.""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +15,7 @@ from supervisor.testing.daemon import SupervisorProcess, write_run
 
 pytestmark = pytest.mark.slurm
 
-TRAINER = '''
+TRAINER = """
 import os, sys, time
 from supervisor.adapters.checkpoints.commit import build_manifest, commit_checkpoint
 from supervisor.adapters.checkpoints.posix import PosixBackend
@@ -46,7 +44,7 @@ for step in range(10, 2001, 10):
         commit_checkpoint(backend, name, build_manifest(backend, name, step, writer="rank0"))
     time.sleep(0.1)
 time.sleep(3600)
-'''
+"""
 
 
 def test_an_unhealed_spike_rolls_back_to_a_verified_checkpoint_before_it(slurm_cluster, tmp_path):
@@ -55,12 +53,20 @@ def test_an_unhealed_spike_rolls_back_to_a_verified_checkpoint_before_it(slurm_c
     marks = tmp_path / "marks.txt"
     trainer = tmp_path / "trainer.py"
     trainer.write_text(TRAINER)
-    spec = write_run(tmp_path, "llm", nodes=2, partition=slurm_cluster.partition, spares=slurm_cluster.nodes[-1],
-                     script_body=f'exec "{sys.executable}" "{trainer}"\n',
-                     env={"MARKS": str(marks), "CKPT_ROOT": str(root)})
+    spec = write_run(
+        tmp_path,
+        "llm",
+        nodes=2,
+        partition=slurm_cluster.partition,
+        spares=slurm_cluster.nodes[-1],
+        script_body=f'exec "{sys.executable}" "{trainer}"\n',
+        env={"MARKS": str(marks), "CKPT_ROOT": str(root)},
+    )
     with spec.open("a") as f:
-        f.write(f'[checkpoints]\nroot = "{root}"\nscan_interval_s = 1\nfull_verify = false\n'
-                "[spikes]\nheal_window_steps = 40\nmin_steps_before = 50\nskip_batches = 60\n")
+        f.write(
+            f'[checkpoints]\nroot = "{root}"\nscan_interval_s = 1\nfull_verify = false\n'
+            "[spikes]\nheal_window_steps = 40\nmin_steps_before = 50\nskip_batches = 60\n"
+        )
     sup = SupervisorProcess(slurm_cluster, tmp_path)
     sup.start()
     try:

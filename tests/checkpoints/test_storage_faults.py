@@ -39,13 +39,22 @@ def via(env: StoreEnv, proxy: FaultProxy, **options: object):  # type: ignore[no
 
 @pytest.mark.parametrize("level", list(Level))
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_no_storage_fault_makes_a_good_checkpoint_corrupt(s3_env: StoreEnv, proxy: FaultProxy, fault: str,
-                                                          level: Level) -> None:
+def test_no_storage_fault_makes_a_good_checkpoint_corrupt(
+    s3_env: StoreEnv, proxy: FaultProxy, fault: str, level: Level
+) -> None:
     name, _ = write_checkpoint(s3_env, 100, shards=3)
     ref = find(s3_env, name)
     template = FAULTS[fault]
-    proxy.add(Fault(template.kind, path_contains="/model/shard_001", delay_s=template.delay_s,
-                    after_bytes=template.after_bytes, status=template.status, code=template.code))
+    proxy.add(
+        Fault(
+            template.kind,
+            path_contains="/model/shard_001",
+            delay_s=template.delay_s,
+            after_bytes=template.after_bytes,
+            status=template.status,
+            code=template.code,
+        )
+    )
     result = via(s3_env, proxy).verify(ref, level)
     assert result.outcome is not Outcome.CORRUPT, result.reason
     # a HEAD has no body to cut: its answer arrived whole and metadata may verify

@@ -7,9 +7,8 @@ server (S3-NOTES): those tests assert that too, so a change in what a server rev
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from ckpt_env import StoreEnv
 
 from supervisor.adapters.checkpoints.checksums import checksum_of
 from supervisor.adapters.checkpoints.commit import build_manifest
@@ -24,8 +23,6 @@ from supervisor.domain.checkpoints import (
     VerifyResult,
 )
 from supervisor.ports import PermanentError
-
-from ckpt_env import StoreEnv
 
 SHARD = 96 * 1024 + 5  # odd size; well under Ceph's 4 MiB head object
 
@@ -42,8 +39,9 @@ def shard_bytes(step: int, i: int, size: int = SHARD) -> bytes:
     return (f"step {step} shard {i} ".encode() * (size // 16 + 1))[:size]
 
 
-def write_checkpoint(env: StoreEnv, step: int, shards: int = 4, *, commit: bool = True,
-                     name: str | None = None) -> tuple[str, Manifest]:
+def write_checkpoint(
+    env: StoreEnv, step: int, shards: int = 4, *, commit: bool = True, name: str | None = None
+) -> tuple[str, Manifest]:
     """Shards as a trainer writes them, then the manifest (computed here, independently), last."""
     name = name or f"step_{step:06d}"
     entries = []

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError, ConnectTimeoutError, NoCredentialsError
+from test_verify_contract import FixedClock
 
 from supervisor.adapters.checkpoints.backend import StorageError
 from supervisor.adapters.checkpoints.posix import PosixBackend
@@ -17,8 +18,6 @@ from supervisor.adapters.checkpoints.store import BackendCheckpointStore, open_s
 from supervisor.adapters.checkpoints.throttle import TokenBucket
 from supervisor.adapters.checkpoints.verify import relative_prefix
 from supervisor.domain.checkpoints import Guarantee, Level, Outcome
-
-from test_verify_contract import FixedClock
 
 
 class FakeTime:
@@ -54,35 +53,46 @@ def test_a_zero_bandwidth_limit_is_refused_with_the_fix() -> None:
 
 
 def _client_error(code: str, status: int) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
-                       "GetObject")
+    return ClientError(
+        {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject"
+    )
 
 
-@pytest.mark.parametrize(("exc", "transient"), [
-    (_client_error("SlowDown", 503), True),
-    (_client_error("InternalError", 500), True),
-    (_client_error("RequestTimeout", 400), True),
-    (_client_error("AccessDenied", 403), False),
-    (_client_error("NoSuchBucket", 404), False),
-    (_client_error("InvalidAccessKeyId", 403), False),
-    (ConnectTimeoutError(endpoint_url="http://x"), True),
-    (ConnectionResetError(104, "reset"), True),
-    (NoCredentialsError(), False),
-])
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (_client_error("SlowDown", 503), True),
+        (_client_error("InternalError", 500), True),
+        (_client_error("RequestTimeout", 400), True),
+        (_client_error("AccessDenied", 403), False),
+        (_client_error("NoSuchBucket", 404), False),
+        (_client_error("InvalidAccessKeyId", 403), False),
+        (ConnectTimeoutError(endpoint_url="http://x"), True),
+        (ConnectionResetError(104, "reset"), True),
+        (NoCredentialsError(), False),
+    ],
+)
 def test_storage_errors_are_classified(exc: BaseException, transient: bool) -> None:
     err = storage_error(exc, "GET s3://b/k")
     assert isinstance(err, StorageError) and err.transient is transient
     assert "GET s3://b/k" in str(err)
 
 
-@pytest.mark.parametrize(("root", "bucket", "prefix"), [
-    ("s3://b-1/run/ckpt", "b-1", "run/ckpt/"), ("s3://b-1/run/ckpt/", "b-1", "run/ckpt/"), ("s3://b-1", "b-1", ""),
-])
+@pytest.mark.parametrize(
+    ("root", "bucket", "prefix"),
+    [
+        ("s3://b-1/run/ckpt", "b-1", "run/ckpt/"),
+        ("s3://b-1/run/ckpt/", "b-1", "run/ckpt/"),
+        ("s3://b-1", "b-1", ""),
+    ],
+)
 def test_s3_roots_are_parsed(root: str, bucket: str, prefix: str) -> None:
     assert parse_s3_root(root) == (bucket, prefix)
 
 
-@pytest.mark.parametrize(("root", "message"), [("s3://", "names no valid bucket"), ("b/x", "does not start with s3://")])
+@pytest.mark.parametrize(
+    ("root", "message"), [("s3://", "names no valid bucket"), ("b/x", "does not start with s3://")]
+)
 def test_bad_s3_roots_name_the_fix(root: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_s3_root(root)

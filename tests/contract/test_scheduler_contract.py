@@ -66,14 +66,30 @@ class World:
 
     # -- shared helpers
 
-    def request(self, name: str, nodes: int = 1, *, seconds: float | None = None, exit_code: int = 0,
-                exclude: Sequence[str] = (), requeue: bool = False, comment: str = COMMENT) -> SubmitRequest:
+    def request(
+        self,
+        name: str,
+        nodes: int = 1,
+        *,
+        seconds: float | None = None,
+        exit_code: int = 0,
+        exclude: Sequence[str] = (),
+        requeue: bool = False,
+        comment: str = COMMENT,
+    ) -> SubmitRequest:
         """A batch job that runs ``seconds`` (None: until cancelled) and then exits ``exit_code``."""
         env = {} if seconds is None else {ENV_DURATION: f"{seconds:g}", ENV_EXIT_CODE: str(exit_code)}
         return SubmitRequest(
-            run="contract", script=self._script(name, seconds, exit_code), job_name=name,
-            partition=self.partition, nodes=nodes, comment=comment, exclude=tuple(exclude),
-            env=env, requeue=requeue, **self._paths(name),
+            run="contract",
+            script=self._script(name, seconds, exit_code),
+            job_name=name,
+            partition=self.partition,
+            nodes=nodes,
+            comment=comment,
+            exclude=tuple(exclude),
+            env=env,
+            requeue=requeue,
+            **self._paths(name),
         )
 
     def wait_until(self, predicate: Callable[[], T | None], timeout: float, what: str = "condition") -> T:
@@ -88,16 +104,14 @@ class World:
     def node(self, name: str) -> NodeInfo:
         return self.scheduler.snapshot().nodes[name]
 
-    def wait_job(self, job_id: int, predicate: Callable[[JobInfo], bool], what: str,
-                 timeout: float = 20.0) -> JobInfo:
+    def wait_job(self, job_id: int, predicate: Callable[[JobInfo], bool], what: str, timeout: float = 20.0) -> JobInfo:
         def check() -> JobInfo | None:
             job = self.scheduler.snapshot().jobs.get(job_id)
             return job if job is not None and predicate(job) else None
 
         return self.wait_until(check, timeout, f"job {job_id} {what}")
 
-    def wait_node(self, name: str, predicate: Callable[[NodeInfo], bool], what: str,
-                  timeout: float = 20.0) -> NodeInfo:
+    def wait_node(self, name: str, predicate: Callable[[NodeInfo], bool], what: str, timeout: float = 20.0) -> NodeInfo:
         def check() -> NodeInfo | None:
             node = self.scheduler.snapshot().nodes[name]
             return node if predicate(node) else None
@@ -184,10 +198,12 @@ class SlurmWorld(World):
         return self.cluster.wait_for(check, timeout, interval=self.POLL, message=what)
 
 
-@pytest.fixture(params=[
-    pytest.param("sim", id="sim"),
-    pytest.param("slurm", id="slurm", marks=pytest.mark.slurm),
-])
+@pytest.fixture(
+    params=[
+        pytest.param("sim", id="sim"),
+        pytest.param("slurm", id="slurm", marks=pytest.mark.slurm),
+    ]
+)
 def world(request: pytest.FixtureRequest, tmp_path: Path) -> World:
     if request.param == "sim":
         return SimWorld()
@@ -418,8 +434,7 @@ def test_down_requeues_requeueable_job(world: World) -> None:
     job = world.submit_running(world.request("contract-down-rq", requeue=True))
     node = job.nodes[0]
     world.scheduler.set_node_state(node, NodeChange.DOWN, "contract: down test")
-    requeued = world.wait_job(job.job_id, lambda j: j.restart_count == 1 and not j.completing,
-                              "requeued", timeout=5)
+    requeued = world.wait_job(job.job_id, lambda j: j.restart_count == 1 and not j.completing, "requeued", timeout=5)
     assert requeued.state is JobState.PENDING and requeued.nodes == () and not requeued.held
     down = world.node(node)
     assert down.down and down.reason == "contract: down test"
@@ -437,8 +452,7 @@ def test_crashed_node_not_responding_then_down_and_job_requeued(world: World) ->
     assert not silent.schedulable
     down = world.wait_node(node, lambda n: n.down, "DOWN", timeout=30)
     assert not down.responding and down.reason == "Not responding"
-    requeued = world.wait_job(job.job_id, lambda j: j.restart_count == 1 and not j.completing,
-                              "requeued", timeout=5)
+    requeued = world.wait_job(job.job_id, lambda j: j.restart_count == 1 and not j.completing, "requeued", timeout=5)
     assert requeued.state in (JobState.PENDING, JobState.RUNNING) and not requeued.held
     assert node not in requeued.nodes
 

@@ -66,7 +66,8 @@ def running_agent(standin: NvmlStandin, ingest: IngestServer) -> Iterator[Agent]
 
 
 def test_xid_reaches_the_daemon_within_a_fraction_of_the_interval(
-        standin: NvmlStandin, ingest: IngestServer, running_agent: Agent) -> None:
+    standin: NvmlStandin, ingest: IngestServer, running_agent: Agent
+) -> None:
     start = time.monotonic()
     while ingest.ingest.counters["reports"] < 1:  # the first sample is in: NVML open, events registered
         assert time.monotonic() - start < 5, "no report from the agent"
@@ -80,7 +81,8 @@ def test_xid_reaches_the_daemon_within_a_fraction_of_the_interval(
 
 
 def test_sampled_faults_and_a_lost_gpu_are_reported(
-        standin: NvmlStandin, ingest: IngestServer, running_agent: Agent) -> None:
+    standin: NvmlStandin, ingest: IngestServer, running_agent: Agent
+) -> None:
     standin.gpu(2, remap_pending=1, remap_unc=3)
     standin.gpu(6, lost=1)
     degraded, _ = wait_finding(ingest, "row-remap-pending@1", 4.0)
@@ -90,7 +92,8 @@ def test_sampled_faults_and_a_lost_gpu_are_reported(
 
 
 def test_a_wedged_driver_still_sends_heartbeats(
-        standin: NvmlStandin, ingest: IngestServer, running_agent: Agent) -> None:
+    standin: NvmlStandin, ingest: IngestServer, running_agent: Agent
+) -> None:
     time.sleep(0.3)
     standin.delay(None, "nvmlDeviceGetTemperature", 4000)
     before = ingest.ingest.counters["reports"]
@@ -117,21 +120,44 @@ def test_check_once_healthy_fatal_and_hung(standin: NvmlStandin) -> None:
 def test_cli_once_exits_2_on_a_fatal_finding(standin: NvmlStandin) -> None:
     env = {**os.environ, **standin.env}
     standin.gpu(1, lost=1)
-    done = subprocess.run([CLI, "agent", "--once", "--node", "gpu010", "--timeout", "10"],
-                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    done = subprocess.run(
+        [CLI, "agent", "--once", "--node", "gpu010", "--timeout", "10"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2, done.stderr
     out = json.loads(done.stdout)
     assert [f["rule"] for f in out["findings"]] == ["gpu-lost@1"] and out["node"] == "gpu010"
 
 
 def test_cli_agent_reports_until_sigterm_and_never_logs_the_token(
-        standin: NvmlStandin, ingest: IngestServer, tmp_path: Path) -> None:
+    standin: NvmlStandin, ingest: IngestServer, tmp_path: Path
+) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     env = {**os.environ, **standin.env}
-    proc = subprocess.Popen([CLI, "agent", "--daemon-url", f"http://127.0.0.1:{ingest.port}", "--run", "run1",
-                             "--token-file", str(token_file), "--node", "gpu011", "--interval", "0.5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [
+            CLI,
+            "agent",
+            "--daemon-url",
+            f"http://127.0.0.1:{ingest.port}",
+            "--run",
+            "run1",
+            "--token-file",
+            str(token_file),
+            "--node",
+            "gpu011",
+            "--interval",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     try:
         start = time.monotonic()
         while ingest.ingest.counters["reports"] < 2:
@@ -149,6 +175,12 @@ def test_cli_agent_reports_until_sigterm_and_never_logs_the_token(
 
 def test_cli_agent_without_a_token_says_how_to_give_one(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_SUPERVISOR")}
-    done = subprocess.run([CLI, "agent", "--daemon-url", "http://127.0.0.1:1", "--run", "r"],
-                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    done = subprocess.run(
+        [CLI, "agent", "--daemon-url", "http://127.0.0.1:1", "--run", "r"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode != 0 and "--token-file" in done.stderr

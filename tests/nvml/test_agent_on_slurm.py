@@ -34,9 +34,15 @@ def nodes_of(cluster, library: Path, state_dir: Path) -> dict[str, NvmlStandin]:
 
 def start(cluster, tmp_path, standin_library, heartbeat: str = ""):
     gpus = nodes_of(cluster, standin_library, tmp_path / "nvml")
-    spec = write_run(tmp_path, "llm", nodes=2, partition=cluster.partition, spares=cluster.nodes[-1],
-                     script_body=SCRIPT, env={"STATE_DIR": str(tmp_path / "nvml"), "PY": sys.executable,
-                                              "NVML_LIB_DIR": str(standin_library.parent)})
+    spec = write_run(
+        tmp_path,
+        "llm",
+        nodes=2,
+        partition=cluster.partition,
+        spares=cluster.nodes[-1],
+        script_body=SCRIPT,
+        env={"STATE_DIR": str(tmp_path / "nvml"), "PY": sys.executable, "NVML_LIB_DIR": str(standin_library.parent)},
+    )
     sup = SupervisorProcess(cluster, tmp_path, extra=heartbeat)
     sup.start()
     sup.cli("submit", str(spec))
@@ -80,8 +86,12 @@ def test_a_frozen_node_is_caught_by_its_silent_agent_before_slurm_notices(make_s
     Slurm flags it NOT_RESPONDING — after its next ping fails: pings go every SlurmdTimeout/3 (10 s
     here; 100 s with the default 300 s) and fail after MessageTimeout (5 s here, 10 s default)."""
     cluster = make_slurm(5, extra_conf={"SlurmdTimeout": "30"})
-    sup, _ = start(cluster, tmp_path, standin_library,
-                   heartbeat="[health]\nheartbeat_timeout_s = 4\nheartbeat_startup_grace_s = 5\n")
+    sup, _ = start(
+        cluster,
+        tmp_path,
+        standin_library,
+        heartbeat="[health]\nheartbeat_timeout_s = 4\nheartbeat_startup_grace_s = 5\n",
+    )
     cli = SlurmCli(slurm_conf=str(cluster.slurm_conf))
     try:
         first = sup.wait_running("llm", attempt=0)
@@ -93,8 +103,9 @@ def test_a_frozen_node_is_caught_by_its_silent_agent_before_slurm_notices(make_s
         frozen = time.monotonic()
         ours = slurms = None
         while time.monotonic() - frozen < 90 and (ours is None or slurms is None):
-            if ours is None and any(e["kind"] == "fault" and e["evidence"].get("node") == victim
-                                    for e in sup.logbook("llm")):
+            if ours is None and any(
+                e["kind"] == "fault" and e["evidence"].get("node") == victim for e in sup.logbook("llm")
+            ):
                 ours = time.monotonic() - frozen
             if slurms is None and not cli.snapshot().nodes[bystander].responding:
                 slurms = time.monotonic() - frozen

@@ -62,8 +62,13 @@ def hooks_toml(tmp_path: Path, url: str | None, **extra: object) -> Path:
 def hook(kind: str, config: Path, node: NvmlStandin, **env: str) -> tuple[int, dict, float]:
     full = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "gpu017", "SLURM_JOB_ID": "4242", **node.env, **env}
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "supervisor", "hook", kind, "--config", str(config)],
-                          env=full, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor", "hook", kind, "--config", str(config)],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     took = time.monotonic() - start
     lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     return done.returncode, lines[-1], took
@@ -119,11 +124,14 @@ def test_the_healthcheck_drains_through_scontrol_with_an_argv(node, tmp_path):
     assert argv[3].startswith("reason=slurm-supervisor healthcheck: ") and len(argv) == 4
 
 
-@pytest.mark.parametrize("env", [
-    {"SLURMD_NODENAME": "gpu017; touch /tmp/pwned"},
-    {"SLURMD_NODENAME": "$(touch /tmp/pwned)"},
-    {"SLURM_JOB_ID": "1; rm -rf /", "SLURM_JOB_NAME": "\x1b[31m$(reboot)\n", "SLURM_JOB_EXIT_CODE": "`id`"},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"SLURMD_NODENAME": "gpu017; touch /tmp/pwned"},
+        {"SLURMD_NODENAME": "$(touch /tmp/pwned)"},
+        {"SLURM_JOB_ID": "1; rm -rf /", "SLURM_JOB_NAME": "\x1b[31m$(reboot)\n", "SLURM_JOB_EXIT_CODE": "`id`"},
+    ],
+)
 def test_hostile_job_environments_reach_no_shell_and_never_fail_the_node(node, tmp_path, env):
     marker = Path("/tmp/pwned")
     marker.unlink(missing_ok=True)

@@ -41,14 +41,16 @@ def site_wrapper(tmp_path: Path, library: Path, config: Path, kind: str) -> Path
         f'export NVML_STANDIN_STATE="{tmp_path}/nvml/$SLURMD_NODENAME.state" LD_LIBRARY_PATH="{library.parent}"\n'
         f'export SLURM_SUPERVISOR_PYTHON="{sys.executable}" PYTHONPATH="{repo}" '
         f'SLURM_SUPERVISOR_HOOKS_CONFIG="{config}"\n'
-        f'exec "{repo}/hooks/{kind}" 2>>"{tmp_path}/{kind}.log"\n')
+        f'exec "{repo}/hooks/{kind}" 2>>"{tmp_path}/{kind}.log"\n'
+    )
     script.chmod(0o755)
     return script
 
 
 @pytest.mark.parametrize("mode", ["resubmit", "requeue"])
-def test_a_prolog_fault_drains_the_node_and_the_run_starts_on_healthy_nodes(make_slurm, tmp_path, standin_library,
-                                                                            mode):
+def test_a_prolog_fault_drains_the_node_and_the_run_starts_on_healthy_nodes(
+    make_slurm, tmp_path, standin_library, mode
+):
     """resubmit (sbatch --no-requeue): Slurm cancels the job it cannot requeue; the supervisor sees
     the prolog's drain and restarts. requeue: Slurm requeues it held; the supervisor releases it."""
     port = free_port()
@@ -56,15 +58,22 @@ def test_a_prolog_fault_drains_the_node_and_the_run_starts_on_healthy_nodes(make
     token.write_text(HOOK_TOKEN)
     token.chmod(0o600)
     config = tmp_path / "hooks.toml"
-    config.write_text(f'[hooks]\nurl = "http://127.0.0.1:{port}"\ntoken_file = "{token}"\n'
-                      f'spool_dir = "{tmp_path / "spool"}"\n')
+    config.write_text(
+        f'[hooks]\nurl = "http://127.0.0.1:{port}"\ntoken_file = "{token}"\nspool_dir = "{tmp_path / "spool"}"\n'
+    )
     cluster = make_slurm(4, extra_conf={"Prolog": str(site_wrapper(tmp_path, standin_library, config, "prolog"))})
     (tmp_path / "nvml").mkdir()
     gpus = {n: NvmlStandin(standin_library, tmp_path / "nvml" / f"{n}.state") for n in cluster.nodes}
     bad = cluster.nodes[0]  # the first node Slurm gives the run
     gpus[bad].gpu(3, lost=1)
-    spec = write_run(tmp_path, "llm", nodes=2, partition=cluster.partition, spares=cluster.nodes[-1],
-                     script_body="srun --ntasks-per-node=1 sleep 3600\n")
+    spec = write_run(
+        tmp_path,
+        "llm",
+        nodes=2,
+        partition=cluster.partition,
+        spares=cluster.nodes[-1],
+        script_body="srun --ntasks-per-node=1 sleep 3600\n",
+    )
     with spec.open("a") as f:
         f.write(f'mode = "{mode}"\n')
     sup = SupervisorProcess(cluster, tmp_path, ingest_port=port, hook_token_file=token)
@@ -96,8 +105,13 @@ def test_the_healthcheck_drains_a_node_through_the_real_scontrol(slurm_cluster, 
     config = tmp_path / "hooks.toml"
     config.write_text(f'[hooks]\nspool_dir = "{tmp_path / "spool"}"\n')
     env = {**os.environ, **slurm_cluster.env, **gpu.env, "SLURMD_NODENAME": node}
-    done = subprocess.run([sys.executable, "-m", "supervisor", "hook", "healthcheck", "--config", str(config)],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor", "hook", "healthcheck", "--config", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

@@ -20,10 +20,31 @@ def reader(standin: NvmlStandin) -> NvmlReader:
 
 
 def test_reads_every_field_of_eight_gpus(standin: NvmlStandin, reader: NvmlReader) -> None:
-    standin.gpu(3, ecc_vol_cor=12, ecc_vol_unc=1, ecc_agg_cor=40, ecc_agg_unc=2, retired_sbe=3, retired_dbe=2,
-                retired_pending=1, remap_cor=5, remap_unc=4, remap_pending=1, remap_failed=1, clocks=0x88, temp=83,
-                power_mw=612500, sm_mhz=1410, util_gpu=97, util_mem=41, nvlink_replay=7, nvlink_recovery=1,
-                nvlink_crc_flit=20, nvlink_crc_data=3, recovery=2)
+    standin.gpu(
+        3,
+        ecc_vol_cor=12,
+        ecc_vol_unc=1,
+        ecc_agg_cor=40,
+        ecc_agg_unc=2,
+        retired_sbe=3,
+        retired_dbe=2,
+        retired_pending=1,
+        remap_cor=5,
+        remap_unc=4,
+        remap_pending=1,
+        remap_failed=1,
+        clocks=0x88,
+        temp=83,
+        power_mw=612500,
+        sm_mhz=1410,
+        util_gpu=97,
+        util_mem=41,
+        nvlink_replay=7,
+        nvlink_recovery=1,
+        nvlink_crc_flit=20,
+        nvlink_crc_data=3,
+        recovery=2,
+    )
     assert reader.driver == "550.54.15" and reader.gpu_count == 8 and reader.errors == []
     gpus = reader.sample()
     assert [g.i for g in gpus] == list(range(8)) and gpus[0].uuid == standin.gpus[0].uuid
@@ -50,8 +71,13 @@ def test_errors_become_part_of_the_sample(standin: NvmlStandin, reader: NvmlRead
     standin.fail(2, "nvmlDeviceGetTemperature", TIMEOUT)
     standin.fail(2, "nvmlDeviceGetTotalEccErrors", 999)
     g = reader.sample()[2]
-    assert g.errors == {"temp_c": "Timeout", "ecc_cor_vol": "Unknown Error", "ecc_unc_vol": "Unknown Error",
-                        "ecc_cor_agg": "Unknown Error", "ecc_unc_agg": "Unknown Error"}
+    assert g.errors == {
+        "temp_c": "Timeout",
+        "ecc_cor_vol": "Unknown Error",
+        "ecc_unc_vol": "Unknown Error",
+        "ecc_cor_agg": "Unknown Error",
+        "ecc_unc_agg": "Unknown Error",
+    }
     assert g.temp_c is None and g.power_w == 70.0
 
 

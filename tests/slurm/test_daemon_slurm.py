@@ -48,8 +48,16 @@ def snapshot(cluster):
 def start_run(cluster, tmp_path, name="llm", **kw):
     marks = tmp_path / "marks.txt"
     marks.touch()
-    spec = write_run(tmp_path, name, nodes=2, partition=cluster.partition, spares=cluster.nodes[-1],
-                     script_body=HEARTBEAT, env={"MARKS": str(marks)}, **kw)
+    spec = write_run(
+        tmp_path,
+        name,
+        nodes=2,
+        partition=cluster.partition,
+        spares=cluster.nodes[-1],
+        script_body=HEARTBEAT,
+        env={"MARKS": str(marks)},
+        **kw,
+    )
     return spec, marks
 
 
@@ -74,7 +82,11 @@ def test_node_crash_is_recovered_by_the_daemon(slurm_cluster, tmp_path):
     assert recovery < 20.0, f"recovery took {recovery:.1f} s"
     assert second["restarts"]["spent"] == 1 and victim in second["excluded"]
     snap = snapshot(slurm_cluster)
-    assert snap.nodes[victim].down and snap.nodes[victim].drained and snap.nodes[victim].reason.startswith("slurm-supervisor: run llm:")
+    assert (
+        snap.nodes[victim].down
+        and snap.nodes[victim].drained
+        and snap.nodes[victim].reason.startswith("slurm-supervisor: run llm:")
+    )
     kinds = [e["kind"] for e in sup.logbook("llm")]
     for kind in ("submitted", "started", "fault", "node_drained", "restarted"):
         assert kind in kinds, kinds
@@ -173,7 +185,9 @@ def test_hung_node_is_recovered_and_its_leftovers_die_when_it_returns(slurm_clus
         time.sleep(5.0)
     finally:
         sup.stop()
-    assert recovery < 60.0, "\n".join([str(recovery)] + [f"{e['at'] % 1000:.1f} {e['kind']} {e['message'][:120]}" for e in sup.logbook("llm")])
+    assert recovery < 60.0, "\n".join(
+        [str(recovery)] + [f"{e['at'] % 1000:.1f} {e['kind']} {e['message'][:120]}" for e in sup.logbook("llm")]
+    )
     book = sup.logbook("llm")
     fault = next(e for e in book if e["kind"] == "fault")
     assert "NOT_RESPONDING" in fault["message"] or "DOWN" in fault["message"], fault

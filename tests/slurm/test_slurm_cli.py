@@ -26,15 +26,28 @@ def request(cluster: LocalSlurm, body: str, **overrides: object) -> SubmitReques
     scripts.mkdir(exist_ok=True)
     script = scripts / f"job-{time.monotonic_ns()}.sh"
     script.write_text(f"#!/bin/sh\n{body}\n")
-    fields: dict = dict(run="r1", script=str(script), job_name="sup-test", partition=cluster.partition,
-                        nodes=1, comment="sup:r1:i1", workdir=str(cluster.root),
-                        output=str(cluster.root / "out-%j.txt"))
+    fields: dict = dict(
+        run="r1",
+        script=str(script),
+        job_name="sup-test",
+        partition=cluster.partition,
+        nodes=1,
+        comment="sup:r1:i1",
+        workdir=str(cluster.root),
+        output=str(cluster.root / "out-%j.txt"),
+    )
     fields.update(overrides)
     return SubmitRequest(**fields)
 
 
-def wait_job(cluster: LocalSlurm, cli: SlurmCli, job_id: int, predicate: Callable[[JobInfo], bool],
-             what: str, timeout: float = 30.0) -> JobInfo:
+def wait_job(
+    cluster: LocalSlurm,
+    cli: SlurmCli,
+    job_id: int,
+    predicate: Callable[[JobInfo], bool],
+    what: str,
+    timeout: float = 30.0,
+) -> JobInfo:
     def check() -> JobInfo | None:
         job = cli.snapshot().jobs.get(job_id)
         return job if job is not None and predicate(job) else None
@@ -42,8 +55,14 @@ def wait_job(cluster: LocalSlurm, cli: SlurmCli, job_id: int, predicate: Callabl
     return cluster.wait_for(check, timeout, message=f"job {job_id} {what}")
 
 
-def wait_node(cluster: LocalSlurm, cli: SlurmCli, name: str, predicate: Callable[[NodeInfo], bool],
-              what: str, timeout: float = 30.0) -> NodeInfo:
+def wait_node(
+    cluster: LocalSlurm,
+    cli: SlurmCli,
+    name: str,
+    predicate: Callable[[NodeInfo], bool],
+    what: str,
+    timeout: float = 30.0,
+) -> NodeInfo:
     def check() -> NodeInfo | None:
         node = cli.snapshot().nodes[name]
         return node if predicate(node) else None
@@ -61,8 +80,13 @@ def over(job: JobInfo) -> bool:
 
 def test_submit_snapshot_cancel(slurm_cluster: LocalSlurm, cli: SlurmCli) -> None:
     comment = "sup:r1:intent-7, with spaces=and:colons"
-    req = request(slurm_cluster, 'echo "value=$SUP_VALUE"\nexec sleep 300', comment=comment,
-                  env={"SUP_VALUE": "a,b c=d 'q'"}, requeue=True)
+    req = request(
+        slurm_cluster,
+        'echo "value=$SUP_VALUE"\nexec sleep 300',
+        comment=comment,
+        env={"SUP_VALUE": "a,b c=d 'q'"},
+        requeue=True,
+    )
     job_id = cli.submit(req)
     job = wait_job(slurm_cluster, cli, job_id, running, "running")
     assert (job.name, job.comment, job.partition, job.restart_count) == ("sup-test", comment, "main", 0)
@@ -145,8 +169,7 @@ def test_bad_requests_are_permanent(cli: SlurmCli) -> None:
     with pytest.raises(PermanentError, match="Invalid job id"):
         cli.hold(9_999_999)
     with pytest.raises(PermanentError):
-        cli.submit(SubmitRequest(run="r", script="/bin/true", job_name="x", partition="nosuch",
-                                 nodes=1, comment="c"))
+        cli.submit(SubmitRequest(run="r", script="/bin/true", job_name="x", partition="nosuch", nodes=1, comment="c"))
 
 
 def test_crashed_node_not_responding_then_down(slurm_cluster: LocalSlurm, cli: SlurmCli) -> None:

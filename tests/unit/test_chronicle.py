@@ -40,7 +40,10 @@ def test_demo_chronicle_content(tmp_path):
     assert text.startswith("# Logbook of run llama-demo\n")
     headings = [line for line in text.splitlines() if line.startswith("### ")]
     assert len(headings) == 2 and all(HEADING.match(h) for h in headings)
-    assert headings[0] == "### 2026-11-29 02:38 UTC [supervisor]: Run llama-demo attempt 0 — restart after node fault on n002"
+    assert (
+        headings[0]
+        == "### 2026-11-29 02:38 UTC [supervisor]: Run llama-demo attempt 0 — restart after node fault on n002"
+    )
     assert "## Timeline" in text and "submitted as job 1000" in text.split("## Incidents")[0]
     assert "- **Evidence** (n002): observed: slurmd probe failed" in text
     assert "Slurm showed the node ALLOCATED" in text
@@ -62,26 +65,92 @@ def test_hand_built_hang_note_and_give_up():
     run = RunRecord(_spec(), RunState.FAILED, restarts_spent=1, end_reason="restart budget spent")
     attempts = [
         AttemptRecord("llama-70b", 0, 500, 0, T0, ("gpu-1", "gpu-2"), (), T0 + 60, T0 + 3600, "CANCELLED", None, None),
-        AttemptRecord("llama-70b", 1, 501, 0, T0 + 3600, ("gpu-1", "gpu-3"), (), T0 + 3700, T0 + 7200, "FAILED",
-                      "NonZeroExitCode", 1),
+        AttemptRecord(
+            "llama-70b",
+            1,
+            501,
+            0,
+            T0 + 3600,
+            ("gpu-1", "gpu-3"),
+            (),
+            T0 + 3700,
+            T0 + 7200,
+            "FAILED",
+            "NonZeroExitCode",
+            1,
+        ),
     ]
-    hang = {"reason": "no training step for 912 s (threshold 900 s)", "last_step": 1200, "silent_s": 912.0,
-            "step_interval_s": 30.0, "threshold_s": 900.0, "log": "/logs/500.out", "records_read": 40,
-            "last_lines": ["step 1200 loss 2.31"], "nodes": ["gpu-1", "gpu-2"]}
+    hang = {
+        "reason": "no training step for 912 s (threshold 900 s)",
+        "last_step": 1200,
+        "silent_s": 912.0,
+        "step_interval_s": 30.0,
+        "threshold_s": 900.0,
+        "log": "/logs/500.out",
+        "records_read": 40,
+        "last_lines": ["step 1200 loss 2.31"],
+        "nodes": ["gpu-1", "gpu-2"],
+    }
     ev = [  # given out of time order on purpose: the chronicle sorts by time
-        Event("llama-70b", EventKind.NOTE, "Looked at gpu-2: NCCL timeout in dmesg.\nLeaving it drained.",
-              "n1", T0 + 3650, 0, 500, actor="susan"),
+        Event(
+            "llama-70b",
+            EventKind.NOTE,
+            "Looked at gpu-2: NCCL timeout in dmesg.\nLeaving it drained.",
+            "n1",
+            T0 + 3650,
+            0,
+            500,
+            actor="susan",
+        ),
         Event("llama-70b", EventKind.SUBMITTED, "submitted as job 500", "s", T0, 0, 500),
-        Event("llama-70b", EventKind.STARTED, "attempt 0 (job 500, restart 0) running on gpu-1,gpu-2", "st0",
-              T0 + 60, 0, 500, evidence={"nodes": ["gpu-1", "gpu-2"]}),
-        Event("llama-70b", EventKind.FAULT, "attempt 0 (job 500, restart 0): hang: no training step for 912 s",
-              "llama-70b:0:fault:hang", T0 + 3590, 0, 500, evidence=hang),
-        Event("llama-70b", EventKind.STOPPED, "attempt 0 (job 500, restart 0) ended CANCELLED after the fault", "x",
-              T0 + 3600, 0, 500),
-        Event("llama-70b", EventKind.RESTARTED, "attempt 1 (job 501, restart 0): restarted as job 501", "r",
-              T0 + 3600, 1, 501, evidence={"exclude": [], "reason": "replacing", "restarts_spent": 1}),
-        Event("llama-70b", EventKind.STARTED, "attempt 1 (job 501, restart 0) running on gpu-1,gpu-3", "st1",
-              T0 + 3700, 1, 501),
+        Event(
+            "llama-70b",
+            EventKind.STARTED,
+            "attempt 0 (job 500, restart 0) running on gpu-1,gpu-2",
+            "st0",
+            T0 + 60,
+            0,
+            500,
+            evidence={"nodes": ["gpu-1", "gpu-2"]},
+        ),
+        Event(
+            "llama-70b",
+            EventKind.FAULT,
+            "attempt 0 (job 500, restart 0): hang: no training step for 912 s",
+            "llama-70b:0:fault:hang",
+            T0 + 3590,
+            0,
+            500,
+            evidence=hang,
+        ),
+        Event(
+            "llama-70b",
+            EventKind.STOPPED,
+            "attempt 0 (job 500, restart 0) ended CANCELLED after the fault",
+            "x",
+            T0 + 3600,
+            0,
+            500,
+        ),
+        Event(
+            "llama-70b",
+            EventKind.RESTARTED,
+            "attempt 1 (job 501, restart 0): restarted as job 501",
+            "r",
+            T0 + 3600,
+            1,
+            501,
+            evidence={"exclude": [], "reason": "replacing", "restarts_spent": 1},
+        ),
+        Event(
+            "llama-70b",
+            EventKind.STARTED,
+            "attempt 1 (job 501, restart 0) running on gpu-1,gpu-3",
+            "st1",
+            T0 + 3700,
+            1,
+            501,
+        ),
         Event("llama-70b", EventKind.GAVE_UP, "restart budget spent (1 of 1); giving up", "g", T0 + 7300, 1, 501),
     ]
     text = render_markdown(run, attempts, ev)
@@ -92,29 +161,48 @@ def test_hand_built_hang_note_and_give_up():
         "### 2026-11-29 02:01 UTC [supervisor]: Run llama-70b attempt 1 — gave up",
     ]
     assert all(HEADING.match(h) for h in heads)
-    assert ("- **Evidence** (hang): no training step for 912 s (threshold 900 s); last step 1200, silent for 912 s "
-            "(15 min 12 s), threshold 900 s (15 min 0 s), usual step interval 30 s; on gpu-1, gpu-2") in text
+    assert (
+        "- **Evidence** (hang): no training step for 912 s (threshold 900 s); last step 1200, silent for 912 s "
+        "(15 min 12 s), threshold 900 s (15 min 0 s), usual step interval 30 s; on gpu-1, gpu-2"
+    ) in text
     assert "log `/logs/500.out` (40 records read); last line: `step 1200 loss 2.31`." in text
     assert "> Looked at gpu-2: NCCL timeout in dmesg.\n> Leaving it drained." in text
     assert "— susan, 2026-11-29 01:00:50 UTC" in text
     assert "restarted as attempt 1 (job 501), excluding nothing (replacing)" in text
     assert "- **Cost**: 110 s (1 min 50 s) from the fault (2026-11-29 00:59:50 UTC) to attempt 1 running" in text
     assert "- **Outcome**: restart budget spent (1 of 1); giving up" in text
-    assert "| 1 | 501 | 0 | 2 | 2026-11-29 01:01:40 UTC | 2026-11-29 02:00:00 UTC | 3500 s (58 min 20 s) " \
-           "| FAILED (NonZeroExitCode), exit 1 |" in text
+    assert (
+        "| 1 | 501 | 0 | 2 | 2026-11-29 01:01:40 UTC | 2026-11-29 02:00:00 UTC | 3500 s (58 min 20 s) "
+        "| FAILED (NonZeroExitCode), exit 1 |" in text
+    )
     assert render_markdown(run, attempts, list(reversed(ev))) == text  # input order does not matter
 
 
 def test_open_incident_and_empty_log():
     run = RunRecord(_spec(), RunState.RECOVERING)
-    fault = Event("llama-70b", EventKind.FAULT, "attempt 0 (job 9, restart 0): fault on gpu-2: slurmd down", "f",
-                  T0, 0, 9, evidence={"node": "gpu-2", "observed": "slurmd down", "slurm_state": "DOWN",
-                                      "slurm_flags": ["NOT_RESPONDING"], "slurm_reason": "Not responding",
-                                      "probe": "connect refused"})
+    fault = Event(
+        "llama-70b",
+        EventKind.FAULT,
+        "attempt 0 (job 9, restart 0): fault on gpu-2: slurmd down",
+        "f",
+        T0,
+        0,
+        9,
+        evidence={
+            "node": "gpu-2",
+            "observed": "slurmd down",
+            "slurm_state": "DOWN",
+            "slurm_flags": ["NOT_RESPONDING"],
+            "slurm_reason": "Not responding",
+            "probe": "connect refused",
+        },
+    )
     text = render_markdown(run, [], [fault])
     assert "Run llama-70b attempt 0 — node fault on gpu-2; recovery under way" in text
-    assert ("observed: slurmd down; probe: connect refused; Slurm showed the node DOWN, flags NOT_RESPONDING, "
-            'reason "Not responding".') in text
+    assert (
+        "observed: slurmd down; probe: connect refused; Slurm showed the node DOWN, flags NOT_RESPONDING, "
+        'reason "Not responding".'
+    ) in text
     assert "no new attempt running yet" in text
     assert "(no routine events)" in render_markdown(run, [], [])
 

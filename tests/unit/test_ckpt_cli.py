@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,12 +41,15 @@ def test_commit_then_commit_again(root: Path) -> None:
     assert res.exit_code == 1 and "already has ssv-manifest.json" in res.output
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("--step", "abc"), "'abc' is not a valid integer"),
-    (("--step", "-1"), "-1 is not in the range x>=0"),
-    ((), "Missing option '--step'"),
-    (("--step", "100", "--algorithm", "md5"), "'md5' is not one of"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--step", "abc"), "'abc' is not a valid integer"),
+        (("--step", "-1"), "-1 is not in the range x>=0"),
+        ((), "Missing option '--step'"),
+        (("--step", "100", "--algorithm", "md5"), "'md5' is not one of"),
+    ],
+)
 def test_commit_usage_errors_exit_64(root: Path, args: tuple[str, ...], message: str) -> None:
     res = ssv("commit", str(root), "step_000100", *args)
     assert res.exit_code == 64 and message in res.output
@@ -82,11 +84,17 @@ def test_list_shows_committed_torn_and_adopted(root: Path) -> None:
     lines = [line.split() for line in res.output.splitlines()]
     assert lines[0][:3] == ["STEP", "STATE", "GUARANTEE"]
     assert [(row[0], row[1], row[2]) for row in lines[1:4]] == [
-        ("50", "committed", "adopted-dcp"), ("100", "committed", "manifest"), ("200", "UNCOMMITTED", "manifest")]
+        ("50", "committed", "adopted-dcp"),
+        ("100", "committed", "manifest"),
+        ("200", "UNCOMMITTED", "manifest"),
+    ]
     assert "note: adopted-dcp = adopted PyTorch DCP layout" in res.output
     doc = json.loads(ssv("list", str(root), "--json").stdout)
     assert [(c["step"], c["committed"], c["weak"]) for c in doc["checkpoints"]] == [
-        (50, True, True), (100, True, False), (200, False, False)]
+        (50, True, True),
+        (100, True, False),
+        (200, False, False),
+    ]
 
 
 def test_list_empty_root(tmp_path: Path) -> None:

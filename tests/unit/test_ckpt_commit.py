@@ -63,11 +63,13 @@ def shards(backend: PosixBackend, name: str, n: int = 5, size: int = 3000) -> di
 def test_build_manifest_reads_and_checksums_every_shard(tmp_path: Path, algorithm: ChecksumAlgorithm) -> None:
     backend = PosixBackend(str(tmp_path))
     data = shards(backend, "step_000100")
-    manifest = build_manifest(backend, "step_000100/", 100, algorithm=algorithm, writer="node7", workers=3,
-                              run="run42", clock=lambda: 1234.5)
+    manifest = build_manifest(
+        backend, "step_000100/", 100, algorithm=algorithm, writer="node7", workers=3, run="run42", clock=lambda: 1234.5
+    )
     assert (manifest.step, manifest.algorithm, manifest.created_at, manifest.run) == (100, algorithm, 1234.5, "run42")
     assert [(s.key, s.size, s.checksum, s.writer) for s in manifest.shards] == [
-        (k[len("step_000100/"):], len(v), checksum_of(v, algorithm), "node7") for k, v in sorted(data.items())]
+        (k[len("step_000100/") :], len(v), checksum_of(v, algorithm), "node7") for k, v in sorted(data.items())
+    ]
     assert all(s.written_at for s in manifest.shards)
 
 
@@ -89,7 +91,7 @@ def test_commit_writes_the_marker_once(tmp_path: Path) -> None:
     assert location == str(tmp_path / "step_000300")
     stored = Manifest.from_json(backend.get_small(f"step_000300/{MANIFEST_NAME}") or b"")
     assert stored == manifest
-    listing = {o.key[len("step_000300/"):]: o for o in backend.list("step_000300/")}
+    listing = {o.key[len("step_000300/") :]: o for o in backend.list("step_000300/")}
     assert check_listing(stored, listing, name="step_000300") == ()
     with pytest.raises(AlreadyCommitted, match="committed once"):
         commit_checkpoint(backend, "step_000300", manifest)
@@ -141,9 +143,15 @@ def test_manifest_for_local_files(tmp_path: Path) -> None:
     whole = manifest_for_files(local, 500, algorithm=ChecksumAlgorithm.CRC32C, clock=lambda: 1.0)
     assert [(s.key, s.size, s.checksum) for s in whole.shards] == [
         ("model/a.pt", 100, checksum_of(b"a" * 100, ChecksumAlgorithm.CRC32C)),
-        ("optim.pt", 50, checksum_of(b"o" * 50, ChecksumAlgorithm.CRC32C))]
-    picked = manifest_for_files([local / "optim.pt", local / "model" / "a.pt"], 500, root=local,
-                                algorithm=ChecksumAlgorithm.CRC32C, clock=lambda: 1.0)
+        ("optim.pt", 50, checksum_of(b"o" * 50, ChecksumAlgorithm.CRC32C)),
+    ]
+    picked = manifest_for_files(
+        [local / "optim.pt", local / "model" / "a.pt"],
+        500,
+        root=local,
+        algorithm=ChecksumAlgorithm.CRC32C,
+        clock=lambda: 1.0,
+    )
     assert picked == whole
     with pytest.raises(ValueError, match="not under"):
         manifest_for_files([tmp_path / "stage" / "x"], 1, root=local)

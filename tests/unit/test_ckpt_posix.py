@@ -8,7 +8,6 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,8 +60,12 @@ def test_get_small_caps_the_size(backend: PosixBackend) -> None:
 
 @pytest.mark.parametrize("key", ["/etc/passwd", "../escape", "a/../../b", "a//b", "./a", "a/./b", "a\0b", "a\\b"])
 def test_keys_cannot_leave_the_root(backend: PosixBackend, key: str) -> None:
-    for call in (lambda: backend.head(key), lambda: backend.put(key, b"x"), lambda: backend.get_small(key),
-                 lambda: backend.read(key)):
+    for call in (
+        lambda: backend.head(key),
+        lambda: backend.put(key, b"x"),
+        lambda: backend.get_small(key),
+        lambda: backend.read(key),
+    ):
         with pytest.raises(ValueError, match="key"):
             call()
 

@@ -119,8 +119,16 @@ def test_quarantine_lists_repeat_offenders_and_clear_ends_it(tmp_path):
     spec = RunSpec(name="a", script="/x", partition="p", nodes=1)
     store.add_run(spec, now)
     for i, run in enumerate(("a", "a")):
-        store.record_event(Event(run, EventKind.FAULT, "fault on gpu-7", f"k{i}", now - 3600 * (i + 1),
-                                 evidence={"node": "gpu-7", "observed": f"XID 79 (#{i})"}))
+        store.record_event(
+            Event(
+                run,
+                EventKind.FAULT,
+                "fault on gpu-7",
+                f"k{i}",
+                now - 3600 * (i + 1),
+                evidence={"node": "gpu-7", "observed": f"XID 79 (#{i})"},
+            )
+        )
     runner = CliRunner()
     out = runner.invoke(main, ["--state-dir", str(state), "quarantine", "list"])
     assert out.exit_code == 0 and out.output.startswith("gpu-7  until ") and "XID 79 (#0)" in out.output

@@ -452,14 +452,20 @@ def test_every_key_is_documented() -> None:
 
 def test_checkpoints_section_becomes_the_run_specs_policy(tmp_path: Path) -> None:
     (tmp_path / "shared").mkdir()
-    spec = load_run_spec(spec_in(tmp_path, MINIMAL_RUN + """
+    spec = load_run_spec(
+        spec_in(
+            tmp_path,
+            MINIMAL_RUN
+            + """
 [checkpoints]
 root = "s3://ckpt/llama-70b"
 endpoint_url = "http://127.0.0.1:9000"
 expected_interval_s = 3600
 bandwidth_mb_s = 50
 resume_file = "shared/resume.json"
-"""))
+""",
+        )
+    )
     policy = spec.checkpoints
     assert policy is not None
     assert policy.root == "s3://ckpt/llama-70b/" and policy.endpoint_url == "http://127.0.0.1:9000"
@@ -473,14 +479,17 @@ def test_a_posix_checkpoint_root_is_taken_from_the_spec_files_folder(tmp_path: P
     assert spec.checkpoints is not None and spec.checkpoints.root == str(tmp_path / "ckpt")
 
 
-@pytest.mark.parametrize(("body", "key", "words"), [
-    ('root = "gs://bucket/x"', "checkpoints.root", "scheme 'gs' is not supported"),
-    ('root = "s3:///x"', "checkpoints.root", "names no bucket"),
-    ('root = "s3://b/"\nresume_file = "nowhere/resume.json"', "checkpoints.resume_file", "does not exist"),
-    ('root = "s3://b/"\nbandwidth_mb_s = 0', "checkpoints.bandwidth_mb_s", "must be > 0"),
-    ('root = "s3://b/"\nalarm_intervals = 0.5', "checkpoints.alarm_intervals", "must be >= 1"),
-    ('endpoint_url = "http://x"', "checkpoints.root", "is missing"),
-])
+@pytest.mark.parametrize(
+    ("body", "key", "words"),
+    [
+        ('root = "gs://bucket/x"', "checkpoints.root", "scheme 'gs' is not supported"),
+        ('root = "s3:///x"', "checkpoints.root", "names no bucket"),
+        ('root = "s3://b/"\nresume_file = "nowhere/resume.json"', "checkpoints.resume_file", "does not exist"),
+        ('root = "s3://b/"\nbandwidth_mb_s = 0', "checkpoints.bandwidth_mb_s", "must be > 0"),
+        ('root = "s3://b/"\nalarm_intervals = 0.5', "checkpoints.alarm_intervals", "must be >= 1"),
+        ('endpoint_url = "http://x"', "checkpoints.root", "is missing"),
+    ],
+)
 def test_checkpoint_mistakes_name_the_key_and_the_fix(tmp_path: Path, body: str, key: str, words: str) -> None:
     message = error_of(spec_in(tmp_path, MINIMAL_RUN + "[checkpoints]\n" + body + "\n"))
     assert key in message and words in message

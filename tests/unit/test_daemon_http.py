@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_ingest import FakeClock, body
 
 from supervisor.adapters.ingest import IngestServer, ReportIngest
 from supervisor.adapters.pages import mount_pages
@@ -17,7 +18,6 @@ from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.adapters.tokens import HOOKS, TokenBook
 from supervisor.domain.gpu_health import HealthRules
 from supervisor.domain.run import RunSpec, RunState
-from test_ingest import FakeClock, body
 
 SPEC = RunSpec(name="llm", script="/x.sbatch", partition="gpu", nodes=2)
 
@@ -37,8 +37,9 @@ def world(tmp_path: Path) -> Iterator[tuple[IngestServer, SqliteStore, Path]]:
     server.stop()
 
 
-def request(server: IngestServer, method: str, path: str, data: bytes = b"", token: str | None = None
-            ) -> tuple[int, str, bytes]:
+def request(
+    server: IngestServer, method: str, path: str, data: bytes = b"", token: str | None = None
+) -> tuple[int, str, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     conn.request(method, path, body=data or None, headers=headers)
@@ -63,8 +64,10 @@ def test_hooks_report_with_the_site_token_under_their_pseudo_run(world) -> None:
     assert request(server, "POST", f"/v1/reports/{HOOKS}", body(), "site-hook-token-0123456789")[0] == 200
     assert request(server, "POST", f"/v1/reports/{HOOKS}", body(node="gpu003"), store.run_token("llm"))[0] == 403
     hook_file.unlink()  # no hook token configured: hook reports are refused
-    assert request(server, "POST", f"/v1/reports/{HOOKS}", body(node="gpu004"),
-                   "site-hook-token-0123456789")[0] in (403, 404)
+    assert request(server, "POST", f"/v1/reports/{HOOKS}", body(node="gpu004"), "site-hook-token-0123456789")[0] in (
+        403,
+        404,
+    )
 
 
 def test_metrics_and_the_logbook_page_are_served_read_only(world) -> None:

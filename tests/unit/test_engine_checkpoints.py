@@ -59,8 +59,10 @@ class MemCheckpointStore:
     def discover(self) -> list[CheckpointRef]:
         if self.listing_down:
             raise TransientError("listing timed out")
-        return [CheckpointRef(self.root + name + "/", name, ck.step, Guarantee.MANIFEST, ck.committed, ck.saved_at)
-                for name, ck in self.items.items()]
+        return [
+            CheckpointRef(self.root + name + "/", name, ck.step, Guarantee.MANIFEST, ck.committed, ck.saved_at)
+            for name, ck in self.items.items()
+        ]
 
     def verify(self, ref: CheckpointRef, level: Level) -> VerifyResult:
         self.verified.append((ref.name, level))
@@ -72,22 +74,40 @@ class MemCheckpointStore:
         if ck.storage_down:
             return result(Outcome.UNVERIFIABLE, "503 SlowDown after 5 attempts")
         if not ck.committed:
-            return result(Outcome.CORRUPT, "no commit marker after the upload grace period",
-                          (ShardProblem("ssv-manifest.json", "uncommitted", "absent"),))
+            return result(
+                Outcome.CORRUPT,
+                "no commit marker after the upload grace period",
+                (ShardProblem("ssv-manifest.json", "uncommitted", "absent"),),
+            )
         if ck.corrupt_meta:
             return result(Outcome.CORRUPT, ck.corrupt_meta, (ShardProblem("shard-0", "missing", ck.corrupt_meta),))
         if level is Level.FULL and ck.corrupt_at_rest:
-            return result(Outcome.CORRUPT, ck.corrupt_at_rest, (ShardProblem("shard-1", "checksum", ck.corrupt_at_rest),))
+            return result(
+                Outcome.CORRUPT, ck.corrupt_at_rest, (ShardProblem("shard-1", "checksum", ck.corrupt_at_rest),)
+            )
         return result(Outcome.VERIFIED, "checkpoint matches its manifest")
 
     def commit(self, name: str, manifest: Manifest) -> str:
         raise NotImplementedError("not used by the engine")
 
 
-POLICY = CheckpointPolicy(root=ROOT, scan_interval_s=10.0, expected_interval_s=600.0, alarm_intervals=3.0,
-                          resume_file="/shared/llm/resume.json")
-SPEC = RunSpec(name="llm", script="/train.sbatch", partition="main", nodes=2, spare_policy=SparePolicy.NAMED,
-               spare_nodes=("n004",), max_restarts=5, checkpoints=POLICY)
+POLICY = CheckpointPolicy(
+    root=ROOT,
+    scan_interval_s=10.0,
+    expected_interval_s=600.0,
+    alarm_intervals=3.0,
+    resume_file="/shared/llm/resume.json",
+)
+SPEC = RunSpec(
+    name="llm",
+    script="/train.sbatch",
+    partition="main",
+    nodes=2,
+    spare_policy=SparePolicy.NAMED,
+    spare_nodes=("n004",),
+    max_restarts=5,
+    checkpoints=POLICY,
+)
 
 
 class World:
@@ -102,10 +122,15 @@ class World:
 
     def new_engine(self) -> Engine:
         self.store = SqliteStore(self.dir)
-        watch = CheckpointWatch(lambda spec: self.ckpt, self.clock, inline=True,
-                                write_resume=lambda path, text: self.files.__setitem__(path, text))
-        return Engine(scheduler=self.cluster, store=self.store, clock=self.clock, probe=SimProbe(self.cluster),
-                      checkpoints=watch)
+        watch = CheckpointWatch(
+            lambda spec: self.ckpt,
+            self.clock,
+            inline=True,
+            write_resume=lambda path, text: self.files.__setitem__(path, text),
+        )
+        return Engine(
+            scheduler=self.cluster, store=self.store, clock=self.clock, probe=SimProbe(self.cluster), checkpoints=watch
+        )
 
     def until(self, predicate, limit: int = 300) -> None:
         for _ in range(limit):
@@ -153,8 +178,11 @@ def test_new_checkpoints_are_verified_at_both_levels_and_logged(tmp_path):
     w.until(lambda: len(w.events(EventKind.CHECKPOINT_CORRUPT)) == 1, limit=30)
     assert ("step_000100", Level.METADATA) in w.ckpt.verified and ("step_000100", Level.FULL) in w.ckpt.verified
     verified = w.events(EventKind.CHECKPOINT_VERIFIED)
-    assert {(e.evidence["step"], e.evidence["level"]) for e in verified} == {(100, "metadata"), (100, "full"),
-                                                                             (200, "metadata")}
+    assert {(e.evidence["step"], e.evidence["level"]) for e in verified} == {
+        (100, "metadata"),
+        (100, "full"),
+        (200, "metadata"),
+    }
     corrupt = w.events(EventKind.CHECKPOINT_CORRUPT)[0]
     assert corrupt.evidence["step"] == 200 and corrupt.evidence["problems"][0]["key"] == "shard-1"
     # each checkpoint is verified once per level, not at every scan

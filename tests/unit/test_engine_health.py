@@ -44,8 +44,15 @@ class FakeFeed:
         return {n: now - t for n, t in self.last_report.items()}
 
 
-SPEC = RunSpec(name="llm", script="/train.sbatch", partition="main", nodes=4, spare_policy=SparePolicy.NAMED,
-               spare_nodes=("n007", "n008"), max_restarts=5)
+SPEC = RunSpec(
+    name="llm",
+    script="/train.sbatch",
+    partition="main",
+    nodes=4,
+    spare_policy=SparePolicy.NAMED,
+    spare_nodes=("n007", "n008"),
+    max_restarts=5,
+)
 
 
 class World:
@@ -56,8 +63,14 @@ class World:
         self.store = SqliteStore(tmp_path)
         for spec in specs:
             self.store.add_run(spec, self.clock.now())
-        self.engine = Engine(scheduler=self.cluster, store=self.store, clock=self.clock, settings=settings,
-                             probe=SimProbe(self.cluster), health=self.feed)
+        self.engine = Engine(
+            scheduler=self.cluster,
+            store=self.store,
+            clock=self.clock,
+            settings=settings,
+            probe=SimProbe(self.cluster),
+            health=self.feed,
+        )
 
     def step(self) -> None:
         for r in self.store.runs(active_only=True):
@@ -121,8 +134,12 @@ def test_a_degraded_node_is_kept_out_at_the_next_checkpoint_boundary_not_at_once
 
 
 def test_agent_silence_with_fresh_peers_is_a_dead_node_before_slurm_notices(tmp_path):
-    w = World(tmp_path, settings=EngineSettings(heartbeat=HeartbeatSettings(timeout_s=15.0, startup_grace_s=10.0)),
-              slurmd_timeout=300.0, down_after=600.0)  # Slurm's defaults: SlurmdTimeout=300
+    w = World(
+        tmp_path,
+        settings=EngineSettings(heartbeat=HeartbeatSettings(timeout_s=15.0, startup_grace_s=10.0)),
+        slurmd_timeout=300.0,
+        down_after=600.0,
+    )  # Slurm's defaults: SlurmdTimeout=300
     w.until(w.running)
     for _ in range(15):
         w.step()

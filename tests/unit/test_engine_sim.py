@@ -20,8 +20,15 @@ from supervisor.sim.cluster import SimCluster
 from supervisor.sim.fence import SimFencer
 from supervisor.sim.probe import SimProbe
 
-SPEC = RunSpec(name="llm", script="/train.sbatch", partition="main", nodes=2,
-               spare_policy=SparePolicy.NAMED, spare_nodes=("n004",), max_restarts=5)
+SPEC = RunSpec(
+    name="llm",
+    script="/train.sbatch",
+    partition="main",
+    nodes=2,
+    spare_policy=SparePolicy.NAMED,
+    spare_nodes=("n004",),
+    max_restarts=5,
+)
 
 
 class SimulatedCrash(BaseException):
@@ -41,8 +48,15 @@ class World:
 
     def new_engine(self, crash_hook=None, fencer=None):
         self.store = SqliteStore(self.dir)  # a new daemon: a new connection, no memory
-        return Engine(scheduler=self.cluster, store=self.store, clock=self.clock, settings=self.settings,
-                      probe=SimProbe(self.cluster) if self.probe else None, crash_hook=crash_hook, fencer=fencer)
+        return Engine(
+            scheduler=self.cluster,
+            store=self.store,
+            clock=self.clock,
+            settings=self.settings,
+            probe=SimProbe(self.cluster) if self.probe else None,
+            crash_hook=crash_hook,
+            fencer=fencer,
+        )
 
     def ticks(self, n, interval=1.0):
         for _ in range(n):
@@ -72,7 +86,7 @@ class World:
 
     def run_overlaps(self):
         log = self.cluster.incarnation_log
-        return [(a, b) for i, a in enumerate(log) for b in log[i + 1:] if a.overlaps(b)]
+        return [(a, b) for i, a in enumerate(log) for b in log[i + 1 :] if a.overlaps(b)]
 
 
 def test_node_crash_is_recovered_on_healthy_nodes(tmp_path):

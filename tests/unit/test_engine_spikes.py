@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+from test_engine_checkpoints import MemCheckpointStore
+from test_progress_engine import MemoryLog
+
 from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
@@ -17,19 +20,26 @@ from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.reconcile import Engine
 from supervisor.sim.clock import VirtualClock
 from supervisor.sim.cluster import SimCluster
-from test_engine_checkpoints import MemCheckpointStore
-from test_progress_engine import MemoryLog
 
-SPEC = RunSpec(name="llm", script="/w/train.sbatch", partition="main", nodes=2, workdir="/w",
-               output="/logs/%x-%j.out", max_restarts=5,
-               checkpoints=CheckpointPolicy(root="mem://ckpt/", scan_interval_s=5.0, resume_file="/w/resume.json"),
-               spikes=SpikePolicy(heal_window_steps=50, min_steps_before=100, skip_batches=300, max_rollbacks=2))
+SPEC = RunSpec(
+    name="llm",
+    script="/w/train.sbatch",
+    partition="main",
+    nodes=2,
+    workdir="/w",
+    output="/logs/%x-%j.out",
+    max_restarts=5,
+    checkpoints=CheckpointPolicy(root="mem://ckpt/", scan_interval_s=5.0, resume_file="/w/resume.json"),
+    spikes=SpikePolicy(heal_window_steps=50, min_steps_before=100, skip_batches=300, max_rollbacks=2),
+)
 
 
 def line(step: int, loss: float, grad: float = 1.0) -> str:
-    return (f" iteration {step:8d}/ 1000000 | consumed samples: {step * 64} | elapsed time per iteration (ms): "
-            f"1000.0 | learning rate: 1.0E-04 | global batch size: 64 | lm loss: {loss:.6E} | loss scale: 1.0 | "
-            f"grad norm: {grad:.3f} | number of skipped iterations: 0 | number of nan iterations: 0 |")
+    return (
+        f" iteration {step:8d}/ 1000000 | consumed samples: {step * 64} | elapsed time per iteration (ms): "
+        f"1000.0 | learning rate: 1.0E-04 | global batch size: 64 | lm loss: {loss:.6E} | loss scale: 1.0 | "
+        f"grad norm: {grad:.3f} | number of skipped iterations: 0 | number of nan iterations: 0 |"
+    )
 
 
 class Trainer:
@@ -43,11 +53,16 @@ class Trainer:
         self.ckpt = MemCheckpointStore(self.clock)
         self.files: dict[str, MemoryLog] = {}
         self.resume: dict[str, str] = {}
-        watch = CheckpointWatch(lambda s: self.ckpt, self.clock, inline=True,
-                                write_resume=lambda path, text: self.resume.__setitem__(path, text))
+        watch = CheckpointWatch(
+            lambda s: self.ckpt,
+            self.clock,
+            inline=True,
+            write_resume=lambda path, text: self.resume.__setitem__(path, text),
+        )
         progress = ProgressWatch(self._open, HangSettings(multiple=50, floor_s=600, cap_s=3600, startup_grace_s=600))
-        self.engine = Engine(scheduler=self.cluster, store=self.store, clock=self.clock, progress=progress,
-                             checkpoints=watch)
+        self.engine = Engine(
+            scheduler=self.cluster, store=self.store, clock=self.clock, progress=progress, checkpoints=watch
+        )
         self.step = 0
         self.loss = lambda step: 2.0 - step * 1e-5
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import random
 
+from test_engine_checkpoints import MemCheckpointStore
+from test_progress_engine import MemoryLog
+
 from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
@@ -17,12 +20,19 @@ from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.reconcile import Engine
 from supervisor.sim.clock import VirtualClock
 from supervisor.sim.cluster import SimCluster
-from test_engine_checkpoints import MemCheckpointStore
-from test_progress_engine import MemoryLog
 
-SPEC = RunSpec(name="llm", script="/w/train.sbatch", partition="main", nodes=6, workdir="/w",
-               output="/logs/%x-%j.out", max_restarts=5, spare_policy=SparePolicy.NAMED, spare_nodes=("n008",),
-               checkpoints=CheckpointPolicy(root="mem://ckpt/", scan_interval_s=5.0))
+SPEC = RunSpec(
+    name="llm",
+    script="/w/train.sbatch",
+    partition="main",
+    nodes=6,
+    workdir="/w",
+    output="/logs/%x-%j.out",
+    max_restarts=5,
+    spare_policy=SparePolicy.NAMED,
+    spare_nodes=("n008",),
+    checkpoints=CheckpointPolicy(root="mem://ckpt/", scan_interval_s=5.0),
+)
 
 
 def jsonl(step: int, nodes: int, slow_node: int | None, rng: random.Random, slow: float = 1.05) -> str:
@@ -32,8 +42,16 @@ def jsonl(step: int, nodes: int, slow_node: int | None, rng: random.Random, slow
             t = 1.0 * (1 + rng.gauss(0, 0.01))
             ranks.append(t * (slow if n == slow_node else 1.0))
     step_time = max(ranks)
-    return json.dumps({"ssv": 1, "step": step, "loss": 2.0, "step_time_s": step_time,
-                       "tokens_per_s": 4e6 / step_time, "rank_step_times_s": ranks})
+    return json.dumps(
+        {
+            "ssv": 1,
+            "step": step,
+            "loss": 2.0,
+            "step_time_s": step_time,
+            "tokens_per_s": 4e6 / step_time,
+            "rank_step_times_s": ranks,
+        }
+    )
 
 
 def test_a_5pct_straggler_is_named_and_dropped_at_the_next_checkpoint_with_the_slowdown_logged(tmp_path):
@@ -48,10 +66,13 @@ def test_a_5pct_straggler_is_named_and_dropped_at_the_next_checkpoint_with_the_s
         logs[path] = MemoryLog()
         return logs[path]
 
-    engine = Engine(scheduler=cluster, store=store, clock=clock,
-                    progress=ProgressWatch(opener, HangSettings(multiple=50, floor_s=600, cap_s=3600,
-                                                                startup_grace_s=600)),
-                    checkpoints=CheckpointWatch(lambda s: ckpt, clock, inline=True))
+    engine = Engine(
+        scheduler=cluster,
+        store=store,
+        clock=clock,
+        progress=ProgressWatch(opener, HangSettings(multiple=50, floor_s=600, cap_s=3600, startup_grace_s=600)),
+        checkpoints=CheckpointWatch(lambda s: ckpt, clock, inline=True),
+    )
     rng = random.Random(7)
     step = 0
     slow_node = None

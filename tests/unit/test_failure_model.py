@@ -38,9 +38,15 @@ def test_table5_sums_to_419_and_keeps_the_papers_faulty_gpu_typo():
 def test_table5_matches_the_shared_transcription_row_by_row():
     with open(SHARED_CSV, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert [(r["component"], r["category"], int(r["interruption_count"]),
-             float(r["percent_of_interruptions_as_printed"].rstrip("%"))) for r in rows] == \
-        [(c.component, c.group, c.count, c.printed_percent) for c in TABLE5]
+    assert [
+        (
+            r["component"],
+            r["category"],
+            int(r["interruption_count"]),
+            float(r["percent_of_interruptions_as_printed"].rstrip("%")),
+        )
+        for r in rows
+    ] == [(c.component, c.group, c.count, c.printed_percent) for c in TABLE5]
 
 
 def test_weights_are_counts_not_printed_percentages():
@@ -93,10 +99,12 @@ def test_young_daly():
 
 def test_titan_trace_gives_gpu_failures_per_gpu_hour(tmp_path):
     trace = tmp_path / "gc_full.csv"
-    trace.write_text("SN,location,insert,remove,duration,out,event\n"
-                     "1,c0,2014-01-01,2015-01-01,3600000,TRUE,DBE\n"
-                     "2,c1,2014-01-01,2015-01-01,3600000,TRUE,OTB\n"
-                     "3,c2,2014-01-01,2015-01-01,3600000,FALSE,\n")
+    trace.write_text(
+        "SN,location,insert,remove,duration,out,event\n"
+        "1,c0,2014-01-01,2015-01-01,3600000,TRUE,DBE\n"
+        "2,c1,2014-01-01,2015-01-01,3600000,TRUE,OTB\n"
+        "3,c2,2014-01-01,2015-01-01,3600000,FALSE,\n"
+    )
     model = titan_model(trace)
     assert math.isclose(model.per_gpu_hour, 2 / 3000.0)
     assert {c.shows for c in model.categories} == {Manifestation.ECC, Manifestation.XID}

@@ -13,8 +13,16 @@ RUN = "llama-70b"
 
 
 def _ev(kind: EventKind, at: float, attempt: int | None, message: str = "", **evidence) -> Event:
-    return Event(RUN, kind, message or kind.value, f"{kind.value}:{at}:{attempt}", T0 + at, attempt, 500 + (attempt or 0),
-                 evidence=evidence)
+    return Event(
+        RUN,
+        kind,
+        message or kind.value,
+        f"{kind.value}:{at}:{attempt}",
+        T0 + at,
+        attempt,
+        500 + (attempt or 0),
+        evidence=evidence,
+    )
 
 
 def scenario() -> tuple[list[AttemptRecord], list[Event]]:
@@ -34,13 +42,28 @@ def scenario() -> tuple[list[AttemptRecord], list[Event]]:
     events = [
         _ev(EventKind.SUBMITTED, 0, 0),
         _ev(EventKind.STARTED, 600, 0),
-        _ev(EventKind.FAULT, 10000, 0, "attempt 0 (job 500, restart 0): hang: no training step for 400 s",
-            last_step=900, silent_s=400.0, step_interval_s=10.0, step_time_s=10.0, nodes=["gpu-1", "gpu-2"]),
+        _ev(
+            EventKind.FAULT,
+            10000,
+            0,
+            "attempt 0 (job 500, restart 0): hang: no training step for 400 s",
+            last_step=900,
+            silent_s=400.0,
+            step_interval_s=10.0,
+            step_time_s=10.0,
+            nodes=["gpu-1", "gpu-2"],
+        ),
         _ev(EventKind.STOPPED, 10060, 0),
         _ev(EventKind.RESTARTED, 10100, 1, resume_step=800, exclude=[]),
         _ev(EventKind.STARTED, 10400, 1),
-        _ev(EventKind.FAULT, 20400, 1, "attempt 1 (job 501, restart 0): fault on gpu-2: XID 79",
-            node="gpu-2", observed="XID 79: GPU has fallen off the bus"),
+        _ev(
+            EventKind.FAULT,
+            20400,
+            1,
+            "attempt 1 (job 501, restart 0): fault on gpu-2: XID 79",
+            node="gpu-2",
+            observed="XID 79: GPU has fallen off the bus",
+        ),
         _ev(EventKind.NODE_DRAINED, 20400, 1, node="gpu-2"),
         _ev(EventKind.RESTARTED, 20460, 2, exclude=["gpu-2"]),
         _ev(EventKind.STARTED, 21060, 2),
@@ -123,14 +146,22 @@ def test_a_running_run_is_counted_up_to_now_and_an_open_recovery_is_lost_time():
     assert g.interruptions[-1].restart_s is None and g.interruptions[-1].recovery_s is None
 
 
-@pytest.mark.parametrize(("message", "evidence", "category", "component"), [
-    ("fault on gpu-117: slurmd probe failed 3 times", {"node": "gpu-117"}, "Node lost (cause not seen)", None),
-    ("fault on n1: XID 48 double-bit ECC error", {"node": "n1"}, "GPU", "GPU HBM3 Memory"),
-    ("fault on n1: mlx5_0 port down", {"node": "n1"}, "Host", "NIC"),
-    ("fault on n1: InfiniBand switch link flapping", {"node": "n1"}, "Network", "Network Switch/Cable"),
-    ("hang: NCCL watchdog timeout", {"last_step": 5}, "Unknown", "NCCL Watchdog Timeouts"),
-    ("job 7 ended FAILED with exit code 1", {"state": "FAILED", "exit_code": 1}, "Job failure (cause not seen)", None),
-])
+@pytest.mark.parametrize(
+    ("message", "evidence", "category", "component"),
+    [
+        ("fault on gpu-117: slurmd probe failed 3 times", {"node": "gpu-117"}, "Node lost (cause not seen)", None),
+        ("fault on n1: XID 48 double-bit ECC error", {"node": "n1"}, "GPU", "GPU HBM3 Memory"),
+        ("fault on n1: mlx5_0 port down", {"node": "n1"}, "Host", "NIC"),
+        ("fault on n1: InfiniBand switch link flapping", {"node": "n1"}, "Network", "Network Switch/Cable"),
+        ("hang: NCCL watchdog timeout", {"last_step": 5}, "Unknown", "NCCL Watchdog Timeouts"),
+        (
+            "job 7 ended FAILED with exit code 1",
+            {"state": "FAILED", "exit_code": 1},
+            "Job failure (cause not seen)",
+            None,
+        ),
+    ],
+)
 def test_causes_map_onto_llama3_table5_where_they_can(message, evidence, category, component):
     cause = classify([Event(RUN, EventKind.FAULT, message, "k", T0, 0, 1, evidence=evidence)])
     assert (cause.category, cause.component) == (category, component)

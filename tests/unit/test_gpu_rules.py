@@ -21,9 +21,24 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "gpu_errors"  # copies of 
 
 
 def healthy(i: int) -> GpuSample:
-    return GpuSample(i=i, bus=f"00000000:{0x19 + i:02X}:00.0", ecc_cor_vol=0, ecc_unc_vol=0, remap_cor=0, remap_unc=0,
-                     remap_pending=False, remap_failed=False, retired_sbe=0, retired_dbe=0, clocks=0, temp_c=50,
-                     nvlink_crc=0, nvlink_replay=0, nvlink_recovery=0, recovery=0)
+    return GpuSample(
+        i=i,
+        bus=f"00000000:{0x19 + i:02X}:00.0",
+        ecc_cor_vol=0,
+        ecc_unc_vol=0,
+        remap_cor=0,
+        remap_unc=0,
+        remap_pending=False,
+        remap_failed=False,
+        retired_sbe=0,
+        retired_dbe=0,
+        clocks=0,
+        temp_c=50,
+        nvlink_crc=0,
+        nvlink_replay=0,
+        nvlink_recovery=0,
+        recovery=0,
+    )
 
 
 class Node:
@@ -38,8 +53,7 @@ class Node:
         self.seq += 1
         samples = tuple(replace(healthy(i), **(gpus or {}).get(i, {})) for i in range(8))  # type: ignore[arg-type]
         kw.setdefault("gpu_count", 8)
-        r = NodeReport(v=SCHEMA_VERSION, node=self.name, seq=self.seq, at=float(self.seq),
-                       gpus=samples, **kw)  # type: ignore[arg-type]
+        r = NodeReport(v=SCHEMA_VERSION, node=self.name, seq=self.seq, at=float(self.seq), gpus=samples, **kw)  # type: ignore[arg-type]
         return self.rules.evaluate(r, now=100.0 + self.seq, run="run1")
 
 
@@ -52,15 +66,33 @@ def test_healthy_node_has_no_findings() -> None:
     assert all(node.report() == [] for _ in range(20))
 
 
-@pytest.mark.parametrize(("xid", "severity"), [
-    (48, Severity.FATAL), (63, Severity.DEGRADED), (64, Severity.FATAL), (74, Severity.FATAL),
-    (79, Severity.FATAL), (94, Severity.DEGRADED), (95, Severity.FATAL), (119, Severity.FATAL),
-    (120, Severity.FATAL), (13, Severity.WATCH), (31, Severity.WATCH), (43, Severity.WATCH),
-    (4242, Severity.WATCH),
-])
+@pytest.mark.parametrize(
+    ("xid", "severity"),
+    [
+        (48, Severity.FATAL),
+        (63, Severity.DEGRADED),
+        (64, Severity.FATAL),
+        (74, Severity.FATAL),
+        (79, Severity.FATAL),
+        (94, Severity.DEGRADED),
+        (95, Severity.FATAL),
+        (119, Severity.FATAL),
+        (120, Severity.FATAL),
+        (13, Severity.WATCH),
+        (31, Severity.WATCH),
+        (43, Severity.WATCH),
+        (4242, Severity.WATCH),
+    ],
+)
 def test_xids_classed_after_the_catalogue(xid: int, severity: Severity) -> None:
     (f,) = Node().report(xids=(XidEvent(gpu=3, xid=xid, at=1.0),))
-    assert (f.severity, f.rule, f.node, f.run, f.at) == (severity, f"xid-{xid}@{RULES_VERSION}", "gpu001", "run1", 101.0)
+    assert (f.severity, f.rule, f.node, f.run, f.at) == (
+        severity,
+        f"xid-{xid}@{RULES_VERSION}",
+        "gpu001",
+        "run1",
+        101.0,
+    )
     assert f"XID {xid}" in f.reason and "gpu 3" in f.reason and f.evidence["xid"] == xid
 
 
@@ -76,18 +108,21 @@ def test_xid_79_fires_once_then_stays_latched_until_clear() -> None:
     assert rules_of(node.report(xids=x79)) == ["xid-79@1"]  # clear for 3: fires again
 
 
-@pytest.mark.parametrize(("gpu", "rule", "severity"), [
-    ({"lost": True}, "gpu-lost@1", Severity.FATAL),
-    ({"errors": {"gpu": "GPU is lost"}}, "gpu-lost@1", Severity.FATAL),
-    ({"ecc_unc_vol": 2}, "ecc-uncorrectable@1", Severity.FATAL),
-    ({"remap_failed": True, "remap_pending": True}, "row-remap-failed@1", Severity.FATAL),
-    ({"remap_pending": True, "remap_unc": 4}, "row-remap-pending@1", Severity.DEGRADED),
-    ({"retired_pending": True}, "retired-pages-pending@1", Severity.DEGRADED),
-    ({"retired_sbe": 40, "retired_dbe": 20}, "retired-pages@1", Severity.DEGRADED),
-    ({"recovery": 1}, "recovery-action@1", Severity.FATAL),
-    ({"recovery": 2}, "recovery-action@1", Severity.FATAL),
-    ({"recovery": 4}, "recovery-action@1", Severity.DEGRADED),
-])
+@pytest.mark.parametrize(
+    ("gpu", "rule", "severity"),
+    [
+        ({"lost": True}, "gpu-lost@1", Severity.FATAL),
+        ({"errors": {"gpu": "GPU is lost"}}, "gpu-lost@1", Severity.FATAL),
+        ({"ecc_unc_vol": 2}, "ecc-uncorrectable@1", Severity.FATAL),
+        ({"remap_failed": True, "remap_pending": True}, "row-remap-failed@1", Severity.FATAL),
+        ({"remap_pending": True, "remap_unc": 4}, "row-remap-pending@1", Severity.DEGRADED),
+        ({"retired_pending": True}, "retired-pages-pending@1", Severity.DEGRADED),
+        ({"retired_sbe": 40, "retired_dbe": 20}, "retired-pages@1", Severity.DEGRADED),
+        ({"recovery": 1}, "recovery-action@1", Severity.FATAL),
+        ({"recovery": 2}, "recovery-action@1", Severity.FATAL),
+        ({"recovery": 4}, "recovery-action@1", Severity.DEGRADED),
+    ],
+)
 def test_hard_evidence_fires_on_the_first_report(gpu: dict[str, object], rule: str, severity: Severity) -> None:
     findings = Node().report({5: gpu})
     assert [(f.rule, f.severity) for f in findings] == [(rule, severity)]

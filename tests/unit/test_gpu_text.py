@@ -32,8 +32,7 @@ def test_a10_dump_with_a_pending_row_remap() -> None:
 def test_h100_dump_eight_gpus_with_power_brake() -> None:
     dump = parse_smi_query(read("gpud_nvidia-smi-query.535.161.08.out.0.valid"))
     assert dump.problems == () and len(dump.gpus) == 8 and [g.i for g in dump.gpus] == list(range(8))
-    assert all(g.name == "NVIDIA H100 80GB HBM3" and g.ecc_unc_vol == 0 and g.remap_pending is False
-               for g in dump.gpus)
+    assert all(g.name == "NVIDIA H100 80GB HBM3" and g.ecc_unc_vol == 0 and g.remap_pending is False for g in dump.gpus)
     assert dump.gpus[0].clocks == 0x08 | 0x80  # HW slowdown + HW power brake slowdown: Active
     assert dump.gpus[0].recovery == 0  # "Reset Required: No", "Drain and Reset Recommended: No"
     assert len({g.uuid for g in dump.gpus}) == 8

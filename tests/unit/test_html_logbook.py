@@ -11,6 +11,7 @@ import threading
 
 import pytest
 from click.testing import CliRunner
+from test_goodput import RUN, T0, scenario
 
 from supervisor.adapters.html_logbook import logbook_page, markdown_to_html, render_html, series_from_events
 from supervisor.adapters.html_svg import thin
@@ -18,11 +19,12 @@ from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.cli import main, render
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import RunSpec, RunState
-from supervisor.sim.demo import RUN as DEMO, DemoSettings, run_demo
+from supervisor.sim.demo import RUN as DEMO
+from supervisor.sim.demo import DemoSettings, run_demo
 
-from test_goodput import RUN, T0, scenario
-
-SPEC = RunSpec(name=RUN, script="t.sbatch", partition="gpu", nodes=2, max_restarts=5, sbatch_args=("--gpus-per-node=8",))
+SPEC = RunSpec(
+    name=RUN, script="t.sbatch", partition="gpu", nodes=2, max_restarts=5, sbatch_args=("--gpus-per-node=8",)
+)
 
 
 def _html(series=None, extra=()) -> str:
@@ -51,8 +53,19 @@ def test_no_progress_data_is_said_not_drawn():
 
 
 def test_progress_from_event_evidence_and_spikes_are_marked():
-    extra = [Event(RUN, EventKind.WARNING, f"step {s}", f"p{s}", T0 + 1000 + s, 0, 500,
-                   evidence={"step": s, "loss": 2.0 + (3.0 if s == 50 else 0.0)}) for s in range(0, 100, 10)]
+    extra = [
+        Event(
+            RUN,
+            EventKind.WARNING,
+            f"step {s}",
+            f"p{s}",
+            T0 + 1000 + s,
+            0,
+            500,
+            evidence={"step": s, "loss": 2.0 + (3.0 if s == 50 else 0.0)},
+        )
+        for s in range(0, 100, 10)
+    ]
     assert series_from_events(extra)[5] == (T0 + 1050, 50, 5.0, None)
     html = _html(extra=extra)
     assert '<svg id="loss"' in html and '<svg id="throughput"' not in html
@@ -66,8 +79,10 @@ def test_text_is_escaped():
 
 
 def test_markdown_subset():
-    md = "# T\n\n## H\n\n### 2026 [x]: Run r — y\n\n- **Evidence**: `a<b`\n- **Decision**:\n  - one\n  - two\n" \
-         "\n> quote\n>\n> more\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+    md = (
+        "# T\n\n## H\n\n### 2026 [x]: Run r — y\n\n- **Evidence**: `a<b`\n- **Decision**:\n  - one\n  - two\n"
+        "\n> quote\n>\n> more\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+    )
     html = markdown_to_html(md, skip_title=True)
     assert "<h2" not in html.split("<h3")[0] or True
     assert '<h3 id="h">H</h3>' in html and "<h4" in html and "<h2" not in html
@@ -172,14 +187,24 @@ def test_follow_hands_over_only_new_events():
 
 def test_follow_prints_new_events_and_exits_cleanly_on_ctrl_c(demo_dir):
     env = {**os.environ, "SLURM_SUPERVISOR_STATE_DIR": str(demo_dir)}
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor", "logbook", DEMO, "--follow", "--interval", "0.2",
-                             "--kind", "note"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "supervisor", "logbook", DEMO, "--follow", "--interval", "0.2", "--kind", "note"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
         reader.start()
-        note = subprocess.run([sys.executable, "-m", "supervisor", "logbook", "note", DEMO, "swapped the PSU on n004"],
-                              env=env, capture_output=True, text=True, timeout=60)
+        note = subprocess.run(
+            [sys.executable, "-m", "supervisor", "logbook", "note", DEMO, "swapped the PSU on n004"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert note.returncode == 0, note.stderr
         deadline = threading.Event()
         for _ in range(100):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-from dataclasses import replace
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -57,8 +57,15 @@ def body(*reports: NodeReport, node: str = "gpu001", dropped: int = 0) -> bytes:
     return json.dumps(wire).encode()
 
 
-def post(server: IngestServer, data: bytes, *, run: str = "run-a", token: str | None = TOKENS["run-a"],
-         method: str = "POST", path: str | None = None) -> tuple[int, dict[str, object]]:
+def post(
+    server: IngestServer,
+    data: bytes,
+    *,
+    run: str = "run-a",
+    token: str | None = TOKENS["run-a"],
+    method: str = "POST",
+    path: str | None = None,
+) -> tuple[int, dict[str, object]]:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
     headers = {"Content-Type": "application/json"}
     if token is not None:
@@ -90,31 +97,38 @@ def test_batch_sent_again_counts_once(server: IngestServer) -> None:
     assert len(server.ingest.drain_findings()) == 1
 
 
-@pytest.mark.parametrize(("kwargs", "status", "reason"), [
-    ({"token": None}, 401, "missing 'Authorization: Bearer TOKEN'"),
-    ({"token": "guess"}, 403, "not run 'run-a''s token"),
-    ({"token": TOKENS["run-b"]}, 403, "not run 'run-a''s token"),  # another run's token
-    ({"run": "nope"}, 404, "no supervised run named 'nope'"),
-    ({"path": "/v1/reports/../../etc"}, 404, "POST reports to /v1/reports/RUN"),
-    ({"path": "/admin"}, 404, "no such path"),
-    ({"method": "PUT"}, 405, "POST"),
-])
-def test_forged_or_misdirected_requests_are_refused(server: IngestServer, kwargs: dict[str, object],
-                                                    status: int, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "status", "reason"),
+    [
+        ({"token": None}, 401, "missing 'Authorization: Bearer TOKEN'"),
+        ({"token": "guess"}, 403, "not run 'run-a''s token"),
+        ({"token": TOKENS["run-b"]}, 403, "not run 'run-a''s token"),  # another run's token
+        ({"run": "nope"}, 404, "no supervised run named 'nope'"),
+        ({"path": "/v1/reports/../../etc"}, 404, "POST reports to /v1/reports/RUN"),
+        ({"path": "/admin"}, 404, "no such path"),
+        ({"method": "PUT"}, 405, "POST"),
+    ],
+)
+def test_forged_or_misdirected_requests_are_refused(
+    server: IngestServer, kwargs: dict[str, object], status: int, reason: str
+) -> None:
     got, answer = post(server, body(report(xids=(XidEvent(gpu=0, xid=79, at=1.0),))), **kwargs)  # type: ignore[arg-type]
     assert got == status and reason in str(answer["error"])
     assert server.ingest.drain_findings() == [] and server.ingest.heartbeat_ages(0) == {}
 
 
-@pytest.mark.parametrize(("data", "status", "reason"), [
-    (b"{", 400, "malformed report batch"),
-    (b"[]", 400, "Expected `object`"),
-    (b'{"v":1,"node":"n","reports":[{"v":1,"node":"n","seq":"one","at":1}]}', 400, "reports[0].seq"),
-    (b'{"v":1,"node":"n","reports":[]}', 422, "at least one report"),
-    (b'{"v":9,"node":"n","reports":[{"v":1,"node":"n","seq":1,"at":1}]}', 422, "batch schema version 9"),
-    (b'{"v":1,"node":"a","reports":[{"v":1,"node":"b","seq":1,"at":1}]}', 422, "inside a batch from node"),
-    (b"\xff\xfe" * 100, 400, "malformed"),
-])
+@pytest.mark.parametrize(
+    ("data", "status", "reason"),
+    [
+        (b"{", 400, "malformed report batch"),
+        (b"[]", 400, "Expected `object`"),
+        (b'{"v":1,"node":"n","reports":[{"v":1,"node":"n","seq":"one","at":1}]}', 400, "reports[0].seq"),
+        (b'{"v":1,"node":"n","reports":[]}', 422, "at least one report"),
+        (b'{"v":9,"node":"n","reports":[{"v":1,"node":"n","seq":1,"at":1}]}', 422, "batch schema version 9"),
+        (b'{"v":1,"node":"a","reports":[{"v":1,"node":"b","seq":1,"at":1}]}', 422, "inside a batch from node"),
+        (b"\xff\xfe" * 100, 400, "malformed"),
+    ],
+)
 def test_malformed_payloads_get_the_reason(server: IngestServer, data: bytes, status: int, reason: str) -> None:
     got, answer = post(server, data)
     assert got == status and reason in str(answer["error"])
@@ -130,7 +144,11 @@ def test_oversized_body_is_refused_before_it_is_read(server: IngestServer) -> No
 
 
 def test_garbage_and_slow_clients_do_not_stop_the_server(server: IngestServer) -> None:
-    for junk in (b"\x00\x01\x02 garbage\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n", b"POST /x HTTP/1.1\r\n" + b"X: y\r\n" * 100):
+    for junk in (
+        b"\x00\x01\x02 garbage\r\n\r\n",
+        b"GET / HTTP/9.9\r\n\r\n",
+        b"POST /x HTTP/1.1\r\n" + b"X: y\r\n" * 100,
+    ):
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
             s.sendall(junk)
             s.shutdown(socket.SHUT_WR)
@@ -143,8 +161,11 @@ def test_garbage_and_slow_clients_do_not_stop_the_server(server: IngestServer) -
 def test_keep_alive_and_pipelining(server: IngestServer) -> None:
     one = body(report(seq=1))
     two = body(report(seq=2))
-    req = b"".join(b"POST /v1/reports/run-a HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d"
-                   b"\r\n\r\n%s" % (TOKENS["run-a"].encode(), len(b), b) for b in (one, two))
+    req = b"".join(
+        b"POST /v1/reports/run-a HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d"
+        b"\r\n\r\n%s" % (TOKENS["run-a"].encode(), len(b), b)
+        for b in (one, two)
+    )
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
         s.sendall(req)
         data = b""
@@ -181,8 +202,13 @@ def test_sender_buffers_while_the_daemon_is_down_then_delivers(clock: FakeClock)
     with socket.socket() as s:  # a port nobody listens on (yet)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    sender = HttpSender(f"http://127.0.0.1:{port}", "run-a", TOKENS["run-a"], "gpu001",
-                        SenderSettings(buffer_max=3, backoff_initial_s=2, backoff_max_s=8, timeout_s=2))
+    sender = HttpSender(
+        f"http://127.0.0.1:{port}",
+        "run-a",
+        TOKENS["run-a"],
+        "gpu001",
+        SenderSettings(buffer_max=3, backoff_initial_s=2, backoff_max_s=8, timeout_s=2),
+    )
     for seq in range(1, 6):
         sender.add(report(seq=seq))
     assert sender.pending == 3 and sender.dropped == 2  # the two oldest dropped

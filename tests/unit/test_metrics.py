@@ -5,13 +5,12 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from test_goodput import RUN, T0, scenario
 
 from supervisor.adapters.metrics import metrics_page, metrics_text
 from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.domain.records import Event, EventKind, NodeVerdict, Verdict
 from supervisor.domain.run import RunSpec, RunState
-
-from test_goodput import RUN, T0, scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,8 +21,11 @@ def _families(text: bytes) -> dict:
 
 def _value(families: dict, name: str, sample: str | None = None, **labels: str) -> float:
     fam = families[name]
-    found = [s.value for s in fam.samples if (sample is None or s.name == sample) and
-             all(s.labels.get(k) == v for k, v in labels.items())]
+    found = [
+        s.value
+        for s in fam.samples
+        if (sample is None or s.name == sample) and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
     assert len(found) == 1, (name, labels, fam.samples)
     return found[0]
 
@@ -48,10 +50,30 @@ def store(tmp_path):
     s.attempt_started("gpt-b", 0, ("n1", "n2", "n3", "n4"), T0 + 100)
     s.set_state("gpt-b", RunState.RUNNING, T0 + 100)
     for step, at in ((1000, 2000), (2000, 5000)):
-        s.record_event(Event("gpt-b", EventKind.CHECKPOINT_VERIFIED, f"checkpoint step {step} verified", f"v{step}",
-                             T0 + at, 0, 900, evidence={"location": f"s3://b/ckpt/{step}/", "step": step}))
-    s.record_event(Event("gpt-b", EventKind.CHECKPOINT_VERIFIED, "checkpoint step 1000 verified (full)", "v1000f",
-                         T0 + 6000, 0, 900, evidence={"location": "s3://b/ckpt/1000/", "step": 1000}))
+        s.record_event(
+            Event(
+                "gpt-b",
+                EventKind.CHECKPOINT_VERIFIED,
+                f"checkpoint step {step} verified",
+                f"v{step}",
+                T0 + at,
+                0,
+                900,
+                evidence={"location": f"s3://b/ckpt/{step}/", "step": step},
+            )
+        )
+    s.record_event(
+        Event(
+            "gpt-b",
+            EventKind.CHECKPOINT_VERIFIED,
+            "checkpoint step 1000 verified (full)",
+            "v1000f",
+            T0 + 6000,
+            0,
+            900,
+            evidence={"location": "s3://b/ckpt/1000/", "step": 1000},
+        )
+    )
     s.add_run(RunSpec(name="queued-c", script="t.sbatch", partition="gpu", nodes=1), T0)
     s.set_verdict(NodeVerdict("gpu-2", Verdict.BAD, "XID 79", {}, RUN, None, T0 + 20400))
     s.set_node_action("gpu-2", "drained", T0 + 20400)
@@ -104,8 +126,13 @@ def test_alert_rules_and_dashboard_use_only_metrics_we_export(store):
     rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
     exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
     names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
-    assert {"SlurmSupervisorRunGaveUp", "SlurmSupervisorMassFault", "SlurmSupervisorNoVerifiedCheckpoint",
-            "SlurmSupervisorRepeatedRollbacks", "SlurmSupervisorEttrBelowTarget"} <= names
+    assert {
+        "SlurmSupervisorRunGaveUp",
+        "SlurmSupervisorMassFault",
+        "SlurmSupervisorNoVerifiedCheckpoint",
+        "SlurmSupervisorRepeatedRollbacks",
+        "SlurmSupervisorEttrBelowTarget",
+    } <= names
     dashboard = (ROOT / "deploy/grafana/slurm-supervisor.json").read_text()
     import json
     import re

@@ -24,10 +24,20 @@ from supervisor.domain.node_report import (
 
 
 def report(seq: int = 1, node: str = "gpu001", **kw: object) -> NodeReport:
-    gpus = tuple(GpuSample(i=i, uuid=f"GPU-{i}", bus=f"00000000:{i:02X}:00.0", ecc_unc_vol=0, temp_c=50,
-                           power_w=400.5, util=90) for i in range(8))
-    base = NodeReport(v=SCHEMA_VERSION, node=node, seq=seq, at=1000.0 + seq, interval_s=5.0, gpu_count=8,
-                      gpus=gpus, host=HostSample(mem_used_pct=40.0))
+    gpus = tuple(
+        GpuSample(i=i, uuid=f"GPU-{i}", bus=f"00000000:{i:02X}:00.0", ecc_unc_vol=0, temp_c=50, power_w=400.5, util=90)
+        for i in range(8)
+    )
+    base = NodeReport(
+        v=SCHEMA_VERSION,
+        node=node,
+        seq=seq,
+        at=1000.0 + seq,
+        interval_s=5.0,
+        gpu_count=8,
+        gpus=gpus,
+        host=HostSample(mem_used_pct=40.0),
+    )
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
@@ -49,25 +59,28 @@ def test_wire_form_leaves_out_what_was_not_read() -> None:
     assert len(json.dumps(to_wire(batch()), separators=(",", ":"))) < 2500  # 8 GPUs stay compact
 
 
-@pytest.mark.parametrize(("change", "expected"), [
-    (dict(v=2), "batch schema version 2"),
-    (dict(node="gpu 001; rm -rf"), "node must be"),
-    (dict(reports=()), "at least one report"),
-    (dict(dropped=-1), "dropped must not be negative"),
-    (dict(reports=(report(),) * (MAX_REPORTS_PER_BATCH + 1)), "at most 256 reports"),
-    (dict(reports=(report(node="gpu002"),)), "inside a batch from node"),
-    (dict(reports=(report(v=3),)), "report schema version 3"),
-    (dict(reports=(report(source="shell"),)), "source 'shell'"),
-    (dict(reports=(report(at=float("nan")),)), "finite time"),
-    (dict(reports=(report(gpus=(GpuSample(i=MAX_GPUS),)),)), "outside 0..63"),
-    (dict(reports=(report(gpus=(GpuSample(i=1), GpuSample(i=1))),)), "appears twice"),
-    (dict(reports=(report(gpus=(GpuSample(i=0, ecc_unc_vol=-5),)),)), "must not be negative"),
-    (dict(reports=(report(gpus=(GpuSample(i=0, util=250),)),)), "util must be within"),
-    (dict(reports=(report(gpus=(GpuSample(i=0, power_w=float("inf")),)),)), "power_w"),
-    (dict(reports=(report(gpus=(GpuSample(i=0, uuid="x" * 300),)),)), "at most 256"),
-    (dict(reports=(report(xids=(XidEvent(gpu=99, xid=79, at=1.0),)),)), "xid event 79"),
-    (dict(reports=(report(errors=("e",) * 100),)), "errors"),
-])
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (dict(v=2), "batch schema version 2"),
+        (dict(node="gpu 001; rm -rf"), "node must be"),
+        (dict(reports=()), "at least one report"),
+        (dict(dropped=-1), "dropped must not be negative"),
+        (dict(reports=(report(),) * (MAX_REPORTS_PER_BATCH + 1)), "at most 256 reports"),
+        (dict(reports=(report(node="gpu002"),)), "inside a batch from node"),
+        (dict(reports=(report(v=3),)), "report schema version 3"),
+        (dict(reports=(report(source="shell"),)), "source 'shell'"),
+        (dict(reports=(report(at=float("nan")),)), "finite time"),
+        (dict(reports=(report(gpus=(GpuSample(i=MAX_GPUS),)),)), "outside 0..63"),
+        (dict(reports=(report(gpus=(GpuSample(i=1), GpuSample(i=1))),)), "appears twice"),
+        (dict(reports=(report(gpus=(GpuSample(i=0, ecc_unc_vol=-5),)),)), "must not be negative"),
+        (dict(reports=(report(gpus=(GpuSample(i=0, util=250),)),)), "util must be within"),
+        (dict(reports=(report(gpus=(GpuSample(i=0, power_w=float("inf")),)),)), "power_w"),
+        (dict(reports=(report(gpus=(GpuSample(i=0, uuid="x" * 300),)),)), "at most 256"),
+        (dict(reports=(report(xids=(XidEvent(gpu=99, xid=79, at=1.0),)),)), "xid event 79"),
+        (dict(reports=(report(errors=("e",) * 100),)), "errors"),
+    ],
+)
 def test_check_batch_names_the_problem(change: dict[str, object], expected: str) -> None:
     problem = check_batch(batch(**change))
     assert problem is not None and expected in problem

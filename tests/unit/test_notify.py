@@ -70,8 +70,16 @@ def store(tmp_path):
 
 
 def _ev(kind, at, attempt=0, message="", key=None, **evidence):
-    return Event("llama-70b", kind, message or str(kind), key or f"{kind}:{at}", T0 + at, attempt, 100 + attempt,
-                 evidence=evidence)
+    return Event(
+        "llama-70b",
+        kind,
+        message or str(kind),
+        key or f"{kind}:{at}",
+        T0 + at,
+        attempt,
+        100 + attempt,
+        evidence=evidence,
+    )
 
 
 def test_gave_up_pages_once_in_slack_format(hook, store):
@@ -101,8 +109,12 @@ def test_stale_checkpoint_triggers_once_and_a_verified_checkpoint_resolves_it_pa
     assert trigger["dedup_key"] == resolve["dedup_key"] == "llama-70b:checkpoint_stale"
     assert trigger["routing_key"] == "R0UT1NG"
     p = trigger["payload"]
-    assert (p["severity"], p["source"], p["component"], p["class"]) == ("error", "login1", "llama-70b",
-                                                                        "checkpoint_stale")
+    assert (p["severity"], p["source"], p["component"], p["class"]) == (
+        "error",
+        "login1",
+        "llama-70b",
+        "checkpoint_stale",
+    )
     assert p["timestamp"].startswith("2026-11-29T00:00:10") and "3.0 h" in p["summary"]
     assert "payload" not in resolve
 
@@ -175,8 +187,10 @@ class _Later(StrEnum):  # the rollback kind the spike issue adds; the pager matc
 
 def test_repeated_rollbacks_page_once_within_the_window_and_close_with_the_run():
     pager = Pager(PagerSettings(rollbacks=3, rollback_window_s=3600))
-    rb = [Event("r", _Later.ROLLBACK, f"rolled back to step {s}", f"rb{s}", T0 + t, 0, 1)  # type: ignore[arg-type]
-          for s, t in ((100, 0), (200, 4000), (300, 4100), (400, 4200), (500, 4300))]
+    rb = [
+        Event("r", _Later.ROLLBACK, f"rolled back to step {s}", f"rb{s}", T0 + t, 0, 1)  # type: ignore[arg-type]
+        for s, t in ((100, 0), (200, 4000), (300, 4100), (400, 4200), (500, 4300))
+    ]
     assert pager.feed(rb[:2]) == []  # two rollbacks, and more than an hour apart
     (alert,) = pager.feed(rb[2:])  # three within an hour: one page, the fourth and fifth join it
     assert (alert.kind, alert.action, alert.dedup_key) == ("repeated_rollbacks", "trigger", "r:repeated_rollbacks")

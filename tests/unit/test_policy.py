@@ -3,15 +3,30 @@
 from dataclasses import replace
 
 from supervisor.domain.actions import (
-    AttemptEnded, AttemptRequeued, Cancel, ChangeNode, Exclude, Release, SetExcluded, SetState, Submit,
+    AttemptEnded,
+    AttemptRequeued,
+    Cancel,
+    ChangeNode,
+    Exclude,
+    Release,
+    SetExcluded,
+    SetState,
+    Submit,
 )
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange, NodeInfo, NodeState
 from supervisor.domain.policy import Observation, Policy, decide
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.run import RestartMode, RunSpec, RunState, SparePolicy
 
-SPEC = RunSpec(name="llm", script="/s.sh", partition="main", nodes=2,
-               spare_policy=SparePolicy.NAMED, spare_nodes=("n4",), max_restarts=3)
+SPEC = RunSpec(
+    name="llm",
+    script="/s.sh",
+    partition="main",
+    nodes=2,
+    spare_policy=SparePolicy.NAMED,
+    spare_nodes=("n4",),
+    max_restarts=3,
+)
 
 
 def nodes(**states):
@@ -58,7 +73,11 @@ def test_dead_node_is_downed_with_reason_and_job_stopped():
     d = decide(run(attempt=A0), Observation(snap([RUNNING_JOB], n1="NR", n2="ALLOC")), Policy())
     down, drain = kinds(d, ChangeNode)
     assert (down.node, down.change, drain.change) == ("n1", NodeChange.DOWN, NodeChange.DRAIN)
-    assert down.reason == drain.reason and down.reason.startswith("slurm-supervisor: run llm:") and "NOT_RESPONDING" in down.reason
+    assert (
+        down.reason == drain.reason
+        and down.reason.startswith("slurm-supervisor: run llm:")
+        and "NOT_RESPONDING" in down.reason
+    )
     assert kinds(d, Cancel) == [Cancel("llm", 7, "node fault on n1")]
     assert d.actions.index(drain) < d.actions.index(kinds(d, Cancel)[0])
     assert [e.kind for e in kinds(d, Event)] == [EventKind.FAULT]
@@ -141,8 +160,9 @@ def test_slurm_requeue_opens_a_new_attempt_and_spends_budget():
 
 
 def test_pending_job_gets_run_exclusions_and_is_released_after_prolog_failure():
-    pending = JobInfo(7, "llm", JobState.PENDING, excluded_nodes=("n4",), held=True,
-                      state_reason="launch_failed_requeued_held")
+    pending = JobInfo(
+        7, "llm", JobState.PENDING, excluded_nodes=("n4",), held=True, state_reason="launch_failed_requeued_held"
+    )
     r = run(RunState.QUEUED, replace(A0, started_at=None), excluded={"n1": "dead"})
     d = decide(r, Observation(snap([pending])), Policy())
     assert SetExcluded("llm", 7, ("n1", "n4")) in d.actions
@@ -208,7 +228,9 @@ def test_an_admin_hold_left_by_our_prolog_racing_our_drain_is_released():
 
 def test_completing_only_on_fenced_nodes_counts_as_gone():
     n = nodes(n2="IDLE")
-    n["n1"] = NodeInfo("n1", NodeState.DOWN, frozenset({"DRAIN", "NOT_RESPONDING"}), "slurm-supervisor: run llm: hung", ("main",))
+    n["n1"] = NodeInfo(
+        "n1", NodeState.DOWN, frozenset({"DRAIN", "NOT_RESPONDING"}), "slurm-supervisor: run llm: hung", ("main",)
+    )
     completing = replace(RUNNING_JOB, state=JobState.COMPLETING, nodes=("n1",))
     r = run(RunState.RECOVERING, A0, excluded={"n1": "hung"})
     d = decide(r, Observation(ClusterSnapshot(100.0, {7: completing}, n)), Policy())

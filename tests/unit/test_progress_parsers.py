@@ -238,7 +238,13 @@ def test_hand_read_hf_console_and_fairseq() -> None:
     assert (first.step, first.loss, first.lr, first.epoch) == (None, 0.2051, 9.774074342405685e-06, 0.53)
     assert is_nan(first.grad_norm) and first.nonfinite
     inner, summary, js = records_of("issues_fairseq_L78-83.log")
-    assert (inner.step, inner.loss, inner.grad_norm, inner.tokens_per_s, inner.epoch) == (None, 1.27, 2.1427, 962.0, 10.0)
+    assert (inner.step, inner.loss, inner.grad_norm, inner.tokens_per_s, inner.epoch) == (
+        None,
+        1.27,
+        2.1427,
+        962.0,
+        10.0,
+    )
     assert (summary.loss, summary.tokens_per_s, summary.lr) == (1.44, 961.0, 0.001)
     assert (js.step, js.loss, js.grad_norm, js.lr, js.tokens_per_s) == (33700, 8.206, 1.833, 0.00017226, 1195.4)
     assert js.step_time_s == pytest.approx(1 / 1.62)
@@ -246,7 +252,12 @@ def test_hand_read_hf_console_and_fairseq() -> None:
 
 def test_hand_read_trainer_state() -> None:
     whisper = parse_trainer_state((DATA / "hf_trainer_state_whisper_excerpt.json").read_text())
-    assert (whisper[0].step, whisper[0].loss, whisper[0].lr, whisper[0].epoch) == (25, 0.3048, 4.6000000000000004e-07, 0.19)
+    assert (whisper[0].step, whisper[0].loss, whisper[0].lr, whisper[0].epoch) == (
+        25,
+        0.3048,
+        4.6000000000000004e-07,
+        0.19,
+    )
     assert whisper[0].grad_norm is None  # older schema
     jaong = parse_trainer_state((DATA / "hf_trainer_state_jaong_cpt.json").read_text())
     assert (jaong[0].step, jaong[0].loss, jaong[0].grad_norm) == (500, 1.1409, 2.757542133331299)
@@ -401,8 +412,14 @@ def test_jsonl_helper_refuses_unknown_names_and_negative_counts() -> None:
         ('{"ssv": 1}', None),
         ('{"ssv": true, "step": 1}', None),
         ('{"ssv": 1, "step": 4, "loss": "2.0", "lr": "nan", "rank": -1}', {"step": 4, "lr": "NaN"}),
-        ('{"ssv": 1, "step": 4, "loss": NaN, "grad_norm": "-inf"}', {"step": 4, "loss": "NaN", "grad_norm": "-Infinity"}),
-        ('{"ssv": 1, "step": 4, "rank_step_times_s": [1, null, "x"], "extra": 1}', {"step": 4, "per_rank_step_time_s": [1.0, "NaN", "NaN"]}),
+        (
+            '{"ssv": 1, "step": 4, "loss": NaN, "grad_norm": "-inf"}',
+            {"step": 4, "loss": "NaN", "grad_norm": "-Infinity"},
+        ),
+        (
+            '{"ssv": 1, "step": 4, "rank_step_times_s": [1, null, "x"], "extra": 1}',
+            {"step": 4, "per_rank_step_time_s": [1.0, "NaN", "NaN"]},
+        ),
         ('{"ssv": 1, "step": 4, "rank": 6} trailing', {"step": 4, "rank": 6}),
     ],
 )
@@ -427,10 +444,40 @@ def test_jsonl_rank_field_wins_over_the_prefix() -> None:
 
 REAL_LINES = [line for name in sorted(LOG_CASES) for line in lines_of(name) if line.strip()]
 FRAGMENTS = [
-    "iteration", " iteration 5/ 10 |", "|", ":", " | ", "lm loss: ", "nan", "-inf", "1.5E+00",
-    "{", "}", "'loss': ", '"ssv": 1, "step": ', "[default7]:", "3: ", "[rank0]:", "\r", "\n",
-    "\x1b[31m", "Epoch 0: ", "| 5/10 [", "global_step=", "]", "step: ", "loss: ", "tps: ",
-    "Training epoch 0, iteration 1/2 |", "epoch 001 |", "num_updates=", "=", ",", " ", "é", "\x00",
+    "iteration",
+    " iteration 5/ 10 |",
+    "|",
+    ":",
+    " | ",
+    "lm loss: ",
+    "nan",
+    "-inf",
+    "1.5E+00",
+    "{",
+    "}",
+    "'loss': ",
+    '"ssv": 1, "step": ',
+    "[default7]:",
+    "3: ",
+    "[rank0]:",
+    "\r",
+    "\n",
+    "\x1b[31m",
+    "Epoch 0: ",
+    "| 5/10 [",
+    "global_step=",
+    "]",
+    "step: ",
+    "loss: ",
+    "tps: ",
+    "Training epoch 0, iteration 1/2 |",
+    "epoch 001 |",
+    "num_updates=",
+    "=",
+    ",",
+    " ",
+    "é",
+    "\x00",
 ]
 texts = st.one_of(
     st.text(),
@@ -486,8 +533,23 @@ counts = st.integers(0, 2**53)
 metrics = st.fixed_dictionaries(
     {},
     optional={
-        **{k: finite_or_not for k in ("loss", "grad_norm", "lr", "step_time_s", "tokens_per_s", "samples_per_s", "tflops", "loss_scale", "epoch")},
-        **{k: counts for k in ("skipped_iters", "nan_iters", "consumed_samples", "consumed_tokens", "global_batch_size", "rank")},
+        **dict.fromkeys(
+            (
+                "loss",
+                "grad_norm",
+                "lr",
+                "step_time_s",
+                "tokens_per_s",
+                "samples_per_s",
+                "tflops",
+                "loss_scale",
+                "epoch",
+            ),
+            finite_or_not,
+        ),
+        **dict.fromkeys(
+            ("skipped_iters", "nan_iters", "consumed_samples", "consumed_tokens", "global_batch_size", "rank"), counts
+        ),
         "rank_step_times_s": st.lists(st.one_of(st.floats(min_value=0), st.just(math.nan)), max_size=16),
     },
 )
@@ -522,8 +584,14 @@ positive = st.floats(min_value=1e-6, max_value=1e6, allow_nan=False)
 
 @FUZZ
 @given(
-    st.integers(1, 10**7), st.integers(0, 10**9), positive, positive, st.one_of(positive, st.just(float("nan"))),
-    positive, st.integers(0, 3), st.sampled_from(["", "[default7]:", "[2024-04-06 02:59:36]"]),
+    st.integers(1, 10**7),
+    st.integers(0, 10**9),
+    positive,
+    positive,
+    st.one_of(positive, st.just(float("nan"))),
+    positive,
+    st.integers(0, 3),
+    st.sampled_from(["", "[default7]:", "[2024-04-06 02:59:36]"]),
 )
 def test_megatron_lines_as_megatron_writes_them(
     step: int, samples: int, ms: float, lr: float, loss: float, gnorm: float, skipped: int, prefix: str

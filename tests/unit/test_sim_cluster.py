@@ -13,11 +13,24 @@ from supervisor.sim.clock import DEFAULT_START, VirtualClock
 from supervisor.sim.cluster import SimCluster
 
 
-def request(nodes: int = 2, *, requeue: bool = True, exclude: tuple[str, ...] = (),
-            env: dict[str, str] | None = None, name: str = "train") -> SubmitRequest:
+def request(
+    nodes: int = 2,
+    *,
+    requeue: bool = True,
+    exclude: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    name: str = "train",
+) -> SubmitRequest:
     return SubmitRequest(
-        run="r1", script="/bin/true", job_name=name, partition="main", nodes=nodes,
-        comment="sup:r1:1", exclude=exclude, env=env or {}, requeue=requeue,
+        run="r1",
+        script="/bin/true",
+        job_name=name,
+        partition="main",
+        nodes=nodes,
+        comment="sup:r1:1",
+        exclude=exclude,
+        env=env or {},
+        requeue=requeue,
     )
 
 
@@ -113,10 +126,8 @@ def test_sim_duration_and_exit_code(cluster: SimCluster, clock: VirtualClock) ->
     assert cluster.job_info(ok).state is JobState.RUNNING
     clock.advance(1)
     done, failed = cluster.job_info(ok), cluster.job_info(bad)
-    assert (done.state, done.exit_code, done.end_time) == (
-        JobState.COMPLETED, 0, DEFAULT_START + 60)
-    assert (failed.state, failed.exit_code, failed.state_reason) == (
-        JobState.FAILED, 3, "NonZeroExitCode")
+    assert (done.state, done.exit_code, done.end_time) == (JobState.COMPLETED, 0, DEFAULT_START + 60)
+    assert (failed.state, failed.exit_code, failed.state_reason) == (JobState.FAILED, 3, "NonZeroExitCode")
     clock.advance(10 * 86400)
     assert cluster.job_info(forever).state is JobState.RUNNING
 
@@ -162,8 +173,7 @@ def test_submit_validation(cluster: SimCluster) -> None:
 # -- node crash ---------------------------------------------------------------------------------
 
 
-def test_crash_not_responding_then_down_then_requeue(cluster: SimCluster,
-                                                     clock: VirtualClock) -> None:
+def test_crash_not_responding_then_down_then_requeue(cluster: SimCluster, clock: VirtualClock) -> None:
     job = cluster.submit(request(2))  # n001, n002
     cluster.crash_node("n001")
     clock.advance(9.9)
@@ -187,7 +197,9 @@ def test_crash_not_responding_then_down_then_requeue(cluster: SimCluster,
     assert info.start_time == DEFAULT_START + 30
     log = cluster.incarnation_log
     assert [(i.restart_count, i.start - DEFAULT_START, i.end) for i in log] == [
-        (0, 0.0, DEFAULT_START + 20), (1, 30.0, None)]
+        (0, 0.0, DEFAULT_START + 20),
+        (1, 30.0, None),
+    ]
     assert cluster.overlapping_incarnations() == []
 
 
@@ -218,8 +230,7 @@ def test_admin_down_survives_restore(cluster: SimCluster, clock: VirtualClock) -
     assert node.state is NodeState.DOWN and node.reason == "bad gpu"
 
 
-def test_crashed_node_restored_before_timeout_requeues_missing_job(
-        cluster: SimCluster, clock: VirtualClock) -> None:
+def test_crashed_node_restored_before_timeout_requeues_missing_job(cluster: SimCluster, clock: VirtualClock) -> None:
     job = cluster.submit(request(1))
     cluster.crash_node("n001")
     clock.advance(5)
@@ -339,8 +350,7 @@ def test_finished_jobs_vanish_after_min_job_age(cluster: SimCluster, clock: Virt
 # -- freeze: the stale copy -----------------------------------------------------------------------
 
 
-def test_freeze_leaves_stale_incarnation_killed_on_restore(cluster: SimCluster,
-                                                           clock: VirtualClock) -> None:
+def test_freeze_leaves_stale_incarnation_killed_on_restore(cluster: SimCluster, clock: VirtualClock) -> None:
     job = cluster.submit(request(2))  # n001 (batch), n002
     cluster.freeze_node("n001")
     clock.advance(10)
@@ -386,8 +396,12 @@ def test_controller_down_refuses_every_call(cluster: SimCluster, clock: VirtualC
     job = cluster.submit(request(1, env={"SIM_DURATION": "50"}))
     cluster.controller_down(True)
     calls: list[Callable[[], object]] = [
-        cluster.snapshot, lambda: cluster.submit(request(1)), lambda: cluster.requeue(job),
-        lambda: cluster.hold(job), lambda: cluster.release(job), lambda: cluster.cancel(job),
+        cluster.snapshot,
+        lambda: cluster.submit(request(1)),
+        lambda: cluster.requeue(job),
+        lambda: cluster.hold(job),
+        lambda: cluster.release(job),
+        lambda: cluster.cancel(job),
         lambda: cluster.set_excluded(job, []),
         lambda: cluster.set_node_state("n001", NodeChange.DRAIN, "x"),
     ]

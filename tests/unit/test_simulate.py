@@ -74,14 +74,19 @@ def test_a_hang_is_caught_by_the_hang_detector_long_before_nccls_watchdog(tmp_pa
 
 
 def test_skipping_quiet_ticks_changes_nothing_the_engine_records(tmp_path):
-    faults = draw((3600.0 + 2.2, "Faulty GPU"), (4 * 3600.0 + 9.9, "Host Maintenance"),
-                  (7 * 3600.0 + 3.1, "NCCL Watchdog Timeouts"), (9 * 3600.0 + 0.4, "Software Bug"))
+    faults = draw(
+        (3600.0 + 2.2, "Faulty GPU"),
+        (4 * 3600.0 + 9.9, "Host Maintenance"),
+        (7 * 3600.0 + 3.1, "NCCL Watchdog Timeouts"),
+        (9 * 3600.0 + 0.4, "Software Bug"),
+    )
     settings = replace(SMALL, days=0.5)
     fast = supervise(tmp_path, faults, settings, "fast")
     slow = supervise(tmp_path, faults, replace(settings, skip_quiet_ticks=False), "slow")
     assert slow.ticks > 5 * fast.ticks
-    assert [(e.message, round(e.at, 3)) for e in faults_in_logbook(fast)] == \
-        [(e.message, round(e.at, 3)) for e in faults_in_logbook(slow)]
+    assert [(e.message, round(e.at, 3)) for e in faults_in_logbook(fast)] == [
+        (e.message, round(e.at, 3)) for e in faults_in_logbook(slow)
+    ]
     assert fast.recover_times() == slow.recover_times()
     assert fast.kept_steps == slow.kept_steps
 
@@ -110,8 +115,9 @@ def test_without_failures_ettr_is_the_checkpoint_and_startup_overhead(tmp_path):
 def trainer(resume_uncommitted=False):
     clock = VirtualClock()
     store = SimCheckpointStore(clock)
-    settings = TrainerSettings(step_s=1.0, log_every=10, checkpoint_steps=100, save_s=20.0, restore_s=5.0,
-                               startup_s=5.0, step_noise=0.0)
+    settings = TrainerSettings(
+        step_s=1.0, log_every=10, checkpoint_steps=100, save_s=20.0, restore_s=5.0, startup_s=5.0, step_noise=0.0
+    )
     return clock, store, SimTrainer(settings, clock, store, resume_uncommitted=resume_uncommitted)
 
 
@@ -182,8 +188,22 @@ def test_health_feed_reports_a_gpu_fault_within_one_agent_sample():
 def test_simulate_command_compares_and_leaves_a_logbook(tmp_path):
     runner = CliRunner()
     state = tmp_path / "state"
-    result = runner.invoke(main, ["simulate", "--gpus", "64", "--days", "2", "--compare", "--seed", "3",
-                                  "--state-dir", str(state), "--no-progress"])
+    result = runner.invoke(
+        main,
+        [
+            "simulate",
+            "--gpus",
+            "64",
+            "--days",
+            "2",
+            "--compare",
+            "--seed",
+            "3",
+            "--state-dir",
+            str(state),
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     for text in ("ETTR", "supervisor", "baseline", "time to recover p50", "assumed:", "Young/Daly"):
         assert text in result.output

@@ -16,8 +16,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 
 
 def _request(**overrides: object) -> SubmitRequest:
-    fields: dict = dict(run="r1", script="/srv/run.sh", job_name="train", partition="gpu", nodes=4,
-                        comment="sup:r1:i7")
+    fields: dict = dict(run="r1", script="/srv/run.sh", job_name="train", partition="gpu", nodes=4, comment="sup:r1:i7")
     fields.update(overrides)
     return SubmitRequest(**fields)
 
@@ -62,18 +61,22 @@ def test_submit_passes_env_through_the_process_environment(tmp_path: Path) -> No
     record = tmp_path / "record"
     fake_bin(tmp_path, "sbatch", f'printf "%s\\n" "$@" > {record}.argv; env > {record}.env; echo "77;c"')
     cli = SlurmCli(bin_dir=str(tmp_path), slurm_conf="/etc/x/slurm.conf", env={"BASE": "b"})
-    job_id = cli.submit(_request(env={"FOO": "a,b c", "QUOTE": "it's \"x\""}))
+    job_id = cli.submit(_request(env={"FOO": "a,b c", "QUOTE": 'it\'s "x"'}))
     assert job_id == 77
     assert Path(f"{record}.argv").read_text().splitlines() == sbatch_argv(_request())[1:]
     env = Path(f"{record}.env").read_text().splitlines()
-    assert {"FOO=a,b c", "QUOTE=it's \"x\"", "BASE=b", "SLURM_CONF=/etc/x/slurm.conf"} <= set(env)
+    assert {"FOO=a,b c", 'QUOTE=it\'s "x"', "BASE=b", "SLURM_CONF=/etc/x/slurm.conf"} <= set(env)
 
 
 def test_cancel_of_ended_job_is_not_an_error(tmp_path: Path) -> None:
-    fake_bin(tmp_path, "scancel", "echo 'scancel: error: Kill job error on job id 5: "
-             "Job/step already completing or completed' >&2; exit 1")
+    fake_bin(
+        tmp_path,
+        "scancel",
+        "echo 'scancel: error: Kill job error on job id 5: Job/step already completing or completed' >&2; exit 1",
+    )
     SlurmCli(bin_dir=str(tmp_path)).cancel(5)
-    fake_bin(tmp_path, "scancel", "echo 'scancel: error: Kill job error on job id 5: "
-             "Access/permission denied' >&2; exit 1")
+    fake_bin(
+        tmp_path, "scancel", "echo 'scancel: error: Kill job error on job id 5: Access/permission denied' >&2; exit 1"
+    )
     with pytest.raises(PermissionDenied):
         SlurmCli(bin_dir=str(tmp_path)).cancel(5)

@@ -270,10 +270,14 @@ def test_2302_node_list() -> None:
     ("rc", "stderr", "kind"),
     [
         (0, "", None),
-        (1, "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)", TransientError),
+        (
+            1,
+            "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+            TransientError,
+        ),
         (1, "slurm_load_jobs error: Socket timed out on send/recv operation", TransientError),
         (1, "Unexpected message received for job 1\nslurm_suspend error: Unexpected message received", TransientError),
-        (1, "error: Munge encode failed: Failed to connect to \"/run/munge/munge.socket.2\"", TransientError),
+        (1, 'error: Munge encode failed: Failed to connect to "/run/munge/munge.socket.2"', TransientError),
         (-9, "", TransientError),
         (1, "Invalid job id specified for job 99999\nslurm_suspend error: Invalid job id specified", PermanentError),
         (1, "slurm_update error: Invalid node name specified", PermanentError),
@@ -296,8 +300,7 @@ def test_classify(rc: int, stderr: str, kind: type | None) -> None:
 
 
 def _request(**overrides: object) -> SubmitRequest:
-    fields: dict = dict(run="r1", script="/srv/run.sh", job_name="train", partition="gpu", nodes=4,
-                        comment="sup:r1:i7")
+    fields: dict = dict(run="r1", script="/srv/run.sh", job_name="train", partition="gpu", nodes=4, comment="sup:r1:i7")
     fields.update(overrides)
     return SubmitRequest(**fields)
 
@@ -305,15 +308,28 @@ def _request(**overrides: object) -> SubmitRequest:
 def test_sbatch_argv_minimal() -> None:
     argv = sbatch_argv(_request())
     assert argv[:2] == ["sbatch", "--parsable"]
-    assert {"--job-name=train", "--partition=gpu", "--nodes=4", "--comment=sup:r1:i7",
-            "--no-requeue", "--export=ALL"} <= set(argv)
+    assert {
+        "--job-name=train",
+        "--partition=gpu",
+        "--nodes=4",
+        "--comment=sup:r1:i7",
+        "--no-requeue",
+        "--export=ALL",
+    } <= set(argv)
     assert argv[-1] == "/srv/run.sh"
     assert not any(a.startswith(("--exclude", "--output", "--chdir")) for a in argv)
 
 
 def test_sbatch_argv_full() -> None:
-    argv = sbatch_argv(_request(exclude=("n3", "n1", "n2", "n7"), output="/logs/%j.out", workdir="/srv",
-                                requeue=True, extra_args=("--time=10", "--gres=gpu:8")))
+    argv = sbatch_argv(
+        _request(
+            exclude=("n3", "n1", "n2", "n7"),
+            output="/logs/%j.out",
+            workdir="/srv",
+            requeue=True,
+            extra_args=("--time=10", "--gres=gpu:8"),
+        )
+    )
     assert "--exclude=n[1-3,7]" in argv and "--requeue" in argv
     assert "--output=/logs/%j.out" in argv and "--open-mode=append" in argv and "--chdir=/srv" in argv
     assert argv[-3:] == ["--time=10", "--gres=gpu:8", "/srv/run.sh"]
@@ -325,7 +341,12 @@ def test_other_argv() -> None:
     assert exclude_argv(5, ["n2", "n1"]) == ["scontrol", "update", "jobid=5", "excnodelist=n[1-2]"]
     assert exclude_argv(5, []) == ["scontrol", "update", "jobid=5", "excnodelist="]
     assert node_state_argv("n1", NodeChange.DRAIN, "bad gpu,\nsee log") == [
-        "scontrol", "update", "nodename=n1", "state=DRAIN", "reason=bad gpu, see log"]
+        "scontrol",
+        "update",
+        "nodename=n1",
+        "state=DRAIN",
+        "reason=bad gpu, see log",
+    ]
     assert node_state_argv("n1", NodeChange.DOWN, "")[-1] == "reason=slurm-supervisor"
     assert node_state_argv("n1", NodeChange.RESUME, "x") == ["scontrol", "update", "nodename=n1", "state=RESUME"]
 
@@ -346,7 +367,12 @@ def test_client_env_drops_inherited_job_variables() -> None:
 
 
 def test_client_env_keeps_the_daemons_secrets_out_of_submitted_jobs() -> None:
-    base = {"PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "s3cr3t", "AWS_ACCESS_KEY_ID": "AK", "BOTO_CONFIG": "/x",
-            "SLURM_SUPERVISOR_CONFIG": "/etc/x.toml"}
+    base = {
+        "PATH": "/bin",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3t",
+        "AWS_ACCESS_KEY_ID": "AK",
+        "BOTO_CONFIG": "/x",
+        "SLURM_SUPERVISOR_CONFIG": "/etc/x.toml",
+    }
     env = client_env(base, {"SLURM_SUPERVISOR_TOKEN": "run-token", "AWS_REGION": "from-the-run-spec"})
     assert env == {"PATH": "/bin", "SLURM_SUPERVISOR_TOKEN": "run-token", "AWS_REGION": "from-the-run-spec"}

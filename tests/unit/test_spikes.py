@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.domain.progress import ProgressRecord, parse_text
+from supervisor.domain.rollback import choose_rollback, plan_rollback, suggest_skip
 from supervisor.domain.spikes import (
     Decision,
     SpikeDetector,
@@ -23,7 +24,6 @@ from supervisor.domain.spikes import (
     SpikeStatus,
     decide,
 )
-from supervisor.domain.rollback import choose_rollback, plan_rollback, suggest_skip
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LOGS = DATA / "train_logs"

@@ -94,10 +94,12 @@ def test_data_survives_reopen(tmp_path):
 def test_one_daemon_per_state_directory(tmp_path):
     from supervisor.adapters.lock import AlreadyRunning, StateDirLock
 
-    with StateDirLock(tmp_path):
-        with pytest.raises(AlreadyRunning, match="another slurm-supervisor daemon"):
-            with StateDirLock(tmp_path):
-                pass
+    with (
+        StateDirLock(tmp_path),
+        pytest.raises(AlreadyRunning, match="another slurm-supervisor daemon"),
+        StateDirLock(tmp_path),
+    ):
+        pass
     with StateDirLock(tmp_path):  # released on exit
         pass
 

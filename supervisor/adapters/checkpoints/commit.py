@@ -54,8 +54,10 @@ class AlreadyCommitted(Exception):
     """The checkpoint already has its manifest: a commit marker is written once, never replaced."""
 
     def __init__(self, location: str) -> None:
-        super().__init__(f"{location} already has {MANIFEST_NAME}: a checkpoint is committed once and its "
-                         "manifest is never overwritten; save to a new name (e.g. a new step) instead")
+        super().__init__(
+            f"{location} already has {MANIFEST_NAME}: a checkpoint is committed once and its "
+            "manifest is never overwritten; save to a new name (e.g. a new step) instead"
+        )
         self.location = location
 
 
@@ -64,15 +66,23 @@ def checkpoint_name(name: str) -> str:
     clean = name.strip("/")
     parts = clean.split("/")
     if not clean or any(p in ("", ".", "..") for p in parts) or "\0" in clean:
-        raise ValueError(f"checkpoint name {name!r} must be a relative path under the root, without '..' "
-                         "(e.g. step_000100)")
+        raise ValueError(
+            f"checkpoint name {name!r} must be a relative path under the root, without '..' (e.g. step_000100)"
+        )
     return clean
 
 
-def build_manifest(backend: ObjectBackend, name: str, step: int, *,
-                   algorithm: ChecksumAlgorithm = ChecksumAlgorithm.CRC64NVME, writer: str | None = None,
-                   workers: int = 8, run: str | None = None,
-                   clock: Callable[[], float] = time.time) -> Manifest:
+def build_manifest(
+    backend: ObjectBackend,
+    name: str,
+    step: int,
+    *,
+    algorithm: ChecksumAlgorithm = ChecksumAlgorithm.CRC64NVME,
+    writer: str | None = None,
+    workers: int = 8,
+    run: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Manifest:
     """The manifest of the finished checkpoint ``name`` (a prefix under the backend's root): every
     object under it, with size and checksum. Raises AlreadyCommitted when it has a manifest,
     ValueError when it holds nothing, StorageError when the storage fails."""
@@ -84,16 +94,28 @@ def build_manifest(backend: ObjectBackend, name: str, step: int, *,
     if not listing:
         raise ValueError(f"{backend.location(name + '/')} holds no shards: save the checkpoint before committing it")
     shards = checksum_objects(backend, listing, algorithm, workers=workers, strip=f"{name}/", writer=writer)
-    log.info("ckpt_manifest_built", location=backend.location(f"{name}/"), step=step, shards=len(shards),
-             bytes=sum(s.size for s in shards), algorithm=algorithm.value)
+    log.info(
+        "ckpt_manifest_built",
+        location=backend.location(f"{name}/"),
+        step=step,
+        shards=len(shards),
+        bytes=sum(s.size for s in shards),
+        algorithm=algorithm.value,
+    )
     return Manifest(step, shards, algorithm, clock(), run)
 
 
-def manifest_for_files(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], step: int, *,
-                       root: str | os.PathLike[str] | None = None,
-                       algorithm: ChecksumAlgorithm = ChecksumAlgorithm.CRC64NVME, writer: str | None = None,
-                       workers: int = 8, run: str | None = None,
-                       clock: Callable[[], float] = time.time) -> Manifest:
+def manifest_for_files(
+    source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    step: int,
+    *,
+    root: str | os.PathLike[str] | None = None,
+    algorithm: ChecksumAlgorithm = ChecksumAlgorithm.CRC64NVME,
+    writer: str | None = None,
+    workers: int = 8,
+    run: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Manifest:
     """The manifest of local files about to be uploaded: ``source`` is a directory (every file under
     it, keys relative to it) or a list of files (keys relative to ``root``, by default their
     common directory). Upload the files under the same keys, then ``commit_checkpoint``."""
@@ -102,12 +124,18 @@ def manifest_for_files(source: str | os.PathLike[str] | Iterable[str | os.PathLi
         base = PosixBackend(os.fspath(source))
         listing = list(base.list(""))
     else:
-        paths = [os.path.abspath(os.fspath(source))] if isinstance(source, (str, os.PathLike)) \
+        paths = (
+            [os.path.abspath(os.fspath(source))]
+            if isinstance(source, (str, os.PathLike))
             else [os.path.abspath(os.fspath(p)) for p in source]
+        )
         if not paths:
             raise ValueError("no files given to describe")
-        top = os.path.abspath(os.fspath(root)) if root is not None \
+        top = (
+            os.path.abspath(os.fspath(root))
+            if root is not None
             else os.path.commonpath([os.path.dirname(p) for p in paths])
+        )
         base = PosixBackend(top)
         listing = []
         for p in paths:
@@ -133,22 +161,32 @@ def commit_checkpoint(backend: ObjectBackend, name: str, manifest: Manifest) -> 
     name = checkpoint_name(name)
     named = step_from_name(name)
     if named is not None and named != manifest.step:
-        raise ValueError(f"manifest is for step {manifest.step} but the checkpoint {name!r} is named for step "
-                         f"{named}: commit it under the right name or with --step {named}")
+        raise ValueError(
+            f"manifest is for step {manifest.step} but the checkpoint {name!r} is named for step "
+            f"{named}: commit it under the right name or with --step {named}"
+        )
     location = backend.location(f"{name}/")
     if not backend.put(f"{name}/{MANIFEST_NAME}", manifest.to_json().encode(), if_absent=True):
         raise AlreadyCommitted(location)
-    log.info("ckpt_committed", location=location, step=manifest.step, shards=len(manifest.shards),
-             bytes=manifest.total_bytes)
+    log.info(
+        "ckpt_committed", location=location, step=manifest.step, shards=len(manifest.shards), bytes=manifest.total_bytes
+    )
     return location
 
 
 # --------------------------------------------------------------------------- checksums
 
 
-def checksum_objects(backend: ObjectBackend, listing: Iterable[ObjectInfo], algorithm: ChecksumAlgorithm, *,
-                     workers: int = 8, strip: str = "", writer: str | None = None,
-                     chunk_size: int = CHUNK) -> tuple[ShardEntry, ...]:
+def checksum_objects(
+    backend: ObjectBackend,
+    listing: Iterable[ObjectInfo],
+    algorithm: ChecksumAlgorithm,
+    *,
+    workers: int = 8,
+    strip: str = "",
+    writer: str | None = None,
+    chunk_size: int = CHUNK,
+) -> tuple[ShardEntry, ...]:
     """A ShardEntry per object, keys with ``strip`` removed, in key order: the stored checksum where
     the storage keeps a full-object one, else one computed from the bytes (``workers`` at a time)."""
     if workers < 1:
@@ -160,13 +198,16 @@ def checksum_objects(backend: ObjectBackend, listing: Iterable[ObjectInfo], algo
         if stored is None:
             head = backend.head(info.key, algorithm)
             if head is None:
-                raise StorageError(f"{backend.location(info.key)} vanished while the manifest was built: "
-                                   "is the checkpoint still being written or deleted?", transient=False)
+                raise StorageError(
+                    f"{backend.location(info.key)} vanished while the manifest was built: "
+                    "is the checkpoint still being written or deleted?",
+                    transient=False,
+                )
             stored, version = _full_object(head.checksums.get(algorithm.value)), head.version_id or version
             if head.size != info.size:
                 raise _changing(backend, info.key)
         checksum = stored if stored is not None else _digest(backend, info, algorithm, chunk_size)
-        return ShardEntry(info.key[len(strip):], info.size, checksum, version, writer, info.modified_at)
+        return ShardEntry(info.key[len(strip) :], info.size, checksum, version, writer, info.modified_at)
 
     items = sorted(listing, key=lambda o: o.key)
     if workers == 1 or len(items) < 2:
@@ -188,8 +229,11 @@ def _digest(backend: ObjectBackend, info: ObjectInfo, algorithm: ChecksumAlgorit
 
 
 def _changing(backend: ObjectBackend, key: str) -> StorageError:
-    return StorageError(f"{backend.location(key)} changed size while the manifest was built: commit only after "
-                        "every rank has finished writing (a barrier, then one rank commits)", transient=False)
+    return StorageError(
+        f"{backend.location(key)} changed size while the manifest was built: commit only after "
+        "every rank has finished writing (a barrier, then one rank commits)",
+        transient=False,
+    )
 
 
 def _full_object(value: str | None) -> str | None:

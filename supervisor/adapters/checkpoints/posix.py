@@ -29,13 +29,43 @@ from supervisor.adapters.checkpoints.backend import StorageError
 from supervisor.domain.checkpoints import ChecksumAlgorithm, ObjectInfo
 
 # errno values where trying again later may help: the file server is slow, failing over or away
-_TRANSIENT = frozenset({errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.EAGAIN, errno.EINTR, errno.EBUSY,
-                        errno.ENOLCK, errno.EHOSTDOWN, errno.EHOSTUNREACH, errno.ECONNRESET,
-                        errno.ECONNREFUSED, errno.ENETDOWN, errno.ENETUNREACH, errno.ECONNABORTED})
+_TRANSIENT = frozenset(
+    {
+        errno.EIO,
+        errno.ESTALE,
+        errno.ETIMEDOUT,
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.EBUSY,
+        errno.ENOLCK,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.ECONNRESET,
+        errno.ECONNREFUSED,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.ECONNABORTED,
+    }
+)
 # where it will not, until someone acts
-_PERMANENT = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,
-                        errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EINVAL, errno.ENOTSUP,
-                        errno.EOPNOTSUPP, errno.EXDEV, errno.EEXIST})
+_PERMANENT = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.ELOOP,
+        errno.ENAMETOOLONG,
+        errno.EINVAL,
+        errno.ENOTSUP,
+        errno.EOPNOTSUPP,
+        errno.EXDEV,
+        errno.EEXIST,
+    }
+)
 
 
 _Entries = list[os.DirEntry[str]]  # (the class's own ``list`` method shadows the builtin inside it)
@@ -218,7 +248,9 @@ class PosixBackend:
                         raise StorageError(
                             f"cannot write {path} without overwriting: the filesystem refused a hard link "
                             f"({errno.errorcode.get(exc.errno or 0, exc.errno)}); checkpoint to a filesystem with "
-                            "hard links (Lustre, GPFS, NFS, ext4, xfs) or to S3", transient=False) from exc
+                            "hard links (Lustre, GPFS, NFS, ext4, xfs) or to S3",
+                            transient=False,
+                        ) from exc
                     raise
             else:
                 os.replace(tmp, path)

@@ -48,15 +48,38 @@ from supervisor.domain.checkpoints import ChecksumAlgorithm, ObjectInfo
 log = structlog.get_logger()
 
 _ABSENT_CODES = frozenset({"NoSuchKey", "404", "NotFound", "NoSuchVersion"})
-_PERMANENT_CODES = frozenset({
-    "AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
-    "InvalidBucketName", "AccountProblem", "InvalidObjectState", "MethodNotAllowed", "403", "Forbidden",
-    "NotImplemented", "501",
-})
-_TRANSIENT_CODES = frozenset({
-    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
-    "InternalError", "ServiceUnavailable", "503", "500", "ConditionalRequestConflict", "OperationAborted",
-})
+_PERMANENT_CODES = frozenset(
+    {
+        "AccessDenied",
+        "NoSuchBucket",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AllAccessDisabled",
+        "InvalidBucketName",
+        "AccountProblem",
+        "InvalidObjectState",
+        "MethodNotAllowed",
+        "403",
+        "Forbidden",
+        "NotImplemented",
+        "501",
+    }
+)
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "InternalError",
+        "ServiceUnavailable",
+        "503",
+        "500",
+        "ConditionalRequestConflict",
+        "OperationAborted",
+    }
+)
 _CHECKSUM_FIELDS = {a: f"Checksum{a.s3_name}" for a in ChecksumAlgorithm}
 
 
@@ -64,7 +87,7 @@ def parse_s3_root(root: str) -> tuple[str, str]:
     """``s3://bucket/some/prefix`` -> ("bucket", "some/prefix/"); ValueError naming the fix."""
     if not root.startswith("s3://"):
         raise ValueError(f"S3 root {root!r} does not start with s3:// (write it as s3://BUCKET/PREFIX/)")
-    bucket, _, prefix = root[len("s3://"):].partition("/")
+    bucket, _, prefix = root[len("s3://") :].partition("/")
     if not bucket or any(c in bucket for c in " \\?#"):
         raise ValueError(f"S3 root {root!r} names no valid bucket (write it as s3://BUCKET/PREFIX/)")
     prefix = prefix.strip("/")
@@ -83,8 +106,15 @@ def storage_error(exc: BaseException, what: str) -> StorageError:
         if code in _PERMANENT_CODES:
             transient = False
         return StorageError(f"{what}: {code or status}: {err.get('Message') or 'no message'}", transient=transient)
-    if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError, bce.ParamValidationError,
-                        bce.UnknownSignatureVersionError)):
+    if isinstance(
+        exc,
+        (
+            bce.NoCredentialsError,
+            bce.PartialCredentialsError,
+            bce.ParamValidationError,
+            bce.UnknownSignatureVersionError,
+        ),
+    ):
         return StorageError(f"{what}: {type(exc).__name__}: {exc}", transient=False)
     return StorageError(f"{what}: {type(exc).__name__}: {exc}", transient=True)
 
@@ -101,10 +131,20 @@ class S3Backend:
 
     stores_checksums = True  # HEAD may return a stored checksum (S3, moto; not Ceph 16)
 
-    def __init__(self, root: str, *, endpoint_url: str | None = None, region: str | None = None,
-                 client: Any = None, connect_timeout: float = 5.0, read_timeout: float = 30.0,
-                 max_attempts: int = 5, retry_mode: str = "standard", max_pool_connections: int = 32,
-                 addressing_style: str | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        client: Any = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 30.0,
+        max_attempts: int = 5,
+        retry_mode: str = "standard",
+        max_pool_connections: int = 32,
+        addressing_style: str | None = None,
+    ) -> None:
         if connect_timeout <= 0 or read_timeout <= 0:
             raise ValueError("S3 connect_timeout and read_timeout must be > 0 seconds (no unbounded waits)")
         if max_attempts < 1:
@@ -118,14 +158,15 @@ class S3Backend:
         self._probe_lock = threading.Lock()
         if client is None:
             config = Config(
-                connect_timeout=connect_timeout, read_timeout=read_timeout,
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
                 retries={"mode": retry_mode, "max_attempts": max_attempts},  # type: ignore[typeddict-item]
                 max_pool_connections=max_pool_connections,
-                request_checksum_calculation="when_required", response_checksum_validation="when_required",
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
                 s3={"addressing_style": addressing_style} if addressing_style else None,  # type: ignore[typeddict-item]
             )
-            client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region,
-                                                    config=config)
+            client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
         self.client = client
 
     def _key(self, key: str) -> str:
@@ -142,10 +183,11 @@ class S3Backend:
             pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full)
             for page in pages:
                 for obj in page.get("Contents", ()):
-                    key = obj["Key"][len(self.prefix):]
+                    key = obj["Key"][len(self.prefix) :]
                     modified = obj.get("LastModified")
-                    yield ObjectInfo(key, int(obj.get("Size", 0)),
-                                     modified_at=modified.timestamp() if modified is not None else None)
+                    yield ObjectInfo(
+                        key, int(obj.get("Size", 0)), modified_at=modified.timestamp() if modified is not None else None
+                    )
         except _CAUGHT as exc:
             raise storage_error(exc, f"listing {self.location(prefix)}") from exc
 
@@ -170,9 +212,13 @@ class S3Backend:
                     checksums[algo.value] = value
         version = resp.get("VersionId")
         modified = resp.get("LastModified")
-        return ObjectInfo(key, int(resp.get("ContentLength", 0)), checksums,
-                          version if version and version != "null" else None,
-                          modified.timestamp() if modified is not None else None)
+        return ObjectInfo(
+            key,
+            int(resp.get("ContentLength", 0)),
+            checksums,
+            version if version and version != "null" else None,
+            modified.timestamp() if modified is not None else None,
+        )
 
     def read(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         where = f"GET {self.location(key)}"
@@ -222,16 +268,24 @@ class S3Backend:
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False) -> bool:
         if if_absent and not self.conditional_writes_supported():
-            log.warning("s3.put_check_then_write", location=self.location(key),
-                        why="server ignores IfNoneMatch; HEAD-then-PUT is racy")
+            log.warning(
+                "s3.put_check_then_write",
+                location=self.location(key),
+                why="server ignores IfNoneMatch; HEAD-then-PUT is racy",
+            )
             if self.head(key) is not None:
                 return False
             if_absent = False
         return self._put(key, data, if_absent=if_absent)
 
     def _put(self, key: str, data: bytes, *, if_absent: bool) -> bool:
-        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": data,
-                                "ContentMD5": base64.b64encode(hashlib.md5(data).digest()).decode()}  # noqa: S324
+        args: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": self._key(key),
+            "Body": data,
+            # S3 requires MD5 here (an integrity check of the upload, not a security hash)
+            "ContentMD5": base64.b64encode(hashlib.md5(data).digest()).decode(),  # noqa: S324
+        }
         if if_absent:
             args["IfNoneMatch"] = "*"
         try:
@@ -249,8 +303,9 @@ class S3Backend:
         with self._probe_lock:
             if self._conditional is None:
                 self._conditional = self._probe_conditional()
-                log.info("s3.conditional_writes", bucket=self.bucket, endpoint=self.endpoint_url,
-                         supported=self._conditional)
+                log.info(
+                    "s3.conditional_writes", bucket=self.bucket, endpoint=self.endpoint_url, supported=self._conditional
+                )
             return self._conditional
 
     def _probe_conditional(self) -> bool:

@@ -19,8 +19,19 @@ from supervisor.domain.checkpoints import CheckpointRef, Level, Manifest, Verify
 from supervisor.domain.ckpt_layouts import discover, wanted_texts
 from supervisor.ports import Clock, PermanentError, PortError, TransientError
 
-S3_OPTIONS = frozenset({"endpoint_url", "region", "client", "connect_timeout", "read_timeout", "max_attempts",
-                        "retry_mode", "max_pool_connections", "addressing_style"})
+S3_OPTIONS = frozenset(
+    {
+        "endpoint_url",
+        "region",
+        "client",
+        "connect_timeout",
+        "read_timeout",
+        "max_attempts",
+        "retry_mode",
+        "max_pool_connections",
+        "addressing_style",
+    }
+)
 
 
 def port_error(exc: StorageError, what: str) -> PortError:
@@ -32,16 +43,31 @@ def port_error(exc: StorageError, what: str) -> PortError:
 class BackendCheckpointStore:
     """ports.CheckpointStore over one backend. ``verify`` never raises for storage trouble."""
 
-    def __init__(self, backend: ObjectBackend, *, workers: int = 8, bandwidth_bytes_s: float | None = None,
-                 deadline_s: float | None = 6 * 3600.0, uncommitted_grace_s: float = DEFAULT_GRACE_S,
-                 chunk_size: int = 4 << 20, clock: Clock | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        backend: ObjectBackend,
+        *,
+        workers: int = 8,
+        bandwidth_bytes_s: float | None = None,
+        deadline_s: float | None = 6 * 3600.0,
+        uncommitted_grace_s: float = DEFAULT_GRACE_S,
+        chunk_size: int = 4 << 20,
+        clock: Clock | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.backend = backend
         self.root = backend.root
         self.clock: Clock = clock if clock is not None else SystemClock()
-        self.verifier = Verifier(backend, clock=self.clock, workers=workers, chunk_size=chunk_size,
-                                 bandwidth_bytes_s=bandwidth_bytes_s, deadline_s=deadline_s,
-                                 uncommitted_grace_s=uncommitted_grace_s, monotonic=monotonic)
+        self.verifier = Verifier(
+            backend,
+            clock=self.clock,
+            workers=workers,
+            chunk_size=chunk_size,
+            bandwidth_bytes_s=bandwidth_bytes_s,
+            deadline_s=deadline_s,
+            uncommitted_grace_s=uncommitted_grace_s,
+            monotonic=monotonic,
+        )
 
     def discover(self) -> list[CheckpointRef]:
         try:
@@ -69,27 +95,46 @@ class BackendCheckpointStore:
             raise port_error(exc, f"committing {name} under {self.root}") from exc
 
 
-def open_store(root: str, *, workers: int = 8, bandwidth_bytes_s: float | None = None,
-               deadline_s: float | None = 6 * 3600.0, uncommitted_grace_s: float = DEFAULT_GRACE_S,
-               clock: Clock | None = None, **s3_options: Any) -> BackendCheckpointStore:
+def open_store(
+    root: str,
+    *,
+    workers: int = 8,
+    bandwidth_bytes_s: float | None = None,
+    deadline_s: float | None = 6 * 3600.0,
+    uncommitted_grace_s: float = DEFAULT_GRACE_S,
+    clock: Clock | None = None,
+    **s3_options: Any,
+) -> BackendCheckpointStore:
     """The store for ``root``: ``s3://BUCKET/PREFIX/`` (S3Backend; ``s3_options`` are its keyword
     arguments: endpoint_url, region, timeouts, retries) or a filesystem path (PosixBackend)."""
     unknown = set(s3_options) - S3_OPTIONS
     if unknown:
-        raise ValueError(f"unknown checkpoint store option(s) {', '.join(sorted(unknown))}; "
-                         f"S3 options are {', '.join(sorted(S3_OPTIONS))}")
+        raise ValueError(
+            f"unknown checkpoint store option(s) {', '.join(sorted(unknown))}; "
+            f"S3 options are {', '.join(sorted(S3_OPTIONS))}"
+        )
     backend: ObjectBackend
     if root.startswith("s3://"):
         backend = S3Backend(root, **s3_options)
     elif "://" in root:
         scheme = root.split("://", 1)[0]
-        raise ValueError(f"checkpoint root {root!r}: scheme {scheme}:// is not supported; use s3://BUCKET/PREFIX/ "
-                         "for S3-compatible storage (endpoint_url for Ceph, MinIO...) or a filesystem path "
-                         "(Lustre, GPFS, NFS)")
+        raise ValueError(
+            f"checkpoint root {root!r}: scheme {scheme}:// is not supported; use s3://BUCKET/PREFIX/ "
+            "for S3-compatible storage (endpoint_url for Ceph, MinIO...) or a filesystem path "
+            "(Lustre, GPFS, NFS)"
+        )
     else:
         if s3_options:
-            raise ValueError(f"checkpoint root {root!r} is a filesystem path, but S3 options were given "
-                             f"({', '.join(sorted(s3_options))}): drop them, or write the root as s3://BUCKET/PREFIX/")
+            raise ValueError(
+                f"checkpoint root {root!r} is a filesystem path, but S3 options were given "
+                f"({', '.join(sorted(s3_options))}): drop them, or write the root as s3://BUCKET/PREFIX/"
+            )
         backend = PosixBackend(root)
-    return BackendCheckpointStore(backend, workers=workers, bandwidth_bytes_s=bandwidth_bytes_s,
-                                  deadline_s=deadline_s, uncommitted_grace_s=uncommitted_grace_s, clock=clock)
+    return BackendCheckpointStore(
+        backend,
+        workers=workers,
+        bandwidth_bytes_s=bandwidth_bytes_s,
+        deadline_s=deadline_s,
+        uncommitted_grace_s=uncommitted_grace_s,
+        clock=clock,
+    )

@@ -12,8 +12,14 @@ from collections.abc import Callable
 
 
 class TokenBucket:
-    def __init__(self, rate_bytes_s: float, *, burst_bytes: float | None = None,
-                 monotonic: Callable[[], float], wait: Callable[[float], object]) -> None:
+    def __init__(
+        self,
+        rate_bytes_s: float,
+        *,
+        burst_bytes: float | None = None,
+        monotonic: Callable[[], float],
+        wait: Callable[[float], object],
+    ) -> None:
         if rate_bytes_s <= 0:
             raise ValueError(f"bandwidth limit must be > 0 bytes/s, not {rate_bytes_s} (leave it unset for no limit)")
         self.rate = float(rate_bytes_s)

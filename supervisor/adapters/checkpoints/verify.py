@@ -41,8 +41,8 @@ from supervisor.adapters.checkpoints.checksums import Digest
 from supervisor.adapters.checkpoints.throttle import TokenBucket
 from supervisor.domain.checkpoints import (
     MANIFEST_NAME,
-    ChecksumAlgorithm,
     CheckpointRef,
+    ChecksumAlgorithm,
     Guarantee,
     Level,
     Manifest,
@@ -117,16 +117,25 @@ def relative_prefix(backend: ObjectBackend, location: str) -> str:
         return ""
     if not loc.startswith(base + "/"):
         raise ValueError(f"checkpoint {location} is not under the store's root {backend.root}")
-    return loc[len(base) + 1:] + "/"
+    return loc[len(base) + 1 :] + "/"
 
 
 class Verifier:
     """Verifies checkpoints of one backend. Thread-safe; one verification at a time per call."""
 
-    def __init__(self, backend: ObjectBackend, *, clock: Clock, workers: int = 8, chunk_size: int = 4 << 20,
-                 bandwidth_bytes_s: float | None = None, deadline_s: float | None = 6 * 3600.0,
-                 uncommitted_grace_s: float = DEFAULT_GRACE_S, read_attempts: int = 2,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        backend: ObjectBackend,
+        *,
+        clock: Clock,
+        workers: int = 8,
+        chunk_size: int = 4 << 20,
+        bandwidth_bytes_s: float | None = None,
+        deadline_s: float | None = 6 * 3600.0,
+        uncommitted_grace_s: float = DEFAULT_GRACE_S,
+        read_attempts: int = 2,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         if workers < 1 or chunk_size < 1 or read_attempts < 1:
             raise ValueError("verification workers, chunk_size and read_attempts must be >= 1")
         if deadline_s is not None and deadline_s <= 0:
@@ -162,15 +171,33 @@ class Verifier:
         finally:
             run.halt("verification over")
         result = self._result(ref, level, started, found, run.bytes_read)
-        log.info("ckpt.verified", location=ref.location, level=level.value, outcome=result.outcome.value,
-                 reason=result.reason, seconds=round(result.seconds, 3), bytes_read=run.bytes_read)
+        log.info(
+            "ckpt.verified",
+            location=ref.location,
+            level=level.value,
+            outcome=result.outcome.value,
+            reason=result.reason,
+            seconds=round(result.seconds, 3),
+            bytes_read=run.bytes_read,
+        )
         return result
 
-    def _result(self, ref: CheckpointRef, level: Level, started: float, found: _Found,
-                bytes_read: int = 0) -> VerifyResult:
-        return VerifyResult(ref.location, ref.step, level, found.outcome, found.reason, ref.guarantee,
-                            found.problems, found.shards, bytes_read if level is Level.FULL else found.bytes,
-                            self.monotonic() - started, self.clock.now())
+    def _result(
+        self, ref: CheckpointRef, level: Level, started: float, found: _Found, bytes_read: int = 0
+    ) -> VerifyResult:
+        return VerifyResult(
+            ref.location,
+            ref.step,
+            level,
+            found.outcome,
+            found.reason,
+            ref.guarantee,
+            found.problems,
+            found.shards,
+            bytes_read if level is Level.FULL else found.bytes,
+            self.monotonic() - started,
+            self.clock.now(),
+        )
 
     def _verify(self, run: _Run) -> _Found:
         if run.ref.guarantee is Guarantee.MANIFEST:
@@ -186,12 +213,13 @@ class Verifier:
         except ValueError as exc:
             return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", f"unreadable: {exc}"))
         run.check()
-        listing = {o.key[len(prefix):]: o for o in self.backend.list(prefix)}
+        listing = {o.key[len(prefix) :]: o for o in self.backend.list(prefix)}
         if raw is None:
             if not ref.committed:
                 return self._uncommitted(run, listing.values())
-            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest",
-                                         "missing: the commit marker of a committed checkpoint is gone"))
+            return _corrupt(
+                ShardProblem(MANIFEST_NAME, "manifest", "missing: the commit marker of a committed checkpoint is gone")
+            )
         try:
             manifest = Manifest.from_json(raw)
         except ManifestError as exc:
@@ -206,33 +234,48 @@ class Verifier:
             digests, missing, failure = self._stream(run, keys, manifest.algorithm)
             problems += check_digests(manifest, digests)
             problems += [ShardProblem(k, "missing", "vanished between the listing and the read") for k in missing]
-        return _judge(problems, failure, len(manifest.shards), manifest.total_bytes,
-                      f"{len(manifest.shards)} shards, {manifest.total_bytes} bytes match the manifest "
-                      f"(step {manifest.step}, {manifest.algorithm.value})")
+        return _judge(
+            problems,
+            failure,
+            len(manifest.shards),
+            manifest.total_bytes,
+            f"{len(manifest.shards)} shards, {manifest.total_bytes} bytes match the manifest "
+            f"(step {manifest.step}, {manifest.algorithm.value})",
+        )
 
-    def _with_heads(self, run: _Run, manifest: Manifest,
-                    listing: Mapping[str, ObjectInfo]) -> tuple[dict[str, ObjectInfo], str | None]:
+    def _with_heads(
+        self, run: _Run, manifest: Manifest, listing: Mapping[str, ObjectInfo]
+    ) -> tuple[dict[str, ObjectInfo], str | None]:
         """The listing, with each shard's HEAD where the listing lacks its stored checksum; and why
         some HEADs were not done, if they were not."""
         merged = dict(listing)
         if not getattr(self.backend, "stores_checksums", True):
             return merged, None
         algo = manifest.algorithm
-        wanted = [s.key for s in manifest.shards
-                  if s.key in listing and listing[s.key].size == s.size and algo.value not in listing[s.key].checksums]
+        wanted = [
+            s.key
+            for s in manifest.shards
+            if s.key in listing and listing[s.key].size == s.size and algo.value not in listing[s.key].checksums
+        ]
         # HEADs only tell what a listing does not (a stored checksum, a version): when a first batch
         # shows the storage keeps neither for this checkpoint, the rest would be wasted requests.
         sample = wanted[: self.workers]
         heads, failure = self._parallel(run, sample, lambda key: self.backend.head(run.prefix + key, algo))
         useful = any(isinstance(h, ObjectInfo) and (algo.value in h.checksums or h.version_id) for h in heads.values())
         if useful or any(s.version_id for s in manifest.shards):
-            rest, failure_rest = self._parallel(run, wanted[len(sample):],
-                                                lambda key: self.backend.head(run.prefix + key, algo))
+            rest, failure_rest = self._parallel(
+                run, wanted[len(sample) :], lambda key: self.backend.head(run.prefix + key, algo)
+            )
             heads.update(rest)
             failure = failure or failure_rest
         elif not failure and len(wanted) > len(sample):
-            log.info("ckpt.heads_skipped", location=run.ref.location, algorithm=algo.value,
-                     skipped=len(wanted) - len(sample), why="no stored checksum or version in the first HEADs")
+            log.info(
+                "ckpt.heads_skipped",
+                location=run.ref.location,
+                algorithm=algo.value,
+                skipped=len(wanted) - len(sample),
+                why="no stored checksum or version in the first HEADs",
+            )
         for key, info in heads.items():
             if info is None:
                 merged.pop(key, None)  # deleted since the listing: reported missing
@@ -253,20 +296,31 @@ class Verifier:
         context = list(objects)
         if ref.guarantee is Guarantee.NEMO:  # its -unfinished marker lies next to it
             parent = prefix.rstrip("/").rpartition("/")[0]
-            context += [o for o in self.backend.list(parent + "/" if parent else "")
-                        if o.key.count("/") == parent.count("/") + (1 if parent else 0)]
+            context += [
+                o
+                for o in self.backend.list(parent + "/" if parent else "")
+                if o.key.count("/") == parent.count("/") + (1 if parent else 0)
+            ]
         run.check()
         problems = list(check_adopted(ref, context, prefix=prefix.rstrip("/")))
         failure = None
         if run.level is Level.FULL and objects:
             sizes = {o.key: o.size for o in objects}
             digests, missing, failure = self._stream(run, sorted(sizes), ChecksumAlgorithm.CRC32C, rooted=True)
-            problems += [ShardProblem(k, "size", f"read {got} bytes, listing says {sizes[k]}")
-                         for k, (got, _) in sorted(digests.items()) if got != sizes[k]]
+            problems += [
+                ShardProblem(k, "size", f"read {got} bytes, listing says {sizes[k]}")
+                for k, (got, _) in sorted(digests.items())
+                if got != sizes[k]
+            ]
             problems += [ShardProblem(k, "missing", "vanished between the listing and the read") for k in missing]
         total = sum(o.size for o in objects)
-        return _judge(problems, failure, len(objects), total,
-                      f"{len(objects)} objects, {total} bytes present; weak guarantee: {ref.guarantee.describe}")
+        return _judge(
+            problems,
+            failure,
+            len(objects),
+            total,
+            f"{len(objects)} objects, {total} bytes present; weak guarantee: {ref.guarantee.describe}",
+        )
 
     # ----------------------------------------------------------------- torn or in progress
 
@@ -278,17 +332,27 @@ class Verifier:
         newest = max(times) if times else run.ref.seen_at
         age = self.clock.now() - newest if newest else None
         if age is not None and age > self.uncommitted_grace_s:
-            return _corrupt(ShardProblem(run.ref.name, "uncommitted",
-                                         f"{len(objects)} objects without a commit marker, the newest written "
-                                         f"{age:.0f} s ago (grace {self.uncommitted_grace_s:.0f} s): a torn upload"))
+            return _corrupt(
+                ShardProblem(
+                    run.ref.name,
+                    "uncommitted",
+                    f"{len(objects)} objects without a commit marker, the newest written "
+                    f"{age:.0f} s ago (grace {self.uncommitted_grace_s:.0f} s): a torn upload",
+                )
+            )
         when = f"newest object {age:.0f} s old" if age is not None else "object times unknown"
-        return _Found(Outcome.UNVERIFIABLE, f"commit marker not written yet ({when}; torn after "
-                      f"{self.uncommitted_grace_s:.0f} s): an upload may be in progress", shards=len(objects))
+        return _Found(
+            Outcome.UNVERIFIABLE,
+            f"commit marker not written yet ({when}; torn after "
+            f"{self.uncommitted_grace_s:.0f} s): an upload may be in progress",
+            shards=len(objects),
+        )
 
     # ----------------------------------------------------------------- parallel work
 
-    def _parallel(self, run: _Run, keys: Sequence[str],
-                  work: Callable[[str], object]) -> tuple[dict[str, object], str | None]:
+    def _parallel(
+        self, run: _Run, keys: Sequence[str], work: Callable[[str], object]
+    ) -> tuple[dict[str, object], str | None]:
         """``work(key)`` for every key on ``workers`` threads. Returns the results and, when some
         keys were left undone (a storage error, the deadline), why."""
         results: dict[str, object] = {}
@@ -319,13 +383,18 @@ class Verifier:
             return results, run.why_stopped
         return results, None
 
-    def _stream(self, run: _Run, keys: Sequence[str], algorithm: ChecksumAlgorithm, *,
-                rooted: bool = False) -> tuple[dict[str, tuple[int, str]], list[str], str | None]:
+    def _stream(
+        self, run: _Run, keys: Sequence[str], algorithm: ChecksumAlgorithm, *, rooted: bool = False
+    ) -> tuple[dict[str, tuple[int, str]], list[str], str | None]:
         """Digest every key once. Returns (digests, keys found missing, why some were left unread)."""
         bucket = None
         if self.bandwidth_bytes_s:
-            bucket = TokenBucket(self.bandwidth_bytes_s, burst_bytes=max(self.chunk_size, self.bandwidth_bytes_s / 4),
-                                 monotonic=self.monotonic, wait=run.stop.wait)
+            bucket = TokenBucket(
+                self.bandwidth_bytes_s,
+                burst_bytes=max(self.chunk_size, self.bandwidth_bytes_s / 4),
+                monotonic=self.monotonic,
+                wait=run.stop.wait,
+            )
         missing: list[str] = []
 
         def one(key: str) -> tuple[int, str] | None:
@@ -339,8 +408,7 @@ class Verifier:
         digests = {k: v for k, v in got.items() if isinstance(v, tuple)}
         return digests, missing, failure
 
-    def _digest(self, run: _Run, key: str, algorithm: ChecksumAlgorithm,
-                bucket: TokenBucket | None) -> tuple[int, str]:
+    def _digest(self, run: _Run, key: str, algorithm: ChecksumAlgorithm, bucket: TokenBucket | None) -> tuple[int, str]:
         for attempt in range(1, self.read_attempts + 1):
             digest = Digest(algorithm)
             try:

@@ -91,7 +91,7 @@ def detect_format(lines: Iterable[str], *, max_lines: int = DETECT_SAMPLE_LINES)
     return best
 
 
-def parse_lines(lines: Iterable[str], format: str | None = None) -> list[ProgressRecord]:
+def parse_lines(lines: Iterable[str], format: str | None = None) -> list[ProgressRecord]:  # noqa: A002 - public keyword
     """Every record in ``lines`` (a whole text's lines, in order), the last partial one included."""
     parser = parser_for(format)
     records = parser.feed_all(lines)
@@ -99,6 +99,6 @@ def parse_lines(lines: Iterable[str], format: str | None = None) -> list[Progres
     return records
 
 
-def parse_text(text: str, format: str | None = None) -> list[ProgressRecord]:
+def parse_text(text: str, format: str | None = None) -> list[ProgressRecord]:  # noqa: A002 - public keyword
     """``parse_lines`` over ``text`` split at newlines (``\\r`` refreshes are split by the parser)."""
     return parse_lines(text.split("\n"), format)

@@ -54,9 +54,7 @@ class HangSettings:
         if not problems and self.floor_s > self.cap_s:
             problems.append(f"floor_s ({self.floor_s}) must not exceed cap_s ({self.cap_s})")
         if self.window < 1 or self.min_samples < 1 or self.min_samples > self.window:
-            problems.append(
-                f"need 1 <= min_samples ({self.min_samples}) <= window ({self.window})"
-            )
+            problems.append(f"need 1 <= min_samples ({self.min_samples}) <= window ({self.window})")
         if self.skip_samples < 0:
             problems.append(f"skip_samples must be 0 or more (got {self.skip_samples})")
         if problems:
@@ -212,13 +210,14 @@ class HangDetector:
             why = f"the start-up grace of {threshold:.0f} s (step interval not learned yet)"
         else:
             raw = s.multiple * interval
-            bound = "" if s.floor_s < raw < s.cap_s else (
-                f", raised to the {s.floor_s:.0f} s floor" if raw <= s.floor_s else f", capped at {s.cap_s:.0f} s"
+            bound = (
+                ""
+                if s.floor_s < raw < s.cap_s
+                else (
+                    f", raised to the {s.floor_s:.0f} s floor" if raw <= s.floor_s else f", capped at {s.cap_s:.0f} s"
+                )
             )
-            why = (
-                f"the limit of {threshold:.0f} s ({s.multiple:g} x the learned step interval "
-                f"{interval:.1f} s{bound})"
-            )
+            why = f"the limit of {threshold:.0f} s ({s.multiple:g} x the learned step interval {interval:.1f} s{bound})"
         if self._pause is not None:
             why = f"the {s.pause_cap_s:.0f} s allowed while {self._pause}"
         return f"{what}, longer than {why}"

@@ -21,9 +21,9 @@ spaces. Every step is linear in the line's length (no regex that can backtrack).
 
 from __future__ import annotations
 
-from math import isfinite
 import re
 from collections.abc import Callable
+from math import isfinite
 from typing import Any
 
 from supervisor.domain.progress.base import UNFINISHED, LineFormat, ScanResult

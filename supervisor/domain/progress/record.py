@@ -56,8 +56,10 @@ class ProgressRecord:
         ``step``; missing fields keep their defaults (class attributes); ``nonfinite`` is derived
         as in ``__init__`` unless ``checked`` says the caller did it. Equal to
         ``ProgressRecord(**values)``."""
-        if not checked and not values.get("nonfinite") and (
-            not _finite(values.get("loss")) or not _finite(values.get("grad_norm"))
+        if (
+            not checked
+            and not values.get("nonfinite")
+            and (not _finite(values.get("loss")) or not _finite(values.get("grad_norm")))
         ):
             values["nonfinite"] = True
         record = _new(cls)

@@ -48,8 +48,9 @@ def mixed(cluster: LocalSlurm) -> None:
     wait_state(cluster, cancelled, "RUNNING")
     cluster.run(["scancel", str(cancelled)], check=True)
     wait_state(cluster, cancelled, "CANCELLED")
-    running = sbatch(cluster, "running", "--requeue", "--comment=run=r1,intent=7 tag:x",
-                     "--exclude=n4", "--wrap", "sleep 300")
+    running = sbatch(
+        cluster, "running", "--requeue", "--comment=run=r1,intent=7 tag:x", "--exclude=n4", "--wrap", "sleep 300"
+    )
     requeued = sbatch(cluster, "requeued", "--requeue", "--wrap", "sleep 300")
     wait_state(cluster, running, "RUNNING")
     wait_state(cluster, requeued, "RUNNING")
@@ -71,19 +72,19 @@ def node_fail(cluster: LocalSlurm) -> None:
     nodes = cluster.run(["squeue", "-h", "-j", str(job), "-o", "%N"]).stdout.strip()
     dead = "n2" if "n2" in nodes or "[1-2]" in nodes else nodes.split(",")[-1]
     cluster.crash_node(dead)
-    cluster.run(["scontrol", "update", f"nodename={dead}", "state=down", "reason=supervisor: crashed"],
-                check=True)
+    cluster.run(["scontrol", "update", f"nodename={dead}", "state=down", "reason=supervisor: crashed"], check=True)
     save(cluster, "squeue", "squeue_2205_completing.json")
     wait_state(cluster, job, "NODE_FAIL")
     save(cluster, "squeue", "squeue_2205_node_fail.json")
-    cluster.run(["scontrol", "update", f"nodename={dead}", "state=drain",
-                 "reason=supervisor: crashed, drained"], check=True)
+    cluster.run(
+        ["scontrol", "update", f"nodename={dead}", "state=drain", "reason=supervisor: crashed, drained"], check=True
+    )
     others = [n for n in cluster.nodes if n != dead]
-    cluster.run(["scontrol", "update", f"nodename={others[1]}", "state=drain",
-                 "reason=supervisor: test drain"], check=True)
+    cluster.run(
+        ["scontrol", "update", f"nodename={others[1]}", "state=drain", "reason=supervisor: test drain"], check=True
+    )
     cluster.crash_node(others[2])
-    cluster.wait_for(lambda: cluster.node_states()[others[2]].endswith("*"), 30,
-                     message="NOT_RESPONDING")
+    cluster.wait_for(lambda: cluster.node_states()[others[2]].endswith("*"), 30, message="NOT_RESPONDING")
     save(cluster, "sinfo", "sinfo_2205_down_drain.json")
 
 
@@ -96,8 +97,11 @@ def controller_down(cluster: LocalSlurm) -> None:
 def prolog_failure() -> None:
     with LocalSlurm(2, extra_conf={"Prolog": "/bin/false"}) as cluster:
         job = sbatch(cluster, "prolog_failed", "--requeue", "--wrap", "true")
-        cluster.wait_for(lambda: "launch failed" in cluster.run(
-            ["squeue", "-h", "-j", str(job), "-o", "%r"]).stdout, 30, message="held after prolog")
+        cluster.wait_for(
+            lambda: "launch failed" in cluster.run(["squeue", "-h", "-j", str(job), "-o", "%r"]).stdout,
+            30,
+            message="held after prolog",
+        )
         save(cluster, "squeue", "squeue_2205_prolog_held.json")
         save(cluster, "sinfo", "sinfo_2205_prolog_drain.json")
 
