@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memory_checkpoints import MemoryBackend
+
 from supervisor.adapters.checkpoints.posix import PosixBackend
 from supervisor.adapters.checkpoints.s3 import S3Backend
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore
@@ -24,8 +26,11 @@ class StoreEnv:
     path: Path | None = None
     prefix: str = ""  # S3: the root's key prefix in the bucket
     options: dict[str, Any] = field(default_factory=dict)
+    memory: MemoryBackend | None = None  # the tests' in-memory storage (tests/memory_checkpoints.py)
 
     def backend(self, **s3_options: Any) -> Any:
+        if self.memory is not None:
+            return self.memory
         if self.server is None:
             return PosixBackend(self.root)
         opts = {
@@ -42,6 +47,9 @@ class StoreEnv:
 
     def put(self, key: str, data: bytes) -> None:
         """Write an object as a trainer would (S3: asking the server to keep a CRC64NVME)."""
+        if self.memory is not None:
+            self.memory.put(key, data)
+            return
         if self.server is None:
             assert self.path is not None
             target = self.path / key
@@ -53,7 +61,9 @@ class StoreEnv:
         )
 
     def remove(self, key: str) -> None:
-        if self.server is None:
+        if self.memory is not None:
+            self.memory.remove(key)
+        elif self.server is None:
             assert self.path is not None
             (self.path / key).unlink()
         else:
@@ -61,7 +71,9 @@ class StoreEnv:
 
     def flip(self, key: str, offset: int) -> None:
         """Flip one bit of a stored object below the storage's API (its metadata stays)."""
-        if self.server is None:
+        if self.memory is not None:
+            self.memory.flip(key, offset)
+        elif self.server is None:
             assert self.path is not None
             with open(self.path / key, "r+b") as f:
                 f.seek(offset)

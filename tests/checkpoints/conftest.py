@@ -1,11 +1,14 @@
-"""Checkpoint storage fixtures: the same suite on a POSIX directory, moto and Ceph's RADOS Gateway.
+"""Checkpoint storage fixtures: the same suite on a POSIX directory, moto, Ceph's RADOS Gateway and
+the tests' in-memory storage.
 
 * ``moto_s3`` / ``ceph_rgw``: one server each for the whole session (moto ~0.5 s, Ceph ~13 s),
   started on first use, stopped at the end. When one cannot start here the test is skipped,
   except under ``CI=true``, where it fails with the reason (the tests' rule for real servers).
-* ``store_env``: parametrized over ``posix``, ``moto`` and ``rgw``: a fresh root (a temporary
-  directory, or a new bucket) with the means to damage what is in it (``flip``, ``truncate_at_rest``,
-  ``remove``, ``put``), and ``backend(...)`` / ``store(...)`` factories.
+* ``store_env``: parametrized over ``posix``, ``moto``, ``rgw`` and ``memory``: a fresh root (a
+  temporary directory, a new bucket, a dict) with the means to damage what is in it (``flip``,
+  ``truncate_at_rest``, ``remove``, ``put``), and ``backend(...)`` / ``store(...)`` factories.
+  ``memory`` is ``MemoryBackend`` (tests/memory_checkpoints.py), the storage under the engine
+  tests' checkpoint store: the one fake keeps to the contract the real storages keep.
 * ``s3_env``: the same for the S3 servers only (the fault-proxy tests).
 
 Tests using an S3 server are marked ``s3`` automatically. ``CEPH_KEEP=1`` keeps Ceph's directory.
@@ -21,6 +24,7 @@ from typing import Any
 
 import pytest
 from ckpt_env import StoreEnv
+from memory_checkpoints import MemoryBackend
 
 from supervisor.testing.s3servers import CephRgw, MotoS3, S3Server, S3ServerError
 
@@ -88,9 +92,12 @@ def _s3_env(kind: str, server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Sto
     return StoreEnv(kind, f"s3://{bucket}/run42/ckpt/", server, bucket, prefix="run42/ckpt/")
 
 
-@pytest.fixture(params=("posix", *S3_KINDS))
+@pytest.fixture(params=("posix", *S3_KINDS, "memory"))
 def store_env(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StoreEnv:
     kind = request.param
+    if kind == "memory":
+        backend = MemoryBackend("mem://run42/ckpt/")
+        return StoreEnv(kind, backend.root, memory=backend)
     if kind == "posix":
         path = tmp_path / "ckpt"
         path.mkdir()

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from supervisor.adapters.sqlite_store import SqliteStore
+from sim_world import SimWorld
+
 from supervisor.domain.cluster import NodeChange
 from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity
 from supervisor.domain.lemon import QuarantineSettings
 from supervisor.domain.records import EventKind, Verdict
-from supervisor.domain.run import RunSpec, RunState, SparePolicy
-from supervisor.engine.reconcile import Engine, EngineSettings
+from supervisor.domain.run import RunSpec, SparePolicy
+from supervisor.engine.reconcile import EngineSettings
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
-from supervisor.sim.probe import SimProbe
 
 
 @dataclass
@@ -55,56 +54,27 @@ SPEC = RunSpec(
 )
 
 
-class World:
-    def __init__(self, tmp_path, specs=(SPEC,), nodes=8, settings=EngineSettings(), **cluster) -> None:
-        self.clock = VirtualClock()
-        self.cluster = SimCluster(self.clock, nodes, "main", **cluster)
-        self.feed = FakeFeed(self.clock)
-        self.store = SqliteStore(tmp_path)
-        for spec in specs:
-            self.store.add_run(spec, self.clock.now())
-        self.engine = Engine(
-            scheduler=self.cluster,
-            store=self.store,
-            clock=self.clock,
-            settings=settings,
-            probe=SimProbe(self.cluster),
-            health=self.feed,
-        )
+def world(tmp_path, specs=(SPEC,), nodes=8, settings=EngineSettings(), **cluster) -> SimWorld:
+    """The cluster, with a health feed whose agents beat for every running job's nodes."""
+    clock = VirtualClock()
+    w = SimWorld(tmp_path, *specs, nodes=nodes, clock=clock, settings=settings, health=FakeFeed(clock), **cluster)
+    w.before_tick.append(lambda: heartbeats(w))
+    return w
 
-    def step(self) -> None:
-        for r in self.store.runs(active_only=True):
-            if r.attempt is not None and r.attempt.job_id in self.cluster.inspect().jobs:
-                job = self.cluster.inspect().jobs[r.attempt.job_id]
-                if not job.state.finished:
-                    self.feed.beat(job.nodes)
-        self.engine.tick()
-        self.clock.wait(1.0)
 
-    def until(self, predicate, limit: int = 300) -> float:
-        start = self.clock.now()
-        for _ in range(limit):
-            if predicate():
-                return self.clock.now() - start
-            self.step()
-        raise AssertionError("condition not reached")
-
-    def run(self, name: str = "llm"):
-        return self.store.get_run(name)
-
-    def running(self, seq: int = 0, name: str = "llm") -> bool:
-        r = self.run(name)
-        return r.state is RunState.RUNNING and r.attempt.seq == seq and r.attempt.started_at is not None
-
-    def events(self, kind: EventKind, name: str = "llm"):
-        return [e for e in self.store.events(name) if e.kind is kind]
+def heartbeats(w: SimWorld) -> None:
+    for r in w.store.runs(active_only=True):
+        if r.attempt is not None and r.attempt.job_id in w.cluster.inspect().jobs:
+            job = w.cluster.inspect().jobs[r.attempt.job_id]
+            if not job.state.finished:
+                w.health.beat(job.nodes)
 
 
 def test_a_fatal_xid_drains_the_node_without_downing_it_and_restarts_without_it(tmp_path):
-    w = World(tmp_path)
+    w = world(tmp_path)
     w.until(w.running)
     victim = w.run().attempt.nodes[1]
-    w.feed.report(victim, Severity.FATAL, "XID 79: GPU has fallen off the bus (gpu 3)", "xid-79@1")
+    w.health.report(victim, Severity.FATAL, "XID 79: GPU has fallen off the bus (gpu 3)", "xid-79@1")
     latency = w.until(lambda: w.running(1))
     assert latency <= 5.0
     job = w.cluster.inspect().jobs[w.run().attempt.job_id]
@@ -116,12 +86,12 @@ def test_a_fatal_xid_drains_the_node_without_downing_it_and_restarts_without_it(
 
 
 def test_a_degraded_node_is_kept_out_at_the_next_checkpoint_boundary_not_at_once(tmp_path):
-    w = World(tmp_path)
+    w = world(tmp_path)
     w.until(w.running)
     slow = w.run().attempt.nodes[2]
-    w.feed.report(slow, Severity.DEGRADED, "HW slowdown sustained (gpu 3)", "clocks-hw-slowdown@1")
+    w.health.report(slow, Severity.DEGRADED, "HW slowdown sustained (gpu 3)", "clocks-hw-slowdown@1")
     for _ in range(30):
-        w.step()
+        w.tick()
     assert w.running(0)  # no restart for a degraded node by itself
     assert slow in w.run().deferred and w.events(EventKind.NODE_DEGRADED)
     assert w.store.verdicts()[0].verdict is Verdict.SUSPECT
@@ -134,7 +104,7 @@ def test_a_degraded_node_is_kept_out_at_the_next_checkpoint_boundary_not_at_once
 
 
 def test_agent_silence_with_fresh_peers_is_a_dead_node_before_slurm_notices(tmp_path):
-    w = World(
+    w = world(
         tmp_path,
         settings=EngineSettings(heartbeat=HeartbeatSettings(timeout_s=15.0, startup_grace_s=10.0)),
         slurmd_timeout=300.0,
@@ -142,10 +112,10 @@ def test_agent_silence_with_fresh_peers_is_a_dead_node_before_slurm_notices(tmp_
     )  # Slurm's defaults: SlurmdTimeout=300
     w.until(w.running)
     for _ in range(15):
-        w.step()
+        w.tick()
     frozen = w.run().attempt.nodes[3]
     w.cluster.freeze_node(frozen)  # slurmd hangs; its TCP port still accepts
-    w.feed.silent.add(frozen)
+    w.health.silent.add(frozen)
     latency = w.until(lambda: w.running(1), limit=60)
     assert latency < 30.0  # Slurm's SlurmdTimeout (300 s by default) would take far longer
     fault = [e for e in w.events(EventKind.FAULT) if e.evidence.get("node") == frozen][0]
@@ -153,25 +123,25 @@ def test_agent_silence_with_fresh_peers_is_a_dead_node_before_slurm_notices(tmp_
 
 
 def test_every_agent_silent_is_not_a_node_fault(tmp_path):
-    w = World(tmp_path, settings=EngineSettings(heartbeat=HeartbeatSettings(timeout_s=15.0, startup_grace_s=10.0)))
+    w = world(tmp_path, settings=EngineSettings(heartbeat=HeartbeatSettings(timeout_s=15.0, startup_grace_s=10.0)))
     w.until(w.running)
     for _ in range(15):
-        w.step()
-    w.feed.silent.update(w.cluster.node_names)  # the daemon's ingest or the network broke, not the nodes
+        w.tick()
+    w.health.silent.update(w.cluster.node_names)  # the daemon's ingest or the network broke, not the nodes
     for _ in range(60):
-        w.step()
+        w.tick()
     assert w.running(0) and not w.events(EventKind.FAULT)
 
 
 def test_half_the_nodes_faulting_at_once_drains_exactly_the_cap_and_raises_one_mass_fault(tmp_path):
     spec = replace(SPEC, nodes=8, spare_nodes=(), spare_policy=SparePolicy.PARTITION_IDLE)
-    w = World(tmp_path, specs=(spec,), nodes=8, settings=EngineSettings(max_drains_per_run_per_hour=2))
+    w = world(tmp_path, specs=(spec,), nodes=8, settings=EngineSettings(max_drains_per_run_per_hour=2))
     w.until(w.running)
     nodes = w.run().attempt.nodes[:4]
     for n in nodes:
-        w.feed.report(n, Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
+        w.health.report(n, Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
     for _ in range(20):
-        w.step()
+        w.tick()
     drained = [n for n in w.cluster.node_names if w.cluster.node_info(n).drained]
     assert len(drained) == 2
     mass = w.events(EventKind.MASS_FAULT)
@@ -183,16 +153,16 @@ def test_half_the_nodes_faulting_at_once_drains_exactly_the_cap_and_raises_one_m
 def test_a_node_that_faults_in_two_runs_is_quarantined_for_every_run_until_cleared(tmp_path):
     a = replace(SPEC, name="a", nodes=2, spare_nodes=(), spare_policy=SparePolicy.PARTITION_IDLE)
     b, c = replace(a, name="b"), replace(a, name="c")
-    w = World(tmp_path, specs=(a, b), nodes=8, settings=EngineSettings(quarantine=QuarantineSettings(faults=2)))
+    w = world(tmp_path, specs=(a, b), nodes=8, settings=EngineSettings(quarantine=QuarantineSettings(faults=2)))
     w.until(lambda: w.running(0, "a") and w.running(0, "b"))
     assert w.run("a").attempt.nodes == ("n001", "n002") and w.run("b").attempt.nodes == ("n003", "n004")
-    w.feed.report("n001", Severity.FATAL, "XID 48: double-bit ECC error", "xid-48@1")
+    w.health.report("n001", Severity.FATAL, "XID 48: double-bit ECC error", "xid-48@1")
     w.until(lambda: w.running(1, "a"))
     w.cluster.set_node_state("n001", NodeChange.RESUME, "admin: reseated the GPU")
-    w.feed.report("n003", Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
+    w.health.report("n003", Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
     w.until(lambda: w.running(1, "b"))
     assert "n001" in w.run("b").attempt.nodes  # back in service, and b landed on it
-    w.feed.report("n001", Severity.FATAL, "XID 48: double-bit ECC error", "xid-48@1")
+    w.health.report("n001", Severity.FATAL, "XID 48: double-bit ECC error", "xid-48@1")
     w.until(lambda: w.running(2, "b"))
     w.cluster.set_node_state("n001", NodeChange.RESUME, "admin: looks fine to me")
     w.store.add_run(c, w.clock.now())  # a new run must not get the lemon, though Slurm offers it
@@ -207,15 +177,15 @@ def test_a_node_that_faults_in_two_runs_is_quarantined_for_every_run_until_clear
 
 def test_a_drained_node_an_operator_returns_to_service_may_serve_the_run_again(tmp_path):
     spec = replace(SPEC, nodes=4, spare_nodes=(), spare_policy=SparePolicy.PARTITION_IDLE)
-    w = World(tmp_path, specs=(spec,), nodes=5)
+    w = world(tmp_path, specs=(spec,), nodes=5)
     w.until(w.running)
     victim = w.run().attempt.nodes[0]
-    w.feed.report(victim, Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
+    w.health.report(victim, Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
     w.until(lambda: w.running(1))
     assert victim in w.run().excluded
     w.cluster.set_node_state(victim, NodeChange.RESUME, "GPU reseated")
     for _ in range(3):
-        w.step()
+        w.tick()
     assert victim not in w.run().excluded
     returned = w.events(EventKind.NODE_RETURNED)
     assert len(returned) == 1 and victim in returned[0].message

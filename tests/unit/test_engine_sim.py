@@ -8,17 +8,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from sim_world import SimWorld
 
-from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.domain.cluster import JobState, NodeChange
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RestartMode, RunSpec, RunState, SparePolicy
 from supervisor.engine.daemon import Pacing, run_loop
-from supervisor.engine.reconcile import Engine, EngineSettings
-from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
 from supervisor.sim.fence import SimFencer
-from supervisor.sim.probe import SimProbe
 
 SPEC = RunSpec(
     name="llm",
@@ -35,62 +31,12 @@ class SimulatedCrash(BaseException):
     """The daemon process dying at an action boundary (BaseException: nothing may catch it)."""
 
 
-class World:
-    def __init__(self, tmp_path, spec=SPEC, nodes=4, node_rights=True, probe=True, settings=None):
-        self.clock = VirtualClock()
-        self.cluster = SimCluster(self.clock, nodes, "main", node_rights=node_rights)
-        self.dir = tmp_path
-        self.probe = probe
-        self.settings = settings or EngineSettings()
-        self.store = SqliteStore(tmp_path)
-        self.store.add_run(spec, self.clock.now())
-        self.engine = self.new_engine()
-
-    def new_engine(self, crash_hook=None, fencer=None):
-        self.store = SqliteStore(self.dir)  # a new daemon: a new connection, no memory
-        return Engine(
-            scheduler=self.cluster,
-            store=self.store,
-            clock=self.clock,
-            settings=self.settings,
-            probe=SimProbe(self.cluster) if self.probe else None,
-            crash_hook=crash_hook,
-            fencer=fencer,
-        )
-
-    def ticks(self, n, interval=1.0):
-        for _ in range(n):
-            self.engine.tick()
-            self.clock.wait(interval)
-
-    def run(self, name="llm"):
-        return self.store.get_run(name)
-
-    def job(self):
-        return self.cluster.inspect().jobs[self.run().attempt.job_id]
-
-    def until(self, predicate, limit=200, interval=1.0):
-        for _ in range(limit):
-            if predicate():
-                return
-            self.engine.tick()
-            self.clock.wait(interval)
-        raise AssertionError("condition not reached")
-
-    def running(self):
-        r = self.run()
-        return r.state is RunState.RUNNING and r.attempt.started_at is not None
-
-    def event_keys(self):
-        return sorted(e.key for e in self.store.events("llm") if e.kind is not EventKind.ADOPTED)
-
-    def run_overlaps(self):
-        log = self.cluster.incarnation_log
-        return [(a, b) for i, a in enumerate(log) for b in log[i + 1 :] if a.overlaps(b)]
+def event_keys(w):
+    return sorted(e.key for e in w.events() if e.kind is not EventKind.ADOPTED)
 
 
 def test_node_crash_is_recovered_on_healthy_nodes(tmp_path):
-    w = World(tmp_path)
+    w = SimWorld(tmp_path, SPEC)
     w.until(w.running)
     first = w.job()
     assert set(first.nodes) == {"n001", "n002"} and "n004" in first.excluded_nodes  # spare kept out
@@ -110,9 +56,9 @@ def test_node_crash_is_recovered_on_healthy_nodes(tmp_path):
 
 
 def test_hung_slurmd_is_caught_by_slurm_and_fenced_when_a_fence_is_configured(tmp_path):
-    w = World(tmp_path)
-    fencer = SimFencer(w.cluster)
-    w.engine = w.new_engine(fencer=fencer)
+    w = SimWorld(tmp_path, SPEC)
+    fencer = w.fencer = SimFencer(w.cluster)
+    w.new_engine()
     w.until(w.running)
     w.cluster.freeze_node("n001")  # slurmd hangs, the job's processes keep running
     w.until(lambda: w.running() and w.run().attempt.seq == 1, limit=100)
@@ -122,7 +68,7 @@ def test_hung_slurmd_is_caught_by_slurm_and_fenced_when_a_fence_is_configured(tm
 
 
 def test_without_a_fence_the_logbook_says_what_could_not_be_confirmed(tmp_path):
-    w = World(tmp_path)
+    w = SimWorld(tmp_path, SPEC)
     w.until(w.running)
     w.cluster.freeze_node("n001")
     w.until(lambda: w.running() and w.run().attempt.seq == 1, limit=100)
@@ -134,7 +80,7 @@ def test_without_a_fence_the_logbook_says_what_could_not_be_confirmed(tmp_path):
 
 
 def test_spare_stands_in_when_no_other_node_is_idle(tmp_path):
-    w = World(tmp_path)
+    w = SimWorld(tmp_path, SPEC)
     w.until(w.running)
     w.cluster.crash_node("n001")
     w.until(lambda: w.running() and w.run().attempt.seq == 1)
@@ -144,7 +90,7 @@ def test_spare_stands_in_when_no_other_node_is_idle(tmp_path):
 
 
 def test_without_probe_slurm_signals_are_enough(tmp_path):
-    w = World(tmp_path, probe=False)
+    w = SimWorld(tmp_path, SPEC, probe=False)
     w.until(w.running)
     w.cluster.crash_node("n002")
     w.until(lambda: w.running() and w.run().attempt.seq == 1, limit=100)
@@ -152,7 +98,7 @@ def test_without_probe_slurm_signals_are_enough(tmp_path):
 
 
 def test_without_node_rights_the_node_is_excluded_not_drained(tmp_path):
-    w = World(tmp_path, node_rights=False)
+    w = SimWorld(tmp_path, SPEC, node_rights=False)
     w.until(w.running)
     w.cluster.crash_node("n001")
     w.until(lambda: w.running() and w.run().attempt.seq == 1, limit=100)
@@ -164,7 +110,7 @@ def test_without_node_rights_the_node_is_excluded_not_drained(tmp_path):
 
 
 def test_budget_spent_gives_up(tmp_path):
-    w = World(tmp_path, spec=replace(SPEC, max_restarts=1), nodes=6)
+    w = SimWorld(tmp_path, replace(SPEC, max_restarts=1), nodes=6)
     w.until(w.running)
     w.cluster.crash_node(w.job().nodes[0])
     w.until(lambda: w.running() and w.run().attempt.seq == 1)
@@ -175,7 +121,7 @@ def test_budget_spent_gives_up(tmp_path):
 
 
 def test_do_not_restart_exit_code_stops_the_run(tmp_path):
-    w = World(tmp_path)
+    w = SimWorld(tmp_path, SPEC)
     w.until(w.running)
     w.cluster.finish_job(w.run().attempt.job_id, exit_code=93)
     w.until(lambda: w.run().state is RunState.FAILED)
@@ -184,7 +130,7 @@ def test_do_not_restart_exit_code_stops_the_run(tmp_path):
 
 
 def test_failed_job_is_restarted_and_completion_ends_the_run(tmp_path):
-    w = World(tmp_path)
+    w = SimWorld(tmp_path, SPEC)
     w.until(w.running)
     w.cluster.finish_job(w.run().attempt.job_id, exit_code=1)
     w.until(lambda: w.running() and w.run().attempt.seq == 1)
@@ -194,7 +140,7 @@ def test_failed_job_is_restarted_and_completion_ends_the_run(tmp_path):
 
 
 def test_requeue_mode_follows_slurms_requeue_and_excludes_the_node(tmp_path):
-    w = World(tmp_path, spec=replace(SPEC, restart_mode=RestartMode.REQUEUE))
+    w = SimWorld(tmp_path, replace(SPEC, restart_mode=RestartMode.REQUEUE))
     w.until(w.running)
     job_id = w.run().attempt.job_id
     w.cluster.crash_node("n001")
@@ -205,7 +151,7 @@ def test_requeue_mode_follows_slurms_requeue_and_excludes_the_node(tmp_path):
 
 
 def test_controller_down_means_no_action_and_catch_up_after(tmp_path):
-    w = World(tmp_path, probe=False)
+    w = SimWorld(tmp_path, SPEC, probe=False)
     w.until(w.running)
     w.cluster.controller_down(True)
     w.cluster.crash_node("n001")
@@ -219,7 +165,7 @@ def test_controller_down_means_no_action_and_catch_up_after(tmp_path):
 
 
 def test_cancel_request(tmp_path):
-    w = World(tmp_path)
+    w = SimWorld(tmp_path, SPEC)
     w.until(w.running)
     w.store.request_cancel("llm", w.clock.now())
     w.until(lambda: w.run().state is RunState.CANCELLED)
@@ -227,7 +173,7 @@ def test_cancel_request(tmp_path):
 
 
 def test_daemon_loop_stops_cleanly_and_leaves_the_job_running(tmp_path):
-    w = World(tmp_path)
+    w = SimWorld(tmp_path, SPEC)
     w.clock.call_at(w.clock.now() + 120, w.clock.stop)
     ticks = run_loop(w.engine, Pacing(poll_interval_s=5.0))
     assert 20 <= ticks <= 30
@@ -240,7 +186,7 @@ KINDS = ["node_state", "cancel", "submit"]
 
 
 def _recover_with_crash(tmp_path, boundary=None, kind=None):
-    w = World(tmp_path)
+    w = SimWorld(tmp_path, SPEC)
     w.until(w.running)
     fired = []
 
@@ -249,12 +195,14 @@ def _recover_with_crash(tmp_path, boundary=None, kind=None):
             fired.append((at, action))
             raise SimulatedCrash(at)
 
-    w.engine = w.new_engine(crash_hook=hook if boundary else None)
+    w.new_engine()
+    w.crash_hook = hook if boundary else None
     w.cluster.crash_node("n001")
     try:
         w.until(lambda: w.running() and w.run().attempt.seq == 1)
     except SimulatedCrash:
-        w.engine = w.new_engine()  # the daemon starts again on the same state directory
+        w.crash_hook = None
+        w.new_engine()  # the daemon starts again on the same state directory
         w.engine.adopt()
         w.until(lambda: w.running() and w.run().attempt.seq == 1)
     w.ticks(5)
@@ -272,14 +220,14 @@ def test_crash_at_every_action_boundary(tmp_path, boundary, kind):
     assert changes == [NodeChange.DOWN, NodeChange.DRAIN]  # one down, one drain
     assert w.cluster.count_calls("cancel") <= 1
     assert w.cluster.count_calls("requeue") == 0
-    assert w.event_keys() == base.event_keys()  # no logbook event lost, none doubled
+    assert event_keys(w) == event_keys(base)  # no logbook event lost, none doubled
     assert w.run().restarts_spent == 1
     assert w.store.open_actions() == []
     assert w.run_overlaps() == []
 
 
 def test_node_info_is_read_every_third_quiet_tick_and_every_tick_in_motion(tmp_path):
-    w = World(tmp_path)
+    w = SimWorld(tmp_path, SPEC)
     w.until(w.running)
     w.ticks(3)
     start = len(w.cluster.calls)
@@ -295,7 +243,7 @@ def test_node_info_is_read_every_third_quiet_tick_and_every_tick_in_motion(tmp_p
 
 
 def test_daemon_ticks_fast_while_recovering(tmp_path):
-    w = World(tmp_path)
+    w = SimWorld(tmp_path, SPEC)
     w.until(w.running)
     crash_at = w.clock.now() + 12.0
     w.clock.call_at(crash_at, w.cluster.crash_node, "n001")
@@ -307,7 +255,7 @@ def test_daemon_ticks_fast_while_recovering(tmp_path):
 
 
 def test_one_runs_inconsistency_is_logged_and_does_not_stop_the_daemon(tmp_path):
-    w = World(tmp_path)
+    w = SimWorld(tmp_path, SPEC)
     w.until(w.running)
     stale = w.run()  # what a decision was based on: RUNNING ...
     w.store._db.execute("UPDATE runs SET state = 'completed' WHERE name = 'llm'")  # ... but the store moved on

@@ -8,18 +8,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from test_engine_checkpoints import MemCheckpointStore
-from test_progress_engine import MemoryLog
+from sim_world import SimWorld
 
-from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
-from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState, SpikePolicy
-from supervisor.engine.checkpoints import CheckpointWatch
-from supervisor.engine.progress import ProgressWatch
-from supervisor.engine.reconcile import Engine
-from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
+from supervisor.domain.run import CheckpointPolicy, RunSpec, SpikePolicy
 
 SPEC = RunSpec(
     name="llm",
@@ -42,40 +35,14 @@ def line(step: int, loss: float, grad: float = 1.0) -> str:
     )
 
 
-class Trainer:
+class Trainer(SimWorld):
     """Logs every 10 steps (one line per virtual second); the test scripts the loss per step."""
 
     def __init__(self, tmp_path, spec: RunSpec = SPEC) -> None:
-        self.clock = VirtualClock()
-        self.cluster = SimCluster(self.clock, 4, "main")
-        self.store = SqliteStore(tmp_path)
-        self.store.add_run(spec, self.clock.now())
-        self.ckpt = MemCheckpointStore(self.clock)
-        self.files: dict[str, MemoryLog] = {}
-        self.resume: dict[str, str] = {}
-        watch = CheckpointWatch(
-            lambda s: self.ckpt,
-            self.clock,
-            inline=True,
-            write_resume=lambda path, text: self.resume.__setitem__(path, text),
-        )
-        progress = ProgressWatch(self._open, HangSettings(multiple=50, floor_s=600, cap_s=3600, startup_grace_s=600))
-        self.engine = Engine(
-            scheduler=self.cluster, store=self.store, clock=self.clock, progress=progress, checkpoints=watch
-        )
+        hang = HangSettings(multiple=50, floor_s=600, cap_s=3600, startup_grace_s=600)
+        super().__init__(tmp_path, spec, probe=False, hang=hang, watch_checkpoints=True)
         self.step = 0
         self.loss = lambda step: 2.0 - step * 1e-5
-
-    def _open(self, path: str, at_end: bool) -> MemoryLog:
-        self.files[path] = MemoryLog()
-        return self.files[path]
-
-    def run(self):
-        return self.store.get_run("llm")
-
-    def running(self, seq: int) -> bool:
-        r = self.run()
-        return r.state is RunState.RUNNING and r.attempt.seq == seq and r.attempt.started_at is not None
 
     def train(self, until_step: int, seq: int, checkpoint_every: int = 500) -> None:
         """Run attempt ``seq`` up to ``until_step``, saving verified-to-be checkpoints as it goes."""
@@ -85,24 +52,8 @@ class Trainer:
             self.step += 10
             if self.step % checkpoint_every == 0:
                 self.ckpt.save(self.step)
-            for log in self.files.values():
-                log.lines.append(line(self.step, self.loss(self.step)))
-            self.engine.tick()
-            self.clock.wait(1.0)
-
-    def until(self, predicate, limit: int = 200) -> None:
-        for _ in range(limit):
-            if predicate():
-                return
-            self.engine.tick()
-            self.clock.wait(1.0)
-        raise AssertionError("condition not reached")
-
-    def env(self) -> dict[str, str]:
-        return dict([args for name, *args in self.cluster.calls if name == "submit"][-1][0].env)
-
-    def events(self, kind: EventKind):
-        return [e for e in self.store.events("llm") if e.kind is kind]
+            self.logs.append_all(line(self.step, self.loss(self.step)))
+            self.tick()
 
 
 def test_a_spike_that_heals_is_logged_and_left_alone(tmp_path):
@@ -129,10 +80,10 @@ def test_a_spike_that_does_not_heal_rolls_back_to_a_verified_checkpoint_before_i
     ev = rollback[0].evidence
     assert ev["onset_step"] == 2130 and ev["checkpoint_step"] == 2000  # newest verified >= 100 steps before
     assert (ev["skip_first"], ev["skip_last"]) == (2001, 2300) and ev["series"]
-    env = t.env()
+    env = t.submitted_env()
     assert env["SSV_RESUME_STEP"] == "2000" and env["SSV_SKIP_ITERATIONS"] == "2001-2300"
     assert "SSV_LR_SCALE" not in env  # a first rollback keeps the LR
-    plan = json.loads(t.resume["/w/resume.json"])
+    plan = json.loads(t.files["/w/resume.json"])
     assert plan["rollback"]["onset_step"] == 2130 and plan["checkpoint"]["step"] == 2000
     restarted = t.events(EventKind.RESTARTED)[-1]
     assert "rollback to step 2000" in restarted.message and "skipping iterations 2001-2300" in restarted.message
@@ -152,15 +103,13 @@ def test_a_repeat_near_the_same_place_skips_more_and_lowers_the_lr_then_pages_a_
     second = t.events(EventKind.ROLLBACK)[1].evidence
     assert second["escalation"] == 1 and second["lr_scale"] == 0.5
     assert second["skip_last"] - second["skip_first"] + 1 == 600  # the skip doubled
-    env = t.env()
+    env = t.submitted_env()
     assert env["SSV_SKIP_ITERATIONS"] == f"2001-2300,{second['skip_first']}-{second['skip_last']}"
     assert env["SSV_LR_SCALE"] == "0.5"
     t.step = 2000
     t.loss = lambda s: base(s) * (1.8 if s >= 2130 else 1.0)
     t.train(2400, 2)
-    for _ in range(20):
-        t.engine.tick()
-        t.clock.wait(1.0)
+    t.ticks(20)
     assert len(t.events(EventKind.ROLLBACK)) == 2  # max_rollbacks = 2 per window
     blocked = t.events(EventKind.ROLLBACK_BLOCKED)
     assert len(blocked) == 1 and "a human decides" in blocked[0].message and blocked[0].evidence["page"]
@@ -185,7 +134,7 @@ def test_a_checkpoint_is_not_passed_over_when_the_failed_attempts_had_trained_pa
     for seq in (0, 1, 2):
         t.cluster.finish_job(t.run().attempt.job_id, exit_code=1)  # e.g. an NCCL error, not the checkpoint
         t.until(lambda seq=seq: t.running(seq + 1))
-        assert t.env()["SSV_RESUME_STEP"] == "1000"
+        assert t.submitted_env()["SSV_RESUME_STEP"] == "1000"
         t.step = 1000
         t.train(1050, seq + 1)  # it loaded 1000 and trained on
     assert not [e for e in t.events(EventKind.WARNING) if "passed over" in e.message]

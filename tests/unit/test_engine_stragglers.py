@@ -8,18 +8,11 @@ from __future__ import annotations
 import json
 import random
 
-from test_engine_checkpoints import MemCheckpointStore
-from test_progress_engine import MemoryLog
+from sim_world import SimWorld
 
-from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState, SparePolicy
-from supervisor.engine.checkpoints import CheckpointWatch
-from supervisor.engine.progress import ProgressWatch
-from supervisor.engine.reconcile import Engine
-from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
 
 SPEC = RunSpec(
     name="llm",
@@ -55,31 +48,14 @@ def jsonl(step: int, nodes: int, slow_node: int | None, rng: random.Random, slow
 
 
 def test_a_5pct_straggler_is_named_and_dropped_at_the_next_checkpoint_with_the_slowdown_logged(tmp_path):
-    clock = VirtualClock()
-    cluster = SimCluster(clock, 8, "main")
-    store = SqliteStore(tmp_path)
-    store.add_run(SPEC, clock.now())
-    ckpt = MemCheckpointStore(clock)
-    logs: dict[str, MemoryLog] = {}
-
-    def opener(path: str, at_end: bool) -> MemoryLog:
-        logs[path] = MemoryLog()
-        return logs[path]
-
-    engine = Engine(
-        scheduler=cluster,
-        store=store,
-        clock=clock,
-        progress=ProgressWatch(opener, HangSettings(multiple=50, floor_s=600, cap_s=3600, startup_grace_s=600)),
-        checkpoints=CheckpointWatch(lambda s: ckpt, clock, inline=True),
-    )
+    hang = HangSettings(multiple=50, floor_s=600, cap_s=3600, startup_grace_s=600)
+    w = SimWorld(tmp_path, SPEC, nodes=8, probe=False, hang=hang, watch_checkpoints=True)
     rng = random.Random(7)
     step = 0
     slow_node = None
     for _ in range(400):
-        engine.tick()
-        clock.wait(1.0)
-        run = store.get_run("llm")
+        w.tick()
+        run = w.run()
         if run.state is not RunState.RUNNING or run.attempt.started_at is None:
             continue
         if run.attempt.seq == 1:
@@ -88,23 +64,22 @@ def test_a_5pct_straggler_is_named_and_dropped_at_the_next_checkpoint_with_the_s
         if step == 80:
             slow_node = 2  # from now on one node's GPUs run 5 % slow (thermal throttling, say)
         step += 1
-        for log in logs.values():
-            log.lines.append(jsonl(step, len(nodes), slow_node, rng))
+        w.logs.append_all(jsonl(step, len(nodes), slow_node, rng))
         if step == 170:
-            ckpt.save(step)  # the next checkpoint boundary
-    run = store.get_run("llm")
+            w.ckpt.save(step)  # the next checkpoint boundary
+    run = w.run()
     assert run.attempt.seq == 1, "no restart at the checkpoint boundary"
-    events = store.events("llm")
+    events = w.events()
     degraded = [e for e in events if e.kind is EventKind.NODE_DEGRADED]
-    victim = cluster.inspect().jobs[1000].nodes[2]
+    victim = w.cluster.inspect().jobs[1000].nodes[2]
     assert len(degraded) == 1 and degraded[0].evidence["node"] == victim
     assert "straggler" in degraded[0].message and degraded[0].evidence["rule"] == "straggler@1"
     named_at = degraded[0].evidence["step"]
     assert named_at - 80 <= 50  # a 5 % slower node named within 50 steps
     boundary = [e for e in events if e.kind is EventKind.FAULT and e.evidence.get("planned")]
     assert boundary and victim in boundary[0].evidence["nodes"]
-    assert victim not in cluster.inspect().jobs[run.attempt.job_id].nodes
-    info = cluster.node_info(victim)
+    assert victim not in w.cluster.inspect().jobs[run.attempt.job_id].nodes
+    info = w.cluster.node_info(victim)
     assert info.drained and not info.down and "straggler" in info.reason
     slowdown = [e for e in events if e.kind is EventKind.SLOWDOWN]
     assert len(slowdown) == 1 and victim in slowdown[0].message

@@ -5,16 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from sim_world import SimWorld
 
-from supervisor.adapters.sqlite_store import SqliteStore
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RunSpec, RunState
-from supervisor.engine.progress import ProgressWatch
-from supervisor.engine.reconcile import Engine
-from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
 
 SPEC = RunSpec(
     name="llm",
@@ -41,23 +37,6 @@ def test_output_path(output, expected):
     assert output_path(replace(SPEC, output=output), 1234) == expected
 
 
-class MemoryLog:
-    """A stateful fake of a followed file: the test appends, the engine reads what is new."""
-
-    def __init__(self):
-        self.lines: list[str] = []
-        self.read_upto = 0
-        self.closed = False
-
-    def read_lines(self):
-        new = self.lines[self.read_upto :]
-        self.read_upto = len(self.lines)
-        return new
-
-    def close(self):
-        self.closed = True
-
-
 def megatron(step):
     return (
         f" iteration {step:8d}/ 1000000 | consumed samples: {step * 64} | elapsed time per iteration (ms): "
@@ -74,79 +53,58 @@ def megatron(step):
     ],
 )
 def test_a_trainer_that_stops_logging_is_restarted(tmp_path, multiple, floor_s, step_s, tick_s):
-    clock = VirtualClock()
-    cluster = SimCluster(clock, 4, "main")
-    store = SqliteStore(tmp_path)
-    store.add_run(SPEC, clock.now())
-    files: dict[str, MemoryLog] = {}
-
-    def opener(path, at_end):
-        files[path] = MemoryLog()
-        return files[path]
-
     settings = HangSettings(multiple=multiple, floor_s=floor_s, cap_s=600, startup_grace_s=60)
-    engine = Engine(scheduler=cluster, store=store, clock=clock, progress=ProgressWatch(opener, settings))
+    w = SimWorld(tmp_path, SPEC, probe=False, hang=settings)
     step = 0
     hung_at = None
     next_line = 0.0
     for _ in range(2000):
-        engine.tick()
-        run = store.get_run("llm")
+        w.engine.tick()  # the trainer acts between the tick and the wait
+        run = w.run()
         if run.attempt and run.attempt.seq == 1 and run.state is RunState.RUNNING:
             break
         if run.attempt and run.attempt.started_at and run.attempt.seq == 0:
             path = f"/logs/llm-{run.attempt.job_id}.out"
-            if path in files and step < 40 and clock.now() >= next_line:
+            if path in w.logs and step < 40 and w.clock.now() >= next_line:
                 step += 1
-                files[path].lines.append(megatron(step))
-                next_line = clock.now() + step_s
+                w.logs[path].append(megatron(step))
+                next_line = w.clock.now() + step_s
             elif step >= 40 and hung_at is None:
-                hung_at = clock.now()
-        clock.wait(tick_s)
-    run = store.get_run("llm")
+                hung_at = w.clock.now()
+        w.clock.wait(tick_s)
+    run = w.run()
     assert run.attempt.seq == 1 and run.state is RunState.RUNNING
-    fault = next(e for e in store.events("llm") if e.kind is EventKind.FAULT)
+    fault = w.events(EventKind.FAULT)[0]
     assert "hang" in fault.message and fault.evidence["last_step"] == 40
     threshold = max(multiple * step_s, floor_s)
     assert fault.at - hung_at <= threshold + tick_s + 1.0  # within the threshold plus a tick
     assert run.excluded == {}  # a hang blames no node
-    assert files["/logs/llm-1000.out"].closed
+    assert w.logs["/logs/llm-1000.out"].closed
 
 
 def test_a_long_announced_save_is_waited_for_and_a_real_hang_after_it_is_not(tmp_path):
-    clock = VirtualClock()
-    cluster = SimCluster(clock, 4, "main")
-    store = SqliteStore(tmp_path)
-    store.add_run(SPEC, clock.now())
-    files: dict[str, MemoryLog] = {}
-
-    def opener(path, at_end):
-        files[path] = MemoryLog()
-        return files[path]
-
     settings = HangSettings(multiple=3, floor_s=5, cap_s=600, startup_grace_s=60, pause_cap_s=300)
-    engine = Engine(scheduler=cluster, store=store, clock=clock, progress=ProgressWatch(opener, settings))
+    w = SimWorld(tmp_path, SPEC, probe=False, hang=settings)
     step = 0
     saved_at = None
     for _ in range(1000):
-        engine.tick()
-        run = store.get_run("llm")
+        w.engine.tick()  # the trainer acts between the tick and the wait
+        run = w.run()
         if run.attempt and run.attempt.seq == 1:
             break
         path = f"/logs/llm-{run.attempt.job_id}.out" if run.attempt else None
-        if run.attempt and run.attempt.started_at and path in files:
+        if run.attempt and run.attempt.started_at and path in w.logs:
             if step < 30:
                 step += 1
-                files[path].lines.append(megatron(step))
+                w.logs[path].append(megatron(step))
             elif saved_at is None:
-                files[path].lines.append(f" saving checkpoint at iteration {step:8d} to /ckpt")
-                saved_at = clock.now()
-            elif clock.now() - saved_at == 120:  # a two-minute synchronous save, then steps again
-                files[path].lines.append(f" successfully saved checkpoint at iteration {step:8d} to /ckpt")
-                files[path].lines.append(megatron(step + 1))
+                w.logs[path].append(f" saving checkpoint at iteration {step:8d} to /ckpt")
+                saved_at = w.clock.now()
+            elif w.clock.now() - saved_at == 120:  # a two-minute synchronous save, then steps again
+                w.logs[path].append(f" successfully saved checkpoint at iteration {step:8d} to /ckpt")
+                w.logs[path].append(megatron(step + 1))
                 step = 31
-        clock.wait(1.0)
-    events = store.events("llm")
-    hang = next(e for e in events if e.kind is EventKind.FAULT)
+        w.clock.wait(1.0)
+    hang = w.events(EventKind.FAULT)[0]
     assert hang.evidence["last_step"] == 31  # not the save at step 30: the silence after it
     assert hang.at - saved_at > 120
