@@ -75,9 +75,9 @@ def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: 
         ctx.ensure_object(dict)["config_path"] = daemon_config
     from supervisor.adapters.lock import AlreadyRunning, StateDirLock
     from supervisor.adapters.logging import configure_logging
-    from supervisor.adapters.sdnotify import SystemdNotifier
+    from supervisor.adapters.sdnotify import SystemdNotifier, WatchdogTimer
     from supervisor.adapters.tcp_probe import TcpProbe
-    from supervisor.engine.daemon import Pacing, run_loop
+    from supervisor.engine.daemon import Heartbeat, Pacing, StampedScheduler, run_loop
     from supervisor.engine.reconcile import Engine
 
     cfg = _config(ctx)
@@ -90,6 +90,7 @@ def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: 
             store = wiring.store(cfg)
             ingest = wiring.ingest(cfg, clock)
             settings = wiring.engine_settings(cfg)
+            heartbeat = Heartbeat()  # the loop's sign of life for the watchdog's own timer
             if ingest is not None:
                 try:
                     ingest[1].start()
@@ -97,7 +98,7 @@ def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: 
                     raise click.ClickException(f"{exc}; set [ingest] port (or enabled = false)") from None
                 settings = replace(settings, ingest_url=wiring.advertised_url(cfg, ingest[1]))
             engine = Engine(
-                scheduler=wiring.scheduler(cfg),
+                scheduler=StampedScheduler(wiring.scheduler(cfg), heartbeat),
                 store=store,
                 clock=clock,
                 settings=settings,
@@ -114,14 +115,17 @@ def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: 
                 raise click.ClickException(str(exc)) from None
             if paging is not None:
                 paging[0].start()
+            notifier = SystemdNotifier()
             try:
-                run_loop(
-                    engine,
-                    Pacing(cfg.daemon.poll_interval_s),
-                    SystemdNotifier(),
-                    max_ticks=1 if once else None,
-                    after_tick=paging[1] if paging else None,
-                )
+                with WatchdogTimer(notifier, heartbeat, cfg.daemon.stall_limit_s):
+                    run_loop(
+                        engine,
+                        Pacing(cfg.daemon.poll_interval_s),
+                        notifier,
+                        max_ticks=1 if once else None,
+                        after_tick=paging[1] if paging else None,
+                        heartbeat=heartbeat,
+                    )
             finally:
                 if paging is not None:
                     paging[0].close()

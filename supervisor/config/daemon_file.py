@@ -19,10 +19,33 @@ def _resolve_path(value: Any, info: ValidationInfo) -> Any:
     return absolute(value, info) if isinstance(value, str) else value
 
 
+# systemd's watchdog and the daemon's loop. systemd/slurm-supervisor.service sets WatchdogSec=60.
+# The daemon feeds the watchdog from its own timer every WatchdogSec/2, but only while its loop has
+# shown progress (a tick starting or ending, a Slurm command starting or returning) within
+# LOOP_STALL_LIMIT_S: a loop stuck for good is restarted by systemd at most
+# LOOP_STALL_LIMIT_S + WatchdogSec (3 minutes) after its last sign of life. So no single wait of a
+# healthy loop may come near the limit: the wait between ticks (daemon.poll_interval_s) and one
+# Slurm command (slurm.command_timeout_s) may each take at most half of it; the other half is for
+# the work between two signs (log reading, node probes bounded by probe.timeout_s, the store).
+# A drop-in may change WatchdogSec: this limit does not depend on it (only the time to a restart does).
+LOOP_STALL_LIMIT_S = 120.0  # 2 × WatchdogSec
+LONGEST_WAIT_S = LOOP_STALL_LIMIT_S / 2
+
+
+def _fits_the_watchdog(value: float, key: str, what: str) -> float:
+    if value > LONGEST_WAIT_S:
+        raise fail(
+            f"a {what} this long would get the daemon killed by systemd's watchdog: the loop must show "
+            f"progress at least every {LOOP_STALL_LIMIT_S:g} s, and one {what} may take at most half of that",
+            f"set {key} to {LONGEST_WAIT_S:g} or less",
+        )
+    return value
+
+
 class DaemonSection(Section):
     state_dir: Path = Path("/var/lib/slurm-supervisor")
     poll_interval_s: FloatField = Field(
-        default=5.0, ge=0.2, le=600, json_schema_extra=fix_hint("set seconds between 0.2 and 600, e.g. 5.0")
+        default=5.0, ge=0.2, le=600, json_schema_extra=fix_hint("set seconds between 0.2 and 60, e.g. 5.0")
     )
     may_change_nodes: StrictBool = True
     max_drains_per_hour: StrictInt = Field(
@@ -31,18 +54,32 @@ class DaemonSection(Section):
     max_drains_per_run_per_hour: StrictInt = Field(
         default=4, ge=0, json_schema_extra=fix_hint("set a non-negative number; 0 means never drain for a run")
     )
+    # A run that cannot be placed (too few usable nodes) is in the logbook at once and pages after this.
+    stuck_page_after_s: FloatField = Field(
+        default=1800.0, ge=0, json_schema_extra=fix_hint("set seconds, e.g. 1800 (0: page at once)")
+    )
 
     @field_validator("state_dir", mode="before")
     @classmethod
     def _resolve(cls, value: Any, info: ValidationInfo) -> Any:
         return _resolve_path(value, info)
 
+    @field_validator("poll_interval_s")
+    @classmethod
+    def _poll_fits_the_watchdog(cls, value: float) -> float:
+        return _fits_the_watchdog(value, "poll_interval_s", "wait between ticks")
+
+    @property
+    def stall_limit_s(self) -> float:
+        """How long the loop may show no progress before the watchdog is no longer fed."""
+        return LOOP_STALL_LIMIT_S
+
 
 class SlurmSection(Section):
     slurm_conf: Path | None = None
     bin_dir: Path | None = None
     command_timeout_s: FloatField = Field(
-        default=20.0, gt=0, le=600, json_schema_extra=fix_hint("set seconds above 0 and at most 600, e.g. 20.0")
+        default=20.0, gt=0, le=600, json_schema_extra=fix_hint("set seconds above 0 and at most 60, e.g. 20.0")
     )
 
     @field_validator("slurm_conf", "bin_dir", mode="before")
@@ -56,6 +93,11 @@ class SlurmSection(Section):
         if value is not None and not value.is_file():
             raise fail(f"{value} is not a file", "point it at slurm.conf, or remove it to use Slurm's default")
         return value
+
+    @field_validator("command_timeout_s")
+    @classmethod
+    def _timeout_fits_the_watchdog(cls, value: float) -> float:
+        return _fits_the_watchdog(value, "command_timeout_s", "Slurm command")
 
     @field_validator("bin_dir")
     @classmethod
@@ -132,6 +174,9 @@ class QuarantineSection(Section):
     )
     base_h: FloatField = Field(default=24.0, gt=0, json_schema_extra=fix_hint("set hours above 0, e.g. 24"))
     max_h: FloatField = Field(default=720.0, gt=0, json_schema_extra=fix_hint("set hours above 0, e.g. 720 (30 days)"))
+    # A run that cannot be placed without quarantined nodes that Slurm has in service: use the
+    # least-bad of them (on record in the logbook), or wait for other nodes (also on record).
+    when_short: Literal["use-least-bad", "wait"] = "use-least-bad"
 
 
 class IngestSection(Section):

@@ -1,20 +1,33 @@
-"""The daemon's loop around the reconcile tick: pacing, backoff, watchdog, clean stop.
+"""The daemon's loop around the reconcile tick: pacing, backoff, liveness for the watchdog, clean stop.
 
 Stopping (SIGTERM) ends the loop between ticks and never touches jobs: runs outlive the daemon
 and are re-adopted by the next one.
+
+systemd's watchdog is fed from its own timer (``adapters.sdnotify.WatchdogTimer``), not from this
+loop, so a long poll interval or a slow Slurm command does not get the daemon killed. The loop
+only shows that it makes progress: it stamps a :class:`Heartbeat` when a tick starts and ends and
+(through :class:`StampedScheduler`) when each Slurm command starts and returns. The timer feeds
+the watchdog only while the last stamp is recent, so a loop stuck for good is still killed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import structlog
 
-from supervisor.engine.reconcile import Engine
+from supervisor.domain.cluster import ClusterSnapshot, NodeChange, SubmitRequest
+from supervisor.engine.pacing import Pacing, PacingState, next_delay
+from supervisor.engine.reconcile import Engine, TickResult
+from supervisor.ports import Scheduler
+
+__all__ = ["Heartbeat", "NullServiceManager", "Pacing", "ServiceManager", "StampedScheduler", "run_loop"]
 
 log = structlog.get_logger("supervisor.daemon")
+
+_Result = TypeVar("_Result")
 
 
 class ServiceManager(Protocol):
@@ -24,8 +37,6 @@ class ServiceManager(Protocol):
 
     def stopping(self) -> object: ...
 
-    def watchdog(self) -> object: ...
-
     def status(self, text: str) -> object: ...
 
 
@@ -34,17 +45,65 @@ class NullServiceManager:
 
     def stopping(self) -> None: ...
 
-    def watchdog(self) -> None: ...
-
     def status(self, text: str) -> None: ...
 
 
-@dataclass(frozen=True)
-class Pacing:
-    poll_interval_s: float = 5.0
-    max_backoff_s: float = 15.0  # short enough to catch up soon after slurmctld returns
-    max_busy_ticks: int = 5  # ticks run back to back while actions keep happening
-    urgent_interval_s: float = 0.5  # while a recovery or a suspect node is in progress
+class Heartbeat:
+    """When the loop last showed progress, on a monotonic clock (wall time may jump).
+
+    Written by the loop's thread, read by the watchdog's: one float assignment, atomic in CPython,
+    so no lock."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
+        self._last = now()
+
+    def beat(self) -> None:
+        self._last = self._now()
+
+    def silence_s(self) -> float:
+        """Seconds since the last beat."""
+        return self._now() - self._last
+
+
+class StampedScheduler:
+    """The Scheduler, with a heartbeat as each Slurm command starts and returns: a slow command
+    (bounded by its timeout) is progress; a command that never returns is not."""
+
+    def __init__(self, inner: Scheduler, heartbeat: Heartbeat) -> None:
+        self._inner = inner
+        self._heartbeat = heartbeat
+
+    def _stamped(self, command: Callable[[], _Result]) -> _Result:
+        self._heartbeat.beat()
+        try:
+            return command()
+        finally:
+            self._heartbeat.beat()
+
+    def snapshot(self, include_nodes: bool = True) -> ClusterSnapshot:
+        return self._stamped(lambda: self._inner.snapshot(include_nodes))
+
+    def submit(self, request: SubmitRequest) -> int:
+        return self._stamped(lambda: self._inner.submit(request))
+
+    def requeue(self, job_id: int, *, hold: bool = False) -> None:
+        self._stamped(lambda: self._inner.requeue(job_id, hold=hold))
+
+    def hold(self, job_id: int) -> None:
+        self._stamped(lambda: self._inner.hold(job_id))
+
+    def release(self, job_id: int) -> None:
+        self._stamped(lambda: self._inner.release(job_id))
+
+    def cancel(self, job_id: int) -> None:
+        self._stamped(lambda: self._inner.cancel(job_id))
+
+    def set_excluded(self, job_id: int, nodes: Sequence[str]) -> None:
+        self._stamped(lambda: self._inner.set_excluded(job_id, nodes))
+
+    def set_node_state(self, node: str, change: NodeChange, reason: str) -> None:
+        self._stamped(lambda: self._inner.set_node_state(node, change, reason))
 
 
 def run_loop(
@@ -53,37 +112,44 @@ def run_loop(
     service: ServiceManager | None = None,
     max_ticks: int | None = None,
     after_tick: Callable[[], object] | None = None,
+    heartbeat: Heartbeat | None = None,
 ) -> int:
     """Tick until the clock's wait is interrupted (stop requested). Returns the number of ticks.
-    ``after_tick`` runs after every tick (paging); its errors are logged, never fatal."""
+    ``after_tick`` runs after every tick (paging); its errors are logged, never fatal.
+    ``heartbeat`` is stamped at each tick's start and end, for the watchdog's timer."""
     service = service or NullServiceManager()
+    heartbeat = heartbeat or Heartbeat()
     runs = engine.adopt()
     log.info("daemon_started", runs=[r.name for r in runs], poll_interval_s=pacing.poll_interval_s)
     service.ready()
-    ticks = busy = 0
-    backoff = pacing.poll_interval_s
+    ticks = 0
+    state = PacingState.start(pacing)
     while max_ticks is None or ticks < max_ticks:
+        heartbeat.beat()
         result = engine.tick()
         ticks += 1
-        service.watchdog()
-        if after_tick is not None:
-            try:
-                after_tick()
-            except Exception as exc:  # noqa: BLE001 - paging trouble must never stop supervision
-                log.error("after_tick_failed", error=str(exc), error_type=type(exc).__name__)
-        if result.ok:
-            backoff = pacing.poll_interval_s
-            busy = busy + 1 if result.acted else 0
-            service.status(f"ok; {len(result.decisions)} active runs")
-            delay = 0.0 if 0 < busy < pacing.max_busy_ticks else pacing.poll_interval_s
-            if result.urgent and delay:
-                delay = min(delay, pacing.urgent_interval_s)
-        else:
-            backoff = min(pacing.max_backoff_s, max(backoff * 2, result.retry_in or 0.0))
-            service.status(f"waiting for Slurm: {result.error}; retry in {backoff:.0f} s")
-            delay = backoff
-        if delay and engine.clock.wait(delay):
+        _after_tick(after_tick)
+        heartbeat.beat()  # the wait that follows is bounded by the poll interval or the backoff cap
+        step, state = next_delay(pacing, state, result)
+        service.status(_status_line(result, step.delay_s))
+        if step.delay_s and engine.clock.wait(step.delay_s):
             break
     service.stopping()
     log.info("daemon_stopping", ticks=ticks, note="jobs are left running; the next daemon re-adopts them")
     return ticks
+
+
+def _after_tick(after_tick: Callable[[], object] | None) -> None:
+    if after_tick is None:
+        return
+    try:
+        after_tick()
+    except Exception as exc:  # noqa: BLE001 - paging trouble must never stop supervision
+        log.error("after_tick_failed", error=str(exc), error_type=type(exc).__name__)
+
+
+def _status_line(result: TickResult, delay_s: float) -> str:
+    """The one line ``systemctl status`` shows."""
+    if result.ok:
+        return f"ok; {len(result.decisions)} active runs"
+    return f"waiting for Slurm: {result.error}; retry in {delay_s:.0f} s"

@@ -31,7 +31,7 @@ from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import CheckpointPolicy, RunSpec, SparePolicy
 from supervisor.engine.checkpoints import CheckpointWatch
-from supervisor.engine.daemon import Pacing
+from supervisor.engine.pacing import Pacing, PacingState, next_delay
 from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.reconcile import Engine, EngineSettings
 from supervisor.sim.clock import VirtualClock
@@ -175,24 +175,16 @@ class Simulation:
     def _loop(self, engine: Engine, world: World, pacing: Pacing, end: float) -> int:
         clock = world.clock
         engine.adopt()
-        ticks = busy = 0
-        backoff = pacing.poll_interval_s
+        ticks = 0
+        state = PacingState.start(pacing)
         while clock.now() < end:
             result = engine.tick()
             ticks += 1
-            if result.ok:
-                backoff = pacing.poll_interval_s
-                busy = busy + 1 if result.acted else 0
-                delay = 0.0 if 0 < busy < pacing.max_busy_ticks else pacing.poll_interval_s
-                if result.urgent and delay:
-                    delay = min(delay, pacing.urgent_interval_s)
-            else:
-                backoff = min(pacing.max_backoff_s, max(backoff * 2, result.retry_in or 0.0))
-                delay = backoff
-            if result.ok and not result.urgent and delay == pacing.poll_interval_s and self.settings.skip_quiet_ticks:
+            step, state = next_delay(pacing, state, result)
+            if step.quiet and self.settings.skip_quiet_ticks:
                 clock.advance_to(self._next_tick(engine, world, pacing.poll_interval_s, end))
-            elif delay:
-                clock.advance_to(min(end, clock.now() + delay))
+            elif step.delay_s:
+                clock.advance_to(min(end, clock.now() + step.delay_s))
             if ticks % 64 == 0:
                 self._report(clock.now(), world.start, end)
         return ticks

@@ -205,7 +205,7 @@ def test_daemon_speaks_systemd_notify_and_stops_on_sigterm(slurm_cluster, tmp_pa
     server.bind(str(sock_path))
     server.settimeout(20)
     sup = SupervisorProcess(slurm_cluster, tmp_path)
-    sup.start(env={"NOTIFY_SOCKET": str(sock_path)})
+    sup.start(env={"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "2000000"})  # as systemd sets them
     messages: list[str] = []
     try:
         while not any("READY=1" in m for m in messages):

@@ -493,3 +493,36 @@ def test_a_posix_checkpoint_root_is_taken_from_the_spec_files_folder(tmp_path: P
 def test_checkpoint_mistakes_name_the_key_and_the_fix(tmp_path: Path, body: str, key: str, words: str) -> None:
     message = error_of(spec_in(tmp_path, MINIMAL_RUN + "[checkpoints]\n" + body + "\n"))
     assert key in message and words in message
+
+
+# --------------------------------------------------------------------------- the watchdog's limits
+
+
+def test_the_stall_limit_is_twice_the_units_watchdog() -> None:
+    from supervisor.config.daemon_file import LOOP_STALL_LIMIT_S
+
+    unit = (Path(__file__).resolve().parents[2] / "systemd" / "slurm-supervisor.service").read_text()
+    watchdog_s = float(next(line for line in unit.splitlines() if line.startswith("WatchdogSec=")).split("=")[1])
+    assert 2 * watchdog_s == LOOP_STALL_LIMIT_S
+    assert load_daemon_config(None).daemon.stall_limit_s == LOOP_STALL_LIMIT_S
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[daemon]\npoll_interval_s = 61", "daemon.poll_interval_s = 61"),
+        ("[slurm]\ncommand_timeout_s = 90", "slurm.command_timeout_s = 90"),
+    ],
+)
+def test_a_wait_longer_than_the_watchdog_allows_is_refused(tmp_path: Path, text: str, key: str) -> None:
+    message = error_of(write(tmp_path, text + "\n", "supervisor.toml"), load_daemon_config)
+    name = key.split(".")[1].split(" ")[0]
+    assert f"{key}: a " in message and "systemd's watchdog" in message and "every 120 s" in message
+    assert f"Fix: set {name} to 60 or less." in message
+
+
+def test_waits_up_to_half_the_stall_limit_are_accepted(tmp_path: Path) -> None:
+    config = load_daemon_config(
+        write(tmp_path, "[daemon]\npoll_interval_s = 60\n[slurm]\ncommand_timeout_s = 60\n", "supervisor.toml")
+    )
+    assert config.daemon.poll_interval_s == 60.0 and config.slurm.command_timeout_s == 60.0
