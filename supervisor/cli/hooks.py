@@ -1,4 +1,6 @@
-"""`slurm-supervisor hook prolog|epilog|healthcheck`: what the executables in hooks/ run.
+"""The Slurm hooks' commands: `slurm-supervisor hook prolog|epilog|healthcheck`, and the console
+scripts `slurm-supervisor-prolog`, `slurm-supervisor-epilog` and `slurm-supervisor-healthcheck`
+that `pip install` puts next to `slurm-supervisor` (the paths slurm.conf names; docs/hooks.md).
 
 Only a fatal GPU finding makes a hook fail (and so drain the node). Anything else — a bad config,
 a bug, NVML missing on a CPU node — is written to stderr (slurmd's log) and the hook succeeds: a
@@ -74,3 +76,18 @@ def epilog(config: str | None) -> None:
 def healthcheck(config: str | None) -> None:
     """Periodic: a fatal finding drains the node through scontrol (Slurm ignores the exit status)."""
     _run("healthcheck", config)
+
+
+def prolog_main() -> None:
+    """Console script `slurm-supervisor-prolog` (slurm.conf ``Prolog=``)."""
+    prolog.main(prog_name="slurm-supervisor-prolog")
+
+
+def epilog_main() -> None:
+    """Console script `slurm-supervisor-epilog` (slurm.conf ``Epilog=``)."""
+    epilog.main(prog_name="slurm-supervisor-epilog")
+
+
+def healthcheck_main() -> None:
+    """Console script `slurm-supervisor-healthcheck` (slurm.conf ``HealthCheckProgram=``)."""
+    healthcheck.main(prog_name="slurm-supervisor-healthcheck")
