@@ -35,7 +35,7 @@ from supervisor.ports import Store
 log = structlog.get_logger(__name__)
 
 PAGE_KINDS = frozenset(
-    {"gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked", "slowdown"}
+    {"gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked", "slowdown", "stuck"}
 )
 FORMATS = ("slack", "pagerduty")
 _SEVERITY = {
@@ -45,6 +45,7 @@ _SEVERITY = {
     "repeated_rollbacks": "error",
     "rollback_blocked": "error",
     "slowdown": "warning",
+    "stuck": "error",
 }
 _ENDS = frozenset({EventKind.COMPLETED, EventKind.CANCELLED})
 
@@ -122,18 +123,12 @@ class Pager:
                 e,
                 f"run {e.run}: a loss spike did not heal and was not rolled back: {e.message}",
             )
+        if kind == "stuck":
+            return self._trigger(f"{e.run}:stuck", "stuck", e, f"run {e.run} cannot be placed: {e.message}")
         if kind == "checkpoint_verified":
             return self._resolve(lambda a: a.run == e.run and a.kind == "checkpoint_stale", e)
-        if e.kind is EventKind.STARTED:
-            return self._resolve(
-                lambda a: (
-                    a.run == e.run
-                    and a.kind in ("mass_fault", "rollback_blocked", "slowdown")
-                    and e.attempt is not None
-                    and a.details.get("attempt") != e.attempt
-                ),
-                e,
-            )
+        if e.kind is EventKind.STARTED:  # a run placed again; a later attempt closes its attempt's pages
+            return self._resolve(lambda a: a.run == e.run and (a.kind == "stuck" or _older_attempt(a, e)), e)
         if e.kind in _ENDS:
             return self._resolve(lambda a: a.run == e.run, e)
         return []
@@ -190,6 +185,14 @@ class Pager:
             )
             for a in done
         ]
+
+
+def _older_attempt(alert: Alert, started: Event) -> bool:
+    return (
+        alert.kind in ("mass_fault", "rollback_blocked", "slowdown")
+        and started.attempt is not None
+        and alert.details.get("attempt") != started.attempt
+    )
 
 
 # ---------------------------------------------------------------- payloads

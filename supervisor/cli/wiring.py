@@ -49,7 +49,8 @@ def engine_settings(cfg: DaemonConfig) -> EngineSettings:
         probe_confirm_s=cfg.probe.confirm_after_s,
         heartbeat=HeartbeatSettings(h.heartbeat_timeout_s, h.heartbeat_startup_grace_s),
         finding_ttl_s=h.finding_ttl_s,
-        quarantine=QuarantineSettings(q.faults, q.window_h * 3600, q.base_h * 3600, q.max_h * 3600),
+        quarantine=QuarantineSettings(q.faults, q.window_h * 3600, q.base_h * 3600, q.max_h * 3600, q.when_short),
+        stuck_page_s=cfg.daemon.stuck_page_after_s,
     )
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+WHEN_SHORT = ("use-least-bad", "wait")
+
 
 @dataclass(frozen=True)
 class QuarantineSettings:
@@ -19,6 +21,14 @@ class QuarantineSettings:
     window_s: float = 7 * 86400.0
     base_s: float = 86400.0
     max_s: float = 30 * 86400.0
+    # When a run cannot be placed without quarantined nodes that Slurm has in service: use the
+    # least-bad of them (fewest faults, oldest last fault), or wait for other nodes. Either way the
+    # logbook says so: quarantine never holds a run without a decision on record.
+    when_short: str = "use-least-bad"
+
+    def __post_init__(self) -> None:
+        if self.when_short not in WHEN_SHORT:
+            raise ValueError(f"quarantine when_short: {self.when_short!r}; choose from {', '.join(WHEN_SHORT)}")
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,11 @@ class Quarantine:
     since: float  # the fault that tipped it over
     until: float
     faults: tuple[Fault, ...]
+
+    @property
+    def badness(self) -> tuple[int, float]:
+        """Orders quarantined nodes from least to most bad: fewer faults, then older last fault."""
+        return (len(self.faults), self.since)
 
     @property
     def reason(self) -> str:

@@ -9,7 +9,7 @@ inputs asks for nothing that already took effect.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from supervisor.domain.actions import (
@@ -31,9 +31,10 @@ from supervisor.domain.actions import (
 )
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange
 from supervisor.domain.health import NodeFinding, Severity
+from supervisor.domain.lemon import Quarantine
+from supervisor.domain.placement import place, placement_notes
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import RestartMode, RunState
-from supervisor.domain.spares import exclusions_for
 
 REASON_PREFIX = "slurm-supervisor"
 LAUNCH_FAILED = "launch failed requeued held"  # 22.05 state_description after a prolog failure
@@ -47,10 +48,12 @@ class Observation:
     dead: Mapping[str, str] = field(default_factory=dict)  # node -> evidence
     hangs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # run -> hang evidence
     findings: Mapping[str, NodeFinding] = field(default_factory=dict)  # node -> worst active finding
-    quarantined: Mapping[str, str] = field(default_factory=dict)  # node -> why every run keeps out
+    quarantined: Mapping[str, Quarantine] = field(default_factory=dict)  # nodes every run keeps out
     checkpoint_at: Mapping[str, float] = field(default_factory=dict)  # run -> newest verified checkpoint
     rollbacks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # run -> rollback decided
-    returned: frozenset[str] = frozenset()  # nodes we drained that someone returned to service since
+    # nodes kept out of a run that Slurm took out of service (we, a health check or an admin) and
+    # someone returned to service since
+    returned: frozenset[str] = frozenset()
     agents: frozenset[str] = frozenset()  # nodes whose node agent reports (fresh heartbeat)
 
     @property
@@ -64,6 +67,8 @@ class Policy:
     drains_left: int = 8  # blast radius left in the current window
     fence: bool = False  # a site fence command is configured
     evidence_wait_s: float = 0.0  # after an unexplained job death, wait this long for node agents' evidence
+    stuck_page_s: float = 1800.0  # a run that cannot be placed pages after waiting this long
+    when_short: str = "use-least-bad"  # [quarantine] when_short: quarantined nodes for a run short of nodes
 
 
 def node_reason(run: str, why: str) -> str:
@@ -71,7 +76,7 @@ def node_reason(run: str, why: str) -> str:
 
 
 def decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
-    decision = _returned(run, obs) + _decide(run, obs, policy)
+    decision = _returned(run, obs) + _decide(_without_returned(run, obs), obs, policy)
     drains = _finish_drains(run, obs)
     if not drains:
         return decision
@@ -80,13 +85,16 @@ def decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
 
 
 def _returned(run: RunRecord, obs: Observation) -> Decision:
-    """Nodes this run keeps out that an operator (or a repair) returned to service: usable again
-    from the next submission on. Repeat offenders stay out through the bad-node memory."""
+    """Nodes this run keeps out that an operator (or a repair) returned to service: usable again at
+    once — a pending job's exclude list drops them this tick. Repeat offenders stay out through
+    the bad-node memory."""
     if run.state.terminal:
         return Decision()
     records: list = []
-    for node in sorted(set(run.excluded) & obs.returned):
-        quarantine = f"; still quarantined: {obs.quarantined[node]}" if node in obs.quarantined else ""
+    kept_out = {**{n: why for n, (_, why) in run.deferred.items()}, **run.excluded}
+    for node in sorted(set(kept_out) & obs.returned):
+        held = obs.quarantined.get(node)
+        quarantine = f"; still quarantined: {held.reason}" if held is not None else ""
         records += [
             Unexclude(run.name, node),
             _event(
@@ -95,11 +103,21 @@ def _returned(run: RunRecord, obs: Observation) -> Decision:
                 EventKind.NODE_RETURNED,
                 f"{node} is back in service in Slurm; the run may use it again{quarantine}",
                 obs,
-                {"node": node, "was": run.excluded[node]},
+                {"node": node, "was": kept_out[node]},
                 f"{node}:{obs.now:.0f}",
             ),
         ]
     return Decision(tuple(records))
+
+
+def _without_returned(run: RunRecord, obs: Observation) -> RunRecord:
+    """The run as this tick decides on it: returned nodes no longer kept out (their Unexclude is
+    in the same decision), so a job Slurm already started on one is not taken for a fault."""
+    if not obs.returned or not (set(run.excluded) | set(run.deferred)) & obs.returned:
+        return run
+    excluded = {n: why for n, why in run.excluded.items() if n not in obs.returned}
+    deferred = {n: v for n, v in run.deferred.items() if n not in obs.returned}
+    return replace(run, excluded=excluded, deferred=deferred)
 
 
 def _finish_drains(run: RunRecord, obs: Observation) -> tuple[ChangeNode, ...]:
@@ -121,8 +139,7 @@ def _decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
     if attempt is None:
         if run.cancel_requested:
             return _set_terminal(run, RunState.CANCELLED, EventKind.CANCELLED, "cancelled before any job ran", obs)
-        exclude = exclusions_for(run, obs.snapshot, obs.quarantined)
-        return Decision(actions=(Submit(run.name, exclude, restart=False, reason="first submission"),))
+        return _submit(run, None, obs, policy, restart=False, reason="first submission", since=run.created_at)
     job = obs.snapshot.jobs.get(attempt.job_id)
     if run.cancel_requested:
         return _cancel(run, attempt, job, obs)
@@ -131,7 +148,7 @@ def _decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
     if job.restart_count > attempt.restart_count:
         return _requeued_by_slurm(run, attempt, job, obs, policy)
     if job.state is JobState.PENDING:
-        return _pending(run, job, obs)
+        return _pending(run, attempt, job, obs, policy)
     if job.state in (JobState.RUNNING, JobState.SUSPENDED):
         return _running(run, attempt, job, obs, policy)
     if job.state.finished and not job.completing:
@@ -415,17 +432,46 @@ def _stop(run: RunRecord, job: JobInfo, reason: str) -> tuple[Action, ...]:
 # ---------------------------------------------------------------- pending, requeued, finished
 
 
-def _pending(run: RunRecord, job: JobInfo, obs: Observation) -> Decision:
+def _pending(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
+    """A queued job: its exclude list follows the nodes' state every tick (a node back in service
+    is dropped from it, a node newly bad added), and a job that cannot be placed says why."""
     records: list = []
     actions: list[Action] = []
     if run.state in (RunState.REGISTERED, RunState.RUNNING, RunState.RECOVERING):
         records.append(SetState(run.name, RunState.QUEUED))
-    want = set(run.excluded) | set(job.excluded_nodes)
-    if not set(run.excluded) <= set(job.excluded_nodes):
-        actions.append(SetExcluded(run.name, job.job_id, tuple(sorted(want))))
+    placement = place(run, obs.snapshot, obs.quarantined, policy.when_short, current=job.excluded_nodes)
+    if placement.submittable and set(placement.exclude) != set(job.excluded_nodes):
+        actions.append(SetExcluded(run.name, job.job_id, placement.exclude))
     if job.held and (_held_after_launch_failure(job) or _held_after_our_prolog(run, job)):
         actions.append(Release(run.name, job.job_id, f"Slurm held the job after a launch failure ({job.state_reason})"))
-    return Decision(tuple(records), tuple(actions))
+    notes = placement_notes(run, a, placement, a.submitted_at, obs.now, policy.stuck_page_s)
+    waiting = {"waiting": True} if placement.short else {}
+    return Decision(tuple(records) + notes.events, tuple(actions), {**_recheck(notes.recheck_at), **waiting})
+
+
+def _submit(
+    run: RunRecord,
+    a: AttemptRecord | None,
+    obs: Observation,
+    policy: Policy,
+    *,
+    restart: bool,
+    reason: str,
+    since: float,
+) -> Decision:
+    """Submit the run's next job where it can be placed. When Slurm would refuse every exclude
+    list (nodes in service that must stay out leave the partition too small), nothing is
+    submitted: the run waits, says for which nodes, and is looked at again every tick."""
+    placement = place(run, obs.snapshot, obs.quarantined, policy.when_short)
+    notes = placement_notes(run, a, placement, since, obs.now, policy.stuck_page_s, waiting=not placement.submittable)
+    if not placement.submittable:
+        return Decision(notes.events, (), {**_recheck(notes.recheck_at), "waiting": True})
+    submit = Submit(run.name, placement.exclude, restart=restart, reason=reason)
+    return Decision(notes.events, (submit,), _recheck(notes.recheck_at))
+
+
+def _recheck(at: float | None) -> dict[str, float]:
+    return {} if at is None else {"recheck_at": at}
 
 
 def _held_after_launch_failure(job: JobInfo) -> bool:
@@ -596,8 +642,10 @@ def _restart(
             "Slurm kills leftovers when the node's slurmd returns (set fence.command to power it off)"
         )
         records.append(_event(run, a, EventKind.WARNING, msg, obs, {"nodes": dead}, "unfenced"))
-    actions.append(Submit(run.name, exclusions_for(run, obs.snapshot, obs.quarantined), restart=True, reason=reason))
-    return Decision(tuple(records), tuple(actions))
+    since = a.ended_at if a.ended_at is not None else obs.now
+    return Decision(tuple(records), tuple(actions)) + _submit(
+        run, a, obs, policy, restart=True, reason=reason, since=since
+    )
 
 
 def _unreachable(obs: Observation, node: str) -> bool:

@@ -68,7 +68,10 @@ class NodeVerdict:
     reason: str
     evidence: Mapping[str, Any] = field(default_factory=dict)
     run: str | None = None
-    action: str | None = None  # "down", "drain", "excluded" (no node rights), "blast-radius"
+    # "down", "drained" (by this supervisor), "excluded" (kept out of the run only), "blast-radius",
+    # "deferred", "held-by-slurm" (Slurm itself, an admin or a health check took it out of service),
+    # "returned" (back in service after that)
+    action: str | None = None
     at: float = 0.0
 
 
@@ -102,6 +105,9 @@ class EventKind(StrEnum):
     SPIKE_HEALED = "spike_healed"  # ... and healed within its window: left alone
     ROLLBACK = "rollback"  # ... did not heal: the run goes back to a verified checkpoint, skipping data
     ROLLBACK_BLOCKED = "rollback_blocked"  # ... did not heal, and the supervisor may not roll back: page
+    WAITING_FOR_NODES = "waiting_for_nodes"  # the run cannot be placed: which nodes it waits for, and why
+    STUCK = "stuck"  # ... and has waited past the threshold: page
+    QUARANTINE_OVERRIDE = "quarantine_override"  # a quarantined node used because the run could not be placed
 
 
 @dataclass(frozen=True)

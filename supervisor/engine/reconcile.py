@@ -30,9 +30,9 @@ from supervisor.domain.actions import (
     Unexclude,
 )
 from supervisor.domain.checkpoints import describe_plan
-from supervisor.domain.cluster import ClusterSnapshot, NodeChange
+from supervisor.domain.cluster import ClusterSnapshot, JobState, NodeChange
 from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity, stale_heartbeats, worst
-from supervisor.domain.lemon import QuarantineSettings, quarantined
+from supervisor.domain.lemon import Quarantine, QuarantineSettings, quarantined
 from supervisor.domain.policy import REASON_PREFIX, Observation, Policy, decide
 from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import IllegalTransition, RunState
@@ -75,6 +75,8 @@ class EngineSettings:
     # An unexplained job death on nodes with agents waits this long for their evidence (an XID is
     # reported at the agent's next sample) before restarting: not back onto the broken node.
     evidence_wait_s: float = 12.0
+    # A run that cannot be placed (too few nodes in service that it may use) pages after this long.
+    stuck_page_s: float = 1800.0
 
 
 @dataclass
@@ -120,6 +122,7 @@ class Engine:
         self._nodes: Mapping[str, Any] | None = None  # the last node info read from Slurm
         self._ticks = 0
         self._urgent = True
+        self._waiting: set[str] = set()  # runs that cannot be placed: nodes are read every tick, no urgency
 
     # ------------------------------------------------------------------ the tick
 
@@ -154,6 +157,8 @@ class Engine:
                 checkpoint_at = self.checkpoints.verified_at([r for r in runs if r.deferred], self.store)
             dead = {**self._stale_agents(runs, snap), **dead}
             returned = self._returned(snap)
+            for node in returned:  # an old finding must not fault the run that lands there next
+                self._findings.pop(node, None)
             obs = Observation(
                 snap,
                 dead,
@@ -166,6 +171,7 @@ class Engine:
                 self._agents(),
             )
             self._recheck_at = None
+            self._waiting = set()
             for run in runs:
                 if run.name in blocked:
                     continue
@@ -192,23 +198,26 @@ class Engine:
         fresh = (
             self._nodes is None
             or self._urgent
+            or bool(self._waiting)
             or self._in_motion()
             or self._ticks % max(1, self.settings.node_refresh_ticks) == 0
         )
         snap = self.scheduler.snapshot(include_nodes=fresh)
-        if not fresh and self._a_job_ended(snap):  # decisions on a job's end read its nodes' state
+        if not fresh and self._a_job_moved(snap):  # decisions on a job's start or end read its nodes' state
             snap, fresh = self.scheduler.snapshot(include_nodes=True), True
         if fresh:
             self._nodes = snap.nodes
             return snap
         return ClusterSnapshot(snap.taken_at, snap.jobs, self._nodes or {})
 
-    def _a_job_ended(self, snap: ClusterSnapshot) -> bool:
+    def _a_job_moved(self, snap: ClusterSnapshot) -> bool:
+        """A job of ours ended, or started since it was last seen (maybe on a node that came back
+        since the node info was read: stale info would call that node down)."""
         for run in self.store.runs(active_only=True):
             a = run.attempt
             if a is not None and a.ended_at is None:
                 job = snap.jobs.get(a.job_id)
-                if job is None or job.state.finished:
+                if job is None or job.state.finished or (a.started_at is None and job.state is not JobState.PENDING):
                     return True
         return False
 
@@ -216,7 +225,10 @@ class Engine:
         if self.store.open_actions():
             return True
         motion = (RunState.REGISTERED, RunState.RECOVERING)
-        return any(r.state in motion or r.cancel_requested for r in self.store.runs(active_only=True))
+        return any(
+            (r.state in motion and r.name not in self._waiting) or r.cancel_requested
+            for r in self.store.runs(active_only=True)
+        )
 
     def adopt(self) -> list[RunRecord]:
         """At daemon start: note in each active run's logbook that this daemon took it over."""
@@ -245,8 +257,12 @@ class Engine:
                 self._drains_left(run.name),
                 self.fencer is not None,
                 self.settings.evidence_wait_s if self.health is not None else 0.0,
+                self.settings.stuck_page_s,
+                self.settings.quarantine.when_short,
             )
             decision = decide(run, obs, policy)
+            if decision.notes.get("waiting"):
+                self._waiting.add(run.name)
             recheck = decision.notes.get("recheck_at")
             if recheck is not None:
                 self._recheck_at = min(recheck, self._recheck_at or recheck)
@@ -380,19 +396,21 @@ class Engine:
         return stale
 
     def _returned(self, snap: ClusterSnapshot) -> frozenset[str]:
-        """Nodes this supervisor drained or downed that Slurm shows back in service."""
+        """Nodes judged bad or suspect that were out of service in Slurm — drained or downed by
+        this supervisor, by Slurm's health check or by an admin — and are back in service now.
+        A node kept out that Slurm has in service is marked the first time it is seen out of
+        service (``held-by-slurm``): one that was never out (no node rights, over the blast radius)
+        is not "back" and stays out."""
         out = set()
         for v in self.store.verdicts():
             info = snap.nodes.get(v.node)
-            if (
-                v.verdict is Verdict.BAD
-                and v.action in ("drained", "down")
-                and info is not None
-                and info.responding
-                and not info.down
-                and not info.drained
-            ):
+            if info is None or v.verdict is Verdict.HEALTHY:
+                continue
+            in_service = info.responding and not info.down and not info.drained
+            if in_service and v.action in OUT_OF_SERVICE:
                 out.add(v.node)
+            elif not in_service and v.action not in OUT_OF_SERVICE:
+                self.store.set_node_action(v.node, "held-by-slurm", self.clock.now())
         return frozenset(out)
 
     def _forget_returned(self, returned: frozenset[str], blocked: set[str]) -> None:
@@ -404,11 +422,11 @@ class Engine:
                 NodeVerdict(node, Verdict.HEALTHY, "back in service in Slurm", {}, None, "returned", now)
             )
 
-    def _quarantined(self) -> dict[str, str]:
+    def _quarantined(self) -> dict[str, Quarantine]:
         q = self.settings.quarantine
         now = self.clock.now()
         faults = self.store.node_faults(now - q.window_s - q.max_s)
-        return {n: v.reason for n, v in quarantined(faults, self.store.quarantine_clears(), now, q).items()}
+        return quarantined(faults, self.store.quarantine_clears(), now, q)
 
     # ------------------------------------------------------------------ records
 
@@ -639,6 +657,9 @@ class Engine:
             except TransientError:
                 pass
         return blocked
+
+
+OUT_OF_SERVICE = ("drained", "down", "held-by-slurm")  # verdict actions of a node seen out of service
 
 
 def _acted_on(snap: ClusterSnapshot, node: str) -> bool:

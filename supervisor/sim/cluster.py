@@ -327,3 +327,12 @@ class SimCluster:
         if not 1 <= request.nodes <= len(members):
             raise PermanentError("Requested node configuration is not available")
         self._check_names(request.exclude)
+        self._check_fits(request.partition, request.nodes, request.exclude)
+
+    def _check_fits(self, partition: str, nodes: int, exclude: Sequence[str]) -> None:
+        """sbatch refuses a job that its partition could never hold once the excluded nodes are
+        taken out, whatever the nodes' state (Slurm 22.05; ``scontrol update ExcNodeList`` accepts
+        such a list and leaves the job pending: the supervisor never sends one)."""
+        members = {n.name for n in self._state.partitions.get(partition, ())}
+        if len(members - set(exclude)) < nodes:
+            raise PermanentError("Requested node configuration is not available")

@@ -1,0 +1,53 @@
+"""A run with no spare left on a real Slurm: it waits for its node, says so, and runs again as soon
+as the node is back in service (issue 21, item 0). Slurm 22.05 refuses an sbatch whose
+``--exclude`` leaves the partition too small, so the restart must not exclude the drained node."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from supervisor.testing.daemon import SupervisorProcess, write_run
+
+pytestmark = pytest.mark.slurm
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not within {timeout} s")
+
+
+def test_a_run_without_spares_runs_again_once_its_node_is_back(slurm_cluster, tmp_path):
+    sup = SupervisorProcess(slurm_cluster, tmp_path)
+    nodes = len(slurm_cluster.nodes)  # the whole partition: no spare at all
+    spec = write_run(tmp_path, "llm", nodes=nodes, partition=slurm_cluster.partition, script_body="srun sleep 600\n")
+    sup.start()
+    try:
+        sup.cli("submit", str(spec))
+        first = sup.wait_running("llm", attempt=0)
+        victim = first["running_on"][0]
+        slurm_cluster.crash_node(victim)
+
+        def waiting() -> bool:
+            return any(e["kind"] == "waiting_for_nodes" for e in sup.logbook("llm"))
+
+        _wait_for(waiting, 60.0, "a waiting_for_nodes entry")
+        assert sup.status("llm")["attempt"] == 1  # submitted, and queued by Slurm (not refused)
+        slurm_cluster.restart_node(victim)
+        slurm_cluster.run(["scontrol", "update", f"nodename={victim}", "state=resume"], check=True)
+        resumed = time.monotonic()
+        second = sup.wait_running("llm", attempt=1, timeout=60)
+        back = time.monotonic() - resumed
+    finally:
+        sup.stop()
+    book = sup.logbook("llm")
+    assert victim in second["running_on"], book
+    assert back < 20.0, f"{back:.1f} s from the node's return to the run computing again"
+    waited = next(e for e in book if e["kind"] == "waiting_for_nodes")
+    assert victim in waited["message"] and f"needs {nodes} nodes" in waited["message"]
+    assert not [e for e in book if e["kind"] == "warning" and "not available" in e["message"]], book
