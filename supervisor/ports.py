@@ -11,11 +11,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from supervisor.domain.blast import NodeChangeRecord
 from supervisor.domain.checkpoints import CheckpointRef, Level, Manifest, VerifyResult
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange, NodeInfo, SubmitRequest
 from supervisor.domain.health import NodeFinding
 from supervisor.domain.lemon import Fault
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord
+from supervisor.domain.resume import ResumePlan
+from supervisor.domain.rollback import RollbackRecord
 from supervisor.domain.run import RunSpec, RunState
 
 
@@ -91,8 +94,8 @@ class NodeProbe(Protocol):
         ...
 
 
-class Store(Protocol):
-    """Runs, attempts, node verdicts, the intent journal and the logbook (SQLite in production).
+class RunStore(Protocol):
+    """Runs, their attempts, the nodes each run keeps out, each run's telemetry token.
 
     ``instance_id`` is random per store: it goes into every submitted job's tag, so a new store
     (or another daemon) never mistakes an older store's job for its own.
@@ -116,6 +119,10 @@ class Store(Protocol):
 
     def exclude(self, run: str, node: str, reason: str, now: float) -> None: ...
 
+    def defer(self, run: str, node: str, reason: str, now: float) -> None: ...
+
+    def unexclude(self, run: str, node: str) -> None: ...
+
     def add_attempt(
         self, run: str, job_id: int, restart_count: int, now: float, excluded: tuple[str, ...] = ()
     ) -> AttemptRecord: ...
@@ -126,13 +133,17 @@ class Store(Protocol):
         self, run: str, seq: int, at: float, end_state: str, reason: str, exit_code: int | None
     ) -> None: ...
 
+    def attempt_progress(self, run: str, seq: int, last_step: int, step_time_s: float | None) -> None: ...
+
     def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]: ...
 
-    def set_verdict(self, verdict: NodeVerdict) -> None: ...
+    def run_token(self, run: str) -> str:
+        """The run's telemetry token (agents and hooks send it); created on first use."""
+        ...
 
-    def set_node_action(self, node: str, action: str, now: float) -> None: ...
 
-    def verdicts(self) -> list[NodeVerdict]: ...
+class IntentJournal(Protocol):
+    """Every action written before it is performed and marked done (or failed) after."""
 
     def begin_action(self, run: str, kind: str, params: Mapping[str, Any], now: float) -> int: ...
 
@@ -142,21 +153,9 @@ class Store(Protocol):
 
     def action_done(self, run: str, kind: str, params: Mapping[str, Any]) -> bool: ...
 
-    def node_changes_since(self, since: float, run: str | None = None) -> int: ...
 
-    def defer(self, run: str, node: str, reason: str, now: float) -> None: ...
-
-    def unexclude(self, run: str, node: str) -> None: ...
-
-    def run_token(self, run: str) -> str:
-        """The run's telemetry token (agents and hooks send it); created on first use."""
-        ...
-
-    def node_faults(self, since: float) -> list[Fault]: ...
-
-    def clear_quarantine(self, node: str, now: float, by: str, note: str) -> None: ...
-
-    def quarantine_clears(self) -> dict[str, float]: ...
+class Logbook(Protocol):
+    """The logbook: for people. No decision reads an event's evidence back."""
 
     def record_event(self, event: Event) -> bool: ...
 
@@ -166,15 +165,61 @@ class Store(Protocol):
 
     def events_of(self, run: str, kinds: tuple[EventKind, ...], limit: int | None = None) -> list[Event]: ...
 
+
+class NodeMemory(Protocol):
+    """Node verdicts, faults pinned on nodes (quarantine), node changes made (blast radius),
+    operators' quarantine clears."""
+
+    def set_verdict(self, verdict: NodeVerdict) -> None: ...
+
+    def set_node_action(self, node: str, action: str, now: float) -> None: ...
+
+    def verdicts(self) -> list[NodeVerdict]: ...
+
+    def record_node_fault(self, fault: Fault) -> None: ...
+
+    def node_faults(self, since: float) -> list[Fault]: ...
+
+    def record_node_change(self, change: NodeChangeRecord) -> None: ...
+
+    def node_changes(self, since: float) -> list[NodeChangeRecord]: ...
+
+    def clear_quarantine(self, node: str, now: float, by: str, note: str) -> None: ...
+
+    def quarantine_clears(self) -> dict[str, float]: ...
+
+
+class CheckpointLedger(Protocol):
+    """Checkpoints seen in each run's storage, their verifications, those passed over and why, and
+    the resume plan handed to each attempt."""
+
     def checkpoint_seen(self, run: str, ref: CheckpointRef, now: float) -> bool: ...
 
     def checkpoint_result(self, run: str, result: VerifyResult) -> None: ...
 
     def demote_checkpoint(self, run: str, location: str, why: str) -> None: ...
 
+    def record_resume_plan(self, run: str, attempt: int, plan: ResumePlan) -> None: ...
+
+    def resume_plans(self, run: str, last: int) -> dict[int, ResumePlan]: ...
+
     def checkpoints(
         self, run: str, limit: int | None = None
     ) -> list[tuple[CheckpointRef, VerifyResult | None, VerifyResult | None, str | None]]: ...
+
+
+class RollbackLedger(Protocol):
+    """Rollbacks decided after loss spikes that did not heal: planned, done, blocked."""
+
+    def record_rollback(self, rollback: RollbackRecord) -> None: ...
+
+    def rollbacks_done(self, run: str, before_attempt: int) -> None: ...
+
+    def rollbacks(self, run: str) -> list[RollbackRecord]: ...
+
+
+class Store(RunStore, IntentJournal, Logbook, NodeMemory, CheckpointLedger, RollbackLedger, Protocol):
+    """Everything the daemon remembers (SQLite in production, one class implementing every part)."""
 
 
 class Fencer(Protocol):

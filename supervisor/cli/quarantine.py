@@ -7,7 +7,7 @@ import time
 
 import click
 
-from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import wiring
 from supervisor.domain.lemon import QuarantineSettings, quarantined
 

@@ -272,7 +272,7 @@ def _print(plan: object, figures: dict[str, dict[str, object]], assumed: list[tu
 
 
 def _print_logbook(state_dir: Path, run: str) -> None:
-    from supervisor.adapters.sqlite_store import SqliteStore
+    from supervisor.adapters.sqlite import SqliteStore
 
     store = SqliteStore(state_dir)
     try:

@@ -14,7 +14,7 @@ from supervisor.adapters.logtail import LogTail
 from supervisor.adapters.notify import Pager, PagerSettings, WebhookNotifier, notify_new_events, read_secret
 from supervisor.adapters.pages import mount_pages
 from supervisor.adapters.slurm_cli import SlurmCli
-from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.tokens import TokenBook
 from supervisor.config import DaemonConfig
 from supervisor.domain.gpu_health import GpuHealthSettings, HealthRules

@@ -12,7 +12,9 @@ from enum import StrEnum
 from typing import Any
 
 from supervisor.domain.cluster import NodeChange
+from supervisor.domain.lemon import Fault
 from supervisor.domain.records import Event, NodeVerdict
+from supervisor.domain.resume import ResumePlan
 from supervisor.domain.run import RunState
 
 
@@ -35,8 +37,8 @@ class Submit:
     reason: str
     kind: ActionKind = ActionKind.SUBMIT
     # The checkpoint handed to the job (filled by the engine before the intent is journaled, so a
-    # retried submission hands the same one): see ``resume_plan`` in domain.checkpoints.
-    resume: Mapping[str, Any] | None = None
+    # retried submission hands the same one): see domain.resume.
+    resume: ResumePlan | None = None
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,18 @@ class SetState:
     spend_restart: bool = False
 
 
-Record = AttemptStarted | AttemptEnded | AttemptRequeued | Exclude | Defer | Unexclude | SetState | Event | NodeVerdict
+Record = (
+    AttemptStarted
+    | AttemptEnded
+    | AttemptRequeued
+    | Exclude
+    | Defer
+    | Unexclude
+    | SetState
+    | Event
+    | NodeVerdict
+    | Fault
+)
 
 
 @dataclass(frozen=True)

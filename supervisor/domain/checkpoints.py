@@ -394,68 +394,6 @@ def effective_result(metadata: VerifyResult | None, full: VerifyResult | None) -
     return full
 
 
-# --------------------------------------------------------------------------- handing it to the job
-
-RESUME_ENV = (
-    "SSV_RESUME_CHECKPOINT",
-    "SSV_RESUME_STEP",
-    "SSV_RESUME_GUARANTEE",
-    "SSV_RESUME_FILE",
-    "SSV_SKIP_ITERATIONS",
-    "SSV_LR_SCALE",
-)
-
-
-def resume_plan(choice: ResumeChoice, *, file: str | None) -> dict[str, Any]:
-    """The JSON-able plan journaled with a submission and written to the job's resume file."""
-
-    def ref(r: CheckpointRef) -> dict[str, Any]:
-        return {"location": r.location, "step": r.step, "guarantee": r.guarantee.value}
-
-    return {
-        "checkpoint": ref(choice.chosen) if choice.chosen else None,
-        "fallbacks": [ref(r) for r in choice.fallbacks],
-        "skipped": [{**ref(r), "why": why} for r, why in choice.skipped],
-        "reason": choice.reason,
-        "file": file,
-    }
-
-
-def resume_env(plan: Mapping[str, Any]) -> dict[str, str]:
-    """Environment for the job. An empty SSV_RESUME_CHECKPOINT means: no verified checkpoint —
-    start from scratch rather than load an unverified one."""
-    chosen = plan.get("checkpoint") or {}
-    env = {
-        "SSV_RESUME_CHECKPOINT": str(chosen.get("location") or ""),
-        "SSV_RESUME_STEP": "" if chosen.get("step") is None else str(chosen["step"]),
-        "SSV_RESUME_GUARANTEE": str(chosen.get("guarantee") or ""),
-    }
-    if plan.get("file"):
-        env["SSV_RESUME_FILE"] = str(plan["file"])
-    if plan.get("skip_iterations"):
-        env["SSV_SKIP_ITERATIONS"] = str(plan["skip_iterations"])  # Megatron: --skip-train-iteration-range
-    if plan.get("lr_scale") not in (None, 1.0):
-        env["SSV_LR_SCALE"] = f"{float(plan['lr_scale']):g}"
-    return env
-
-
-def describe_plan(plan: Mapping[str, Any]) -> str:
-    chosen = plan.get("checkpoint")
-    skipped = plan.get("skipped") or []
-    passed = "; ".join(f"step {s['step']} skipped: {s['why']}" for s in skipped[:3])
-    if chosen is None:
-        text = "no verified checkpoint to resume from: the job starts from scratch"
-    else:
-        text = f"resuming from step {chosen['step']} ({chosen['location']})"
-    rollback = plan.get("rollback")
-    if rollback:
-        text += f", skipping iterations {rollback['skip']}"
-        if plan.get("lr_scale") not in (None, 1.0):
-            text += f", LR ×{float(plan['lr_scale']):g}"
-        passed = ""  # newer checkpoints are passed over on purpose
-    return f"{text}; {passed}" if passed else text
-
-
 def staleness(
     now: float, since: float, newest_verified_at: float | None, expected_interval_s: float | None, intervals: float
 ) -> float | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 WHEN_SHORT = ("use-least-bad", "wait")
 
@@ -33,10 +34,36 @@ class QuarantineSettings:
 
 @dataclass(frozen=True)
 class Fault:
+    """A fault pinned on one node in a run: what quarantine counts. ``key`` makes recording it
+    idempotent (one fault per run, attempt and node however often the decision is retried)."""
+
     node: str
     at: float
     run: str
     reason: str
+    key: str = ""
+    source: str = "fault"  # what pinned it: "fault" (the run's decision on a node of its job)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "at": self.at,
+            "run": self.run,
+            "reason": self.reason,
+            "key": self.key,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Fault:
+        return cls(
+            str(d["node"]),
+            float(d["at"]),
+            str(d["run"]),
+            str(d["reason"]),
+            str(d.get("key") or ""),
+            str(d.get("source") or "fault"),
+        )
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,10 @@ from supervisor.domain.actions import (
 )
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange
 from supervisor.domain.health import NodeFinding, Severity
-from supervisor.domain.lemon import Quarantine
+from supervisor.domain.lemon import Fault, Quarantine
 from supervisor.domain.placement import place, placement_notes
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
+from supervisor.domain.rollback import RollbackRecord
 from supervisor.domain.run import RestartMode, RunState
 
 REASON_PREFIX = "slurm-supervisor"
@@ -50,7 +51,7 @@ class Observation:
     findings: Mapping[str, NodeFinding] = field(default_factory=dict)  # node -> worst active finding
     quarantined: Mapping[str, Quarantine] = field(default_factory=dict)  # nodes every run keeps out
     checkpoint_at: Mapping[str, float] = field(default_factory=dict)  # run -> newest verified checkpoint
-    rollbacks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # run -> rollback decided
+    rollbacks: Mapping[str, RollbackRecord] = field(default_factory=dict)  # run -> rollback planned, not yet done
     # nodes kept out of a run that Slurm took out of service (we, a health check or an admin) and
     # someone returned to service since
     returned: frozenset[str] = frozenset()
@@ -209,7 +210,7 @@ def _running(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, p
     if bad:
         return Decision(tuple(records)) + _recover(run, a, job, bad, obs, policy)
     if run.name in obs.rollbacks and run.state is not RunState.RECOVERING:
-        why = f"rollback after the loss spike at step {obs.rollbacks[run.name].get('onset_step')}"
+        why = f"rollback after the loss spike at step {obs.rollbacks[run.name].onset_step}"
         records.append(SetState(run.name, RunState.RECOVERING, reason=why))
         return Decision(tuple(records), (Cancel(run.name, job.job_id, why),))
     if run.name in obs.hangs and run.state is not RunState.RECOVERING:
@@ -368,10 +369,12 @@ def _fault_records(run: RunRecord, a: AttemptRecord, node: str, why: str, obs: O
         "slurm_reason": info.reason if info else None,
         "probe": obs.dead.get(node),
     }
+    fault = _event(run, a, EventKind.FAULT, f"{a.label}: fault on {node}: {why}", obs, evidence, node)
     return [
-        _event(run, a, EventKind.FAULT, f"{a.label}: fault on {node}: {why}", obs, evidence, node),
+        fault,
+        Fault(node, obs.now, run.name, why, key=fault.key),  # what quarantine counts
         Exclude(run.name, node, why),
-        NodeVerdict(node, Verdict.BAD, why, evidence, run.name, None, obs.now),
+        NodeVerdict(node, Verdict.BAD, why, evidence, run.name, "excluded", obs.now),
     ]
 
 
@@ -552,8 +555,7 @@ def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, 
     if run.state is RunState.RECOVERING:
         rollback = obs.rollbacks.get(run.name)
         why = (
-            f"rollback to step {rollback.get('checkpoint_step')} after the loss spike at step "
-            f"{rollback.get('onset_step')}"
+            f"rollback to step {rollback.checkpoint_step} after the loss spike at step {rollback.onset_step}"
             if rollback
             else "replacing the incarnation stopped after a fault"
         )

@@ -30,6 +30,8 @@ class AttemptRecord:
     end_state: str | None = None
     end_reason: str | None = None
     exit_code: int | None = None
+    last_step: int | None = None  # the newest training step its log showed
+    step_time_s: float | None = None  # its step time, as the log showed it
 
     @property
     def label(self) -> str:

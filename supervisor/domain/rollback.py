@@ -4,7 +4,10 @@ the spike and skip a few hundred batches). Pure: no I/O."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 from supervisor.domain.spikes import Decision, SpikeOutcome, SpikeSettings
 
@@ -146,3 +149,79 @@ def decide_rollback(
     )
     lr_text = f"; LR ×{lr:g}" if lr != 1.0 and not escalation else ""
     return RollbackAction(plan, lr, escalation, plan.reason + again + lr_text)
+
+
+# --------------------------------------------------------------------------- the record the engine reads back
+
+
+class RollbackStatus(StrEnum):
+    PLANNED = "planned"  # decided: the current attempt is stopped, the next one resumes as planned
+    DONE = "done"  # the attempt that carries it out was submitted
+    BLOCKED = "blocked"  # not rolled back (not allowed, no checkpoint, too many): a human decides
+
+
+@dataclass(frozen=True)
+class RollbackRecord:
+    """One decision about a spike that did not heal, as the store keeps it: what later decisions
+    read back (the pending rollback, the history that escalates and the skip ranges handed on)."""
+
+    run: str
+    attempt: int  # the attempt the spike happened in
+    onset_step: int
+    status: RollbackStatus
+    at: float
+    reason: str
+    checkpoint_step: int | None = None
+    skip: SkipRange | None = None
+    lr_scale: float = 1.0
+    escalation: int = 0
+
+    @property
+    def counts(self) -> bool:
+        """A rollback that was (or is being) carried out: it escalates later ones."""
+        return self.status is not RollbackStatus.BLOCKED
+
+    def past(self) -> PastRollback:
+        return PastRollback(self.onset_step, self.at, self.lr_scale)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "attempt": self.attempt,
+            "onset_step": self.onset_step,
+            "status": self.status.value,
+            "at": self.at,
+            "reason": self.reason,
+            "checkpoint_step": self.checkpoint_step,
+            "skip": None if self.skip is None else [self.skip.first, self.skip.last],
+            "lr_scale": self.lr_scale,
+            "escalation": self.escalation,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RollbackRecord:
+        skip = d.get("skip")
+        return cls(
+            run=str(d["run"]),
+            attempt=int(d["attempt"]),
+            onset_step=int(d["onset_step"]),
+            status=RollbackStatus(d["status"]),
+            at=float(d["at"]),
+            reason=str(d.get("reason") or ""),
+            checkpoint_step=None if d.get("checkpoint_step") is None else int(d["checkpoint_step"]),
+            skip=None if not skip else SkipRange(int(skip[0]), int(skip[1])),
+            lr_scale=float(d.get("lr_scale", 1.0)),
+            escalation=int(d.get("escalation") or 0),
+        )
+
+
+def pending_rollback(history: Iterable[RollbackRecord], attempt: int | None) -> RollbackRecord | None:
+    """The rollback decided in the current attempt and not carried out yet, if any."""
+    planned = [r for r in history if r.status is RollbackStatus.PLANNED and r.attempt == attempt]
+    return planned[-1] if planned else None
+
+
+def skip_ranges(history: Iterable[RollbackRecord]) -> str:
+    """Every carried-out rollback's skip range, Megatron style: "first-last,first-last" (a later
+    restart may resume before one, so all stay in force)."""
+    return ",".join(r.skip.as_megatron() for r in history if r.counts and r.skip is not None)

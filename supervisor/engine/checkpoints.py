@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -31,20 +31,18 @@ from supervisor.domain.checkpoints import (
     VerifyResult,
     choose_resume,
     effective_result,
-    resume_plan,
     staleness,
 )
-from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
+from supervisor.domain.demotion import LoadFailureRule, failed_load_demotion
+from supervisor.domain.records import Event, EventKind, RunRecord
+from supervisor.domain.resume import ResumePlan, RollbackRef, resume_plan
+from supervisor.domain.rollback import RollbackRecord, pending_rollback, skip_ranges
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
-from supervisor.engine.spikes import rollback_history, skip_ranges
+from supervisor.engine.spikes import rollback_history
 from supervisor.ports import CheckpointStore, Clock, PortError, Store
 
 log = structlog.get_logger("supervisor.checkpoints")
 
-# A checkpoint that two incarnations in a row failed on soon after resuming from it (not for a
-# node fault) is passed over at the next restart: fall back step by step instead of looping.
-LOAD_FAILURE_WINDOW_S = 900.0
-LOAD_FAILURES_TO_DEMOTE = 2
 RECENT = 64  # checkpoints looked at when choosing (the newest verified and its fallbacks are among them)
 
 StoreFactory = Callable[[RunSpec], CheckpointStore]
@@ -83,12 +81,6 @@ class CheckpointWatch:
         self._pool = None if inline else ThreadPoolExecutor(workers, thread_name_prefix="ckpt-verify")
         self._write_resume = write_resume
         self._runs: dict[str, _RunState] = {}
-        self._last_step: Callable[[int, int], int | None] = lambda job_id, restart_count: None
-
-    def follow_progress(self, last_step: Callable[[int, int], int | None]) -> None:
-        """(job id, restart count) -> newest step the attempt logged: an attempt that trained past
-        its checkpoint loaded it, whatever killed it later (the engine wires ProgressWatch here)."""
-        self._last_step = last_step
 
     def close(self) -> None:
         if self._pool is not None:
@@ -259,7 +251,7 @@ class CheckpointWatch:
 
     # ------------------------------------------------------------------ at submission
 
-    def resume_for(self, run: RunRecord, store: Store) -> dict[str, Any] | None:
+    def resume_for(self, run: RunRecord, store: Store) -> ResumePlan | None:
         """The resume plan for a new incarnation of ``run`` (None when it has no [checkpoints])."""
         policy = run.spec.checkpoints
         if policy is None:
@@ -269,41 +261,41 @@ class CheckpointWatch:
         self._verify_unchecked(run, st, store)
         self._demote_failed_loads(run, store)
         history = rollback_history(store, run.name)
-        current = run.attempt.seq if run.attempt else None
-        pending = history[-1] if history and history[-1].get("attempt") == current else None
-        choice = self.choose(run, store, before_step=int(pending["checkpoint_step"]) if pending else None)
-        path = policy.resume_file
-        plan = resume_plan(choice, file=path)
+        pending = pending_rollback(history, run.attempt.seq if run.attempt else None)
+        choice = self.choose(run, store, before_step=pending.checkpoint_step if pending else None)
+        plan = resume_plan(choice, file=policy.resume_file)
         if history:  # every skip range stays in force: a later restart may resume before one
-            plan["skip_iterations"] = skip_ranges(history)
-            plan["lr_scale"] = float(history[-1].get("lr_scale", 1.0))
+            plan = replace(plan, skip_iterations=skip_ranges(history), lr_scale=history[-1].lr_scale)
         if pending:
-            plan["rollback"] = {
-                "onset_step": pending.get("onset_step"),
-                "checkpoint_step": pending["checkpoint_step"],
-                "skip": f"{pending['skip_first']}-{pending['skip_last']}",
-            }
-        if path and self._write_resume is not None:
-            try:
-                self._write_resume(path, json.dumps({"run": run.name, **plan}, indent=1))
-            except OSError as exc:  # the job still gets the choice in its environment
-                plan["file"] = None
-                log.error("resume_file_unwritable", run=run.name, path=path, error=str(exc))
-                a = run.attempt
-                store.record_event(
-                    Event(
-                        run.name,
-                        EventKind.WARNING,
-                        f"could not write the resume file {path} ({exc.strerror or exc}); the job gets the checkpoint "
-                        "in its environment only. Fix: let the supervisor's user write there (under systemd, add the "
-                        "folder to ReadWritePaths in a drop-in)",
-                        f"{run.name}:resume-file:{path}:{exc.errno}",
-                        self._clock.now(),
-                        a.seq if a else None,
-                        a.job_id if a else None,
-                        evidence={"path": path, "error": str(exc)},
-                    )
+            plan = replace(plan, rollback=_rollback_ref(pending))
+        return self._write_resume_file(run, store, plan)
+
+    def _write_resume_file(self, run: RunRecord, store: Store, plan: ResumePlan) -> ResumePlan:
+        """The plan as handed over: without its file when the file could not be written (the job
+        still gets the choice in its environment)."""
+        path = plan.file
+        if not path or self._write_resume is None:
+            return plan
+        try:
+            self._write_resume(path, json.dumps({"run": run.name, **plan.to_json()}, indent=1))
+        except OSError as exc:
+            log.error("resume_file_unwritable", run=run.name, path=path, error=str(exc))
+            a = run.attempt
+            store.record_event(
+                Event(
+                    run.name,
+                    EventKind.WARNING,
+                    f"could not write the resume file {path} ({exc.strerror or exc}); the job gets the checkpoint "
+                    "in its environment only. Fix: let the supervisor's user write there (under systemd, add the "
+                    "folder to ReadWritePaths in a drop-in)",
+                    f"{run.name}:resume-file:{path}:{exc.errno}",
+                    self._clock.now(),
+                    a.seq if a else None,
+                    a.job_id if a else None,
+                    evidence={"path": path, "error": str(exc)},
                 )
+            )
+            return replace(plan, file=None)
         return plan
 
     def refresh(self, run: RunRecord, store: Store) -> None:
@@ -349,55 +341,42 @@ class CheckpointWatch:
             self._record(run, st, store, ref, _safe_verify(st.store, ref, Level.METADATA))
 
     def _demote_failed_loads(self, run: RunRecord, store: Store) -> None:
-        window = 2 * LOAD_FAILURES_TO_DEMOTE + 2
-        handed: dict[int, str] = {}  # attempt seq -> checkpoint location it was handed
-        for e in store.events_of(run.name, (EventKind.SUBMITTED, EventKind.RESTARTED), window):
-            if e.attempt is not None:
-                chosen = (e.evidence.get("resume") or {}).get("checkpoint") or {}
-                if chosen.get("location"):
-                    handed[e.attempt] = chosen["location"]
-        attempts = sorted(store.attempts(run.name, window), key=lambda a: a.seq, reverse=True)
-        streak: list[str] = []
-        location = None
-        steps: dict[str, int | None] = dict.fromkeys(handed.values())
-        for ref, *_ in store.checkpoints(run.name, RECENT):
-            if ref.location in steps:
-                steps[ref.location] = ref.step
-        for a in attempts:
-            loc = handed.get(a.seq)
-            if loc is None or (location is not None and loc != location) or not _failed_soon(a, run):
-                break
-            logged = self._last_step(a.job_id, a.restart_count)
-            if logged is not None and steps.get(loc) is not None and logged > (steps[loc] or 0):
-                break  # it trained past the checkpoint: the checkpoint loaded
-            location = loc
-            streak.append(f"{a.label} ended {a.end_state} after {(a.ended_at or 0) - (a.started_at or 0):.0f} s")
-        if location is not None and len(streak) >= LOAD_FAILURES_TO_DEMOTE:
-            why = f"{len(streak)} incarnations in a row failed soon after resuming from it: {'; '.join(streak)}"
-            store.demote_checkpoint(run.name, location, why)
-            log.warning("checkpoint_demoted", run=run.name, location=location, why=why)
-            a = attempts[0]
-            store.record_event(
-                Event(
-                    run.name,
-                    EventKind.WARNING,
-                    f"checkpoint {location} passed over: {why}",
-                    f"{run.name}:ckpt-demoted:{location}",
-                    self._clock.now(),
-                    a.seq,
-                    a.job_id,
-                    evidence={"location": location, "failures": streak},
-                )
+        """Pass over the checkpoint the newest attempts keep failing to resume from (the decision:
+        ``domain.demotion``, over the attempts, the plans they were handed and the steps they
+        logged, all read back from the store: the same choice after a daemon restart)."""
+        rule = LoadFailureRule()
+        plans = store.resume_plans(run.name, rule.attempts_to_read)
+        handed = {seq: plan.chosen.location for seq, plan in plans.items() if plan.chosen is not None}
+        steps = {ref.location: ref.step for ref, *_ in store.checkpoints(run.name, RECENT)}
+        attempts = store.attempts(run.name, rule.attempts_to_read)
+        demotion = failed_load_demotion(attempts, handed, steps, run.excluded, rule)
+        if demotion is None:
+            return
+        store.demote_checkpoint(run.name, demotion.location, demotion.why)
+        log.warning("checkpoint_demoted", run=run.name, location=demotion.location, why=demotion.why)
+        a = attempts[-1]
+        store.record_event(
+            Event(
+                run.name,
+                EventKind.WARNING,
+                f"checkpoint {demotion.location} passed over: {demotion.why}",
+                f"{run.name}:ckpt-demoted:{demotion.location}",
+                self._clock.now(),
+                a.seq,
+                a.job_id,
+                evidence={"location": demotion.location, "failures": list(demotion.streak)},
             )
+        )
 
 
-def _failed_soon(a: AttemptRecord, run: RunRecord) -> bool:
-    """The attempt ran, ended unsuccessfully within the window, and not on a node found faulty."""
-    if a.started_at is None or a.ended_at is None or a.end_state == "COMPLETED":
-        return False
-    if set(a.nodes) & set(run.excluded):
-        return False  # a node fault explains it, not the checkpoint
-    return a.ended_at - a.started_at <= LOAD_FAILURE_WINDOW_S
+def _rollback_ref(pending: RollbackRecord) -> RollbackRef:
+    """The rollback planned for the attempt being replaced, as the resume plan carries it."""
+    assert pending.checkpoint_step is not None  # a planned rollback always names its checkpoint
+    return RollbackRef(
+        onset_step=pending.onset_step,
+        checkpoint_step=pending.checkpoint_step,
+        skip=pending.skip.as_megatron() if pending.skip is not None else "",
+    )
 
 
 def _newest_verified(

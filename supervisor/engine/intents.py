@@ -8,13 +8,13 @@ node is down with our reason, the job is gone), it is completed without running 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 from supervisor.domain.actions import Action, ActionKind, Cancel, ChangeNode, Fence, Release, SetExcluded, Submit
-from supervisor.domain.checkpoints import resume_env
 from supervisor.domain.cluster import ClusterSnapshot, JobState, NodeChange, SubmitRequest
 from supervisor.domain.policy import REASON_PREFIX
+from supervisor.domain.resume import ResumePlan, resume_env
 from supervisor.domain.run import RestartMode, RunSpec
 
 _TYPES: Mapping[str, type] = {
@@ -28,12 +28,16 @@ _TYPES: Mapping[str, type] = {
 
 
 def params_of(action: Action) -> dict[str, Any]:
-    d = asdict(action)
-    d.pop("kind")
-    for k, v in d.items():
-        if isinstance(v, tuple):
-            d[k] = list(v)
-    return d
+    """The action as the intent's JSON parameters; ``action_from`` reads them back."""
+    return {f.name: _param(getattr(action, f.name)) for f in fields(action) if f.name != "kind"}
+
+
+def _param(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, ResumePlan):
+        return value.to_json()
+    return value
 
 
 def action_from(kind: str, params: Mapping[str, Any]) -> Action:
@@ -41,6 +45,8 @@ def action_from(kind: str, params: Mapping[str, Any]) -> Action:
     args = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
     if cls is ChangeNode:
         args["change"] = NodeChange(str(args["change"]))
+    if cls is Submit and args.get("resume") is not None:  # also the plan dicts older daemons journaled
+        args["resume"] = ResumePlan.from_json(args["resume"])
     return cls(**args)  # type: ignore[no-any-return]
 
 

@@ -29,12 +29,13 @@ from supervisor.domain.actions import (
     Submit,
     Unexclude,
 )
-from supervisor.domain.checkpoints import describe_plan
+from supervisor.domain.blast import WINDOW_S, BlastRadius, NodeChangeRecord, drains_left
 from supervisor.domain.cluster import ClusterSnapshot, JobState, NodeChange
 from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity, stale_heartbeats, worst
-from supervisor.domain.lemon import Quarantine, QuarantineSettings, quarantined
+from supervisor.domain.lemon import Fault, Quarantine, QuarantineSettings, quarantined
 from supervisor.domain.policy import REASON_PREFIX, Observation, Policy, decide
 from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord, Verdict
+from supervisor.domain.resume import describe_plan
 from supervisor.domain.run import IllegalTransition, RunState
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
@@ -111,8 +112,6 @@ class Engine:
         self.fencer = fencer
         self.progress = progress
         self.checkpoints = checkpoints
-        if checkpoints is not None and progress is not None:
-            checkpoints.follow_progress(progress.last_step)
         self.health = health
         self._findings: dict[str, NodeFinding] = {}  # node -> active finding (degraded or fatal)
         self._recheck_at: float | None = None  # a decision waits for evidence until then
@@ -142,6 +141,7 @@ class Engine:
             dead = self.probes.update(self._running_nodes(runs, snap), snap, self.clock.now())
             hangs = self.progress.update(runs, snap, self.clock.now()) if self.progress else {}
             if self.progress is not None:
+                runs = self._record_progress(runs)
                 watch = self.checkpoints
                 handle_spikes(
                     self.progress.take_notices(),
@@ -294,6 +294,21 @@ class Engine:
         finally:
             structlog.contextvars.unbind_contextvars("run", "job_id")
 
+    def _record_progress(self, runs: list[RunRecord]) -> list[RunRecord]:
+        """Each current attempt's newest logged step and step time, into the store: decisions that
+        read them (did a resumed checkpoint load?) must make the same choice after a daemon restart."""
+        assert self.progress is not None
+        out = []
+        for run in runs:
+            a = run.attempt
+            step = self.progress.last_step(a.job_id, a.restart_count) if a is not None else None
+            if a is not None and step is not None and step != a.last_step:
+                pace = self.progress.step_time(a.job_id, a.restart_count)
+                self.store.attempt_progress(run.name, a.seq, step, pace)
+                run = replace(run, attempt=replace(a, last_step=step, step_time_s=pace or a.step_time_s))
+            out.append(run)
+        return out
+
     def _running_nodes(self, runs: list[RunRecord], snap: ClusterSnapshot) -> set[str]:
         nodes: set[str] = set()
         for run in runs:
@@ -302,12 +317,10 @@ class Engine:
                 nodes.update(job.nodes)
         return nodes
 
-    def _drains_left(self, run: str | None = None) -> int:
-        since = self.clock.now() - 3600.0
-        left = self.settings.max_drains_per_hour - self.store.node_changes_since(since)
-        if run is not None:
-            left = min(left, self.settings.max_drains_per_run_per_hour - self.store.node_changes_since(since, run))
-        return max(0, left)
+    def _drains_left(self, run: str) -> int:
+        caps = BlastRadius(self.settings.max_drains_per_hour, self.settings.max_drains_per_run_per_hour)
+        now = self.clock.now()
+        return drains_left(self.store.node_changes(now - WINDOW_S), run, now, caps)
 
     # ------------------------------------------------------------------ node health
 
@@ -461,6 +474,8 @@ class Engine:
             s.unexclude(rec.run, rec.node)
         elif isinstance(rec, NodeVerdict):
             s.set_verdict(rec)
+        elif isinstance(rec, Fault):
+            s.record_node_fault(rec)
         else:  # pragma: no cover - a new record type without a handler is a programming error
             raise TypeError(f"no handler for record {rec!r}")
 
@@ -522,14 +537,17 @@ class Engine:
         now = self.clock.now()
         with self.store.transaction():
             self.store.complete_action(intent, "done", outcome, now)
-            self._after(run, action, outcome, now)
+            self._after(run, intent, action, outcome, now)
 
-    def _after(self, run: RunRecord, action: Action, outcome: Mapping[str, Any], now: float) -> None:
+    def _after(self, run: RunRecord, intent: int, action: Action, outcome: Mapping[str, Any], now: float) -> None:
         s, a = self.store, run.attempt
         seq, job = (a.seq, a.job_id) if a else (None, None)
         if isinstance(action, Submit):
             new = s.add_attempt(run.name, int(outcome["job_id"]), 0, now, action.exclude)
             s.set_state(run.name, RunState.QUEUED, now, spend_restart=action.restart)
+            s.rollbacks_done(run.name, new.seq)  # the new attempt carries out any planned rollback
+            if action.resume is not None:
+                s.record_resume_plan(run.name, new.seq, action.resume)
             kind = EventKind.RESTARTED if action.restart else EventKind.SUBMITTED
             verb = "restarted as" if action.restart else "submitted as"
             excl = f", excluding {','.join(action.exclude)}" if action.exclude else ""
@@ -539,13 +557,12 @@ class Engine:
                 "reason": action.reason,
                 "restarts_spent": run.restarts_spent + int(action.restart),
             }
-            if action.resume is not None:
-                evidence["resume"] = dict(action.resume)
-                chosen = action.resume.get("checkpoint") or {}
-                evidence["resume_step"] = chosen.get("step")
+            if action.resume is not None:  # the plan as JSON, for the logbook, chronicle and goodput readers
+                evidence["resume"] = action.resume.to_json()
+                evidence["resume_step"] = action.resume.step
             if self.progress is not None and a is not None:  # what the replaced attempt had reached
-                evidence["last_step"] = self.progress.last_step(a.job_id, a.restart_count)
-                evidence["step_time_s"] = self.progress.step_time(a.job_id, a.restart_count)
+                evidence["last_step"] = a.last_step
+                evidence["step_time_s"] = a.step_time_s
             s.record_event(
                 Event(
                     run.name,
@@ -560,6 +577,10 @@ class Engine:
             )
         elif isinstance(action, ChangeNode):
             s.set_node_action(action.node, "drained" if action.change is NodeChange.DRAIN else "down", now)
+            if action.change in (NodeChange.DOWN, NodeChange.DRAIN):  # what the blast radius counts
+                s.record_node_change(
+                    NodeChangeRecord(action.node, run.name, action.change.value, now, action.reason, intent)
+                )
             if action.change is NodeChange.DRAIN:
                 s.record_event(
                     Event(

@@ -6,22 +6,29 @@ become logbook events, and an outcome that asks for a rollback becomes a decisio
 onset, a data-skip range, an LR scale that shrinks on repeats, at most N automatic rollbacks per
 window — past that, or without a checkpoint to go back to, a page for a human.
 
-The decision is written to the logbook first (a ``rollback`` event on the current attempt); the
-policy stops the job because that event exists, and the next submission resumes from the
-rollback's checkpoint with the skip ranges and LR scale in its environment. A daemon crash
-between any two of these steps loses nothing: the event is the record.
+The decision is a typed record (``RollbackRecord``, planned or blocked) written with its logbook
+line in one transaction; the policy stops the job because a planned rollback exists for the
+current attempt, and the next submission resumes from the rollback's checkpoint with the skip
+ranges and LR scale in its environment (and marks it done). A daemon crash between any two of
+these steps loses nothing: the record is in the store. No decision reads the logbook line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
 
 from supervisor.domain.checkpoints import Outcome, effective_result
 from supervisor.domain.records import Event, EventKind, RunRecord
-from supervisor.domain.rollback import PastRollback, RollbackPolicy, decide_rollback
+from supervisor.domain.rollback import (
+    RollbackPolicy,
+    RollbackRecord,
+    RollbackStatus,
+    decide_rollback,
+    pending_rollback,
+)
 from supervisor.domain.spikes import Decision, SpikeEvent, SpikeOutcome
 from supervisor.engine.progress import SpikeNotice, spike_settings
 from supervisor.ports import Clock, Store
@@ -54,22 +61,20 @@ def handle_spikes(
             _rollback(run, n, n.notice, store, clock)
 
 
-def pending_rollbacks(runs: Iterable[RunRecord], store: Store) -> dict[str, dict[str, Any]]:
-    """Runs whose current attempt has a rollback decided and not yet carried out: its evidence."""
-    out: dict[str, dict[str, Any]] = {}
+def pending_rollbacks(runs: Iterable[RunRecord], store: Store) -> dict[str, RollbackRecord]:
+    """Runs whose current attempt has a rollback planned and not yet carried out."""
+    out: dict[str, RollbackRecord] = {}
     for run in runs:
         a = run.attempt
-        if a is None:
-            continue
-        e = store.last_event(run.name, (EventKind.ROLLBACK,))
-        if e is not None and e.attempt == a.seq:
-            out[run.name] = {"reason": e.message, **e.evidence}
+        pending = pending_rollback(store.rollbacks(run.name), a.seq) if a is not None else None
+        if pending is not None:
+            out[run.name] = pending
     return out
 
 
-def rollback_history(store: Store, run: str) -> list[dict[str, Any]]:
-    """Every rollback of the run, oldest first: the evidence of its ``rollback`` events."""
-    return [{**e.evidence, "at": e.at, "attempt": e.attempt} for e in store.events_of(run, (EventKind.ROLLBACK,))]
+def rollback_history(store: Store, run: str) -> list[RollbackRecord]:
+    """Every rollback of the run that was (or is being) carried out, oldest first."""
+    return [r for r in store.rollbacks(run) if r.counts]
 
 
 def _series(n: SpikeNotice) -> list[list[Any]]:
@@ -146,16 +151,25 @@ def _rollback(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, c
     elif run.spec.checkpoints is None:
         blocked = "the run has no [checkpoints] section: no verified checkpoint to roll back to; a human decides"
     if blocked is None:
-        history = [
-            PastRollback(int(h["onset_step"]), float(h["at"]), float(h.get("lr_scale", 1.0)))
-            for h in rollback_history(store, run.name)
-        ]
+        history = [r.past() for r in rollback_history(store, run.name)]
         rules = RollbackPolicy(
             max_rollbacks=policy.max_rollbacks, window_s=policy.window_h * 3600, lr_scale_repeat=policy.lr_scale_repeat
         )
         action = decide_rollback(out, verified_steps(store, run.name), history, now, spike_settings(policy), rules)
         if action.plan is not None:
             plan = action.plan
+            record = RollbackRecord(
+                run.name,
+                a.seq,
+                onset,
+                RollbackStatus.PLANNED,
+                now,
+                action.reason,
+                plan.checkpoint_step,
+                plan.skip,
+                action.lr_scale,
+                action.escalation,
+            )
             evidence.update(
                 checkpoint_step=plan.checkpoint_step,
                 skip_first=plan.skip.first,
@@ -163,33 +177,47 @@ def _rollback(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, c
                 lr_scale=action.lr_scale,
                 escalation=action.escalation,
             )
-            store.record_event(
+            message = f"rollback: spike at step {onset} {out.status.value} ({out.reason}); {action.reason}"
+            _record(
+                store,
+                record,
                 Event(
                     run.name,
                     EventKind.ROLLBACK,
-                    f"rollback: spike at step {onset} {out.status.value} ({out.reason}); {action.reason}",
+                    message,
                     f"{run.name}:{a.seq}:rollback:{onset}",
                     now,
                     a.seq,
                     a.job_id,
                     evidence=evidence,
-                )
+                ),
             )
             log.warning("rollback_decided", run=run.name, onset=onset, checkpoint=plan.checkpoint_step)
             return
         blocked = action.reason
-    store.record_event(
+    record = RollbackRecord(run.name, a.seq, onset, RollbackStatus.BLOCKED, now, blocked)
+    message = f"spike at step {onset} {out.status.value} ({out.reason}); not rolled back: {blocked}"
+    _record(
+        store,
+        record,
         Event(
             run.name,
             EventKind.ROLLBACK_BLOCKED,
-            f"spike at step {onset} {out.status.value} ({out.reason}); not rolled back: {blocked}",
+            message,
             f"{run.name}:{a.seq}:rollback-blocked:{onset}",
             now,
             a.seq,
             a.job_id,
             evidence={**evidence, "page": True},
-        )
+        ),
     )
+
+
+def _record(store: Store, rollback: RollbackRecord, event: Event) -> None:
+    """The decision (what later decisions read) and its logbook line (for people), together."""
+    with store.transaction():
+        store.record_rollback(rollback)
+        store.record_event(event)
 
 
 def verified_steps(store: Store, run: str) -> list[int]:
@@ -199,8 +227,3 @@ def verified_steps(store: Store, run: str) -> list[int]:
         if eff is not None and eff.outcome is Outcome.VERIFIED and not demoted and ref.step is not None:
             steps.append(ref.step)
     return steps
-
-
-def skip_ranges(history: Iterable[Mapping[str, Any]]) -> str:
-    """Every rollback's skip range, Megatron style: "first-last,first-last"."""
-    return ",".join(f"{int(h['skip_first'])}-{int(h['skip_last'])}" for h in history if "skip_first" in h)

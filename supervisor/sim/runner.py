@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.cluster import SubmitRequest
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.progress.outputs import output_path

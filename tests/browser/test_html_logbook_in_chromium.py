@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from supervisor.adapters.html_logbook import render_html
-from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.sqlite import SqliteStore
 from supervisor.sim.demo import RUN, DemoSettings, run_demo
 
 T0 = 1795910400.0  # the demo's start, 2026-11-29 00:00 UTC

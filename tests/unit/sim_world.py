@@ -14,7 +14,7 @@ from typing import Any
 
 from memory_checkpoints import MemoryCheckpointStore
 
-from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.run import RunSpec
 from supervisor.sim.clock import VirtualClock
 from supervisor.sim.cluster import SimCluster

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main
 from supervisor.domain.chronicle import render_markdown
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord

@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main
 
 GOOD = """
@@ -110,7 +110,7 @@ def test_logbook_note_is_signed_and_shown(env):
 
 
 def test_quarantine_lists_repeat_offenders_and_clear_ends_it(tmp_path):
-    from supervisor.domain.records import Event, EventKind
+    from supervisor.domain.lemon import Fault
     from supervisor.domain.run import RunSpec
 
     state = tmp_path / "state"
@@ -118,17 +118,8 @@ def test_quarantine_lists_repeat_offenders_and_clear_ends_it(tmp_path):
     now = __import__("time").time()
     spec = RunSpec(name="a", script="/x", partition="p", nodes=1)
     store.add_run(spec, now)
-    for i, run in enumerate(("a", "a")):
-        store.record_event(
-            Event(
-                run,
-                EventKind.FAULT,
-                "fault on gpu-7",
-                f"k{i}",
-                now - 3600 * (i + 1),
-                evidence={"node": "gpu-7", "observed": f"XID 79 (#{i})"},
-            )
-        )
+    for i in range(2):
+        store.record_node_fault(Fault("gpu-7", now - 3600 * (i + 1), "a", f"XID 79 (#{i})", key=f"k{i}"))
     runner = CliRunner()
     out = runner.invoke(main, ["--state-dir", str(state), "quarantine", "list"])
     assert out.exit_code == 0 and out.output.startswith("gpu-7  until ") and "XID 79 (#0)" in out.output

@@ -14,7 +14,7 @@ from test_ingest import FakeClock, body
 
 from supervisor.adapters.ingest import IngestServer, ReportIngest
 from supervisor.adapters.pages import mount_pages
-from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.tokens import HOOKS, TokenBook
 from supervisor.domain.gpu_health import HealthRules
 from supervisor.domain.run import RunSpec, RunState

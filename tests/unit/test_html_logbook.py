@@ -15,7 +15,7 @@ from test_goodput import RUN, T0, scenario
 
 from supervisor.adapters.html_logbook import logbook_page, markdown_to_html, render_html, series_from_events
 from supervisor.adapters.html_svg import thin
-from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main, render
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import RunSpec, RunState

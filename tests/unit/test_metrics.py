@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_goodput import RUN, T0, scenario
 
 from supervisor.adapters.metrics import metrics_page, metrics_text
-from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.records import Event, EventKind, NodeVerdict, Verdict
 from supervisor.domain.run import RunSpec, RunState
 

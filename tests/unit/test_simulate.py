@@ -36,7 +36,7 @@ def supervise(tmp_path, failures, settings=SMALL, name="sup"):
 
 
 def faults_in_logbook(result):
-    from supervisor.adapters.sqlite_store import SqliteStore
+    from supervisor.adapters.sqlite import SqliteStore
 
     store = SqliteStore(result.state_dir)
     try:

@@ -1,10 +1,14 @@
 import sqlite3
+from dataclasses import replace
 
 import pytest
 
-from supervisor.adapters.sqlite_schema import SCHEMA_VERSION, SchemaTooNew, migrate
-from supervisor.adapters.sqlite_store import SqliteStore
+from supervisor.adapters.sqlite import SqliteStore
+from supervisor.adapters.sqlite.schema import SCHEMA_VERSION, SchemaTooNew, migrate
+from supervisor.domain.blast import NodeChangeRecord
+from supervisor.domain.lemon import Fault
 from supervisor.domain.records import Event, EventKind
+from supervisor.domain.rollback import RollbackRecord, RollbackStatus, SkipRange
 from supervisor.domain.run import IllegalTransition, RunSpec, RunState
 from supervisor.ports import PermanentError
 
@@ -79,7 +83,59 @@ def test_intent_journal(tmp_path):
     store.complete_action(aid, "done", {"ok": True}, 3.0)
     assert store.open_actions() == []
     assert store.action_done("r1", "node_state", {"change": "DOWN", "node": "n1"})
-    assert store.node_changes_since(2.5) == 1 and store.node_changes_since(3.5) == 0
+
+
+def test_typed_records_the_engine_reads_back_are_stored_once_and_read_back_whole(tmp_path):
+    store = SqliteStore(tmp_path)
+    store.add_run(spec(), 1.0)
+    fault = Fault("n1", 2.0, "r1", "XID 79", key="r1:0:fault:n1")
+    store.record_node_fault(fault)
+    store.record_node_fault(replace(fault, at=2.5))  # the same fault decided again after a crash
+    assert store.node_faults(0.0) == [fault] and store.node_faults(2.1) == []
+    change = NodeChangeRecord("n1", "r1", "DOWN", 3.0, "dead", intent=7)
+    store.record_node_change(change)
+    store.record_node_change(replace(change, at=3.5))
+    assert store.node_changes(2.5) == [change] and store.node_changes(3.5) == []
+    planned = RollbackRecord("r1", 0, 500, RollbackStatus.PLANNED, 4.0, "why", 400, SkipRange(401, 700), 0.5, 1)
+    store.record_rollback(planned)
+    store.record_rollback(RollbackRecord("r1", 1, 900, RollbackStatus.BLOCKED, 5.0, "no checkpoint"))
+    assert store.rollbacks("r1")[0] == planned
+    store.rollbacks_done("r1", before_attempt=1)
+    assert [r.status for r in store.rollbacks("r1")] == [RollbackStatus.DONE, RollbackStatus.BLOCKED]
+    store.add_attempt("r1", 100, 0, 1.0)
+    store.attempt_progress("r1", 0, 1234, 6.5)
+    assert (store.get_run("r1").attempt.last_step, store.get_run("r1").attempt.step_time_s) == (1234, 6.5)
+
+
+def test_an_older_database_is_carried_over_into_the_typed_tables(tmp_path):
+    """Schema 5 kept faults, node changes and rollbacks only as logbook evidence and action
+    parameters: migration 6 carries them over once."""
+    db = sqlite3.connect(tmp_path / "supervisor.db", isolation_level=None)
+    for statement in _statements_up_to(5):
+        db.execute(statement)
+    db.execute("PRAGMA user_version = 5")
+    db.execute(
+        "INSERT INTO events(at, run, attempt, kind, message, evidence, actor, key) VALUES"
+        " (2.0, 'r1', 0, 'fault', 'm', '{\"node\": \"n1\", \"observed\": \"XID 79\"}', 's', 'k1'),"
+        " (3.0, 'r1', 0, 'rollback', 'm', '{\"onset_step\": 500, \"checkpoint_step\": 400,"
+        ' "skip_first": 401, "skip_last": 700, "lr_scale": 0.5}\', \'s\', \'k2\')'
+    )
+    db.execute(
+        "INSERT INTO actions(run, kind, params, status, created_at, completed_at) VALUES"
+        ' (\'r1\', \'node_state\', \'{"node": "n1", "change": "DRAIN", "reason": "x"}\', \'done\', 2.0, 2.5)'
+    )
+    db.close()
+    store = SqliteStore(tmp_path)
+    assert store.node_faults(0.0) == [Fault("n1", 2.0, "r1", "XID 79", key="k1")]
+    assert store.node_changes(0.0) == [NodeChangeRecord("n1", "r1", "DRAIN", 2.5, "x", intent=1)]
+    [rollback] = store.rollbacks("r1")
+    assert (rollback.checkpoint_step, rollback.skip, rollback.lr_scale) == (400, SkipRange(401, 700), 0.5)
+
+
+def _statements_up_to(version: int) -> list[str]:
+    from supervisor.adapters.sqlite.schema import MIGRATIONS, _statements
+
+    return [s for script in MIGRATIONS[:version] for s in _statements(script)]
 
 
 def test_data_survives_reopen(tmp_path):

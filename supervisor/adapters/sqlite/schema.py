@@ -127,6 +127,77 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX events_run_kind ON events(run, kind, id);
     CREATE INDEX actions_node_changes ON actions(kind, status, completed_at);
     """,
+    # 6: typed records the engine reads back, each in its own table (never logbook evidence):
+    # faults pinned on nodes (quarantine), node changes made (blast radius), rollbacks, and the
+    # attempts' progress (last step, step time). Earlier databases are carried over once.
+    """
+    CREATE TABLE node_faults (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        node TEXT NOT NULL,
+        run TEXT NOT NULL,
+        at REAL NOT NULL,
+        reason TEXT NOT NULL,
+        source TEXT NOT NULL,
+        key TEXT NOT NULL UNIQUE
+    );
+    CREATE INDEX node_faults_at ON node_faults(at);
+    INSERT OR IGNORE INTO node_faults(node, run, at, reason, source, key)
+        SELECT json_extract(evidence, '$.node'), run, at, COALESCE(json_extract(evidence, '$.observed'), 'fault'),
+               'fault', key
+        FROM events WHERE kind = 'fault' AND json_extract(evidence, '$.node') IS NOT NULL ORDER BY id;
+    CREATE TABLE node_changes (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        node TEXT NOT NULL,
+        run TEXT NOT NULL,
+        change TEXT NOT NULL CHECK (change IN ('DOWN', 'DRAIN')),
+        at REAL NOT NULL,
+        reason TEXT NOT NULL,
+        intent INTEGER UNIQUE
+    );
+    CREATE INDEX node_changes_at ON node_changes(at);
+    INSERT OR IGNORE INTO node_changes(node, run, change, at, reason, intent)
+        SELECT json_extract(params, '$.node'), run, json_extract(params, '$.change'), completed_at,
+               COALESCE(json_extract(params, '$.reason'), ''), id
+        FROM actions WHERE kind = 'node_state' AND status = 'done' AND json_extract(params, '$.change') IN ('DOWN', 'DRAIN');
+    CREATE TABLE rollbacks (
+        run TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        onset_step INTEGER NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('planned', 'done', 'blocked')),
+        at REAL NOT NULL,
+        record TEXT NOT NULL,
+        PRIMARY KEY (run, attempt, onset_step)
+    );
+    INSERT OR IGNORE INTO rollbacks(run, attempt, onset_step, status, at, record)
+        SELECT run, attempt, json_extract(evidence, '$.onset_step'), 'planned', at,
+               json_object('run', run, 'attempt', attempt, 'onset_step', json_extract(evidence, '$.onset_step'),
+                           'status', 'planned', 'at', at, 'reason', message,
+                           'checkpoint_step', json_extract(evidence, '$.checkpoint_step'),
+                           'skip', json_array(json_extract(evidence, '$.skip_first'), json_extract(evidence, '$.skip_last')),
+                           'lr_scale', COALESCE(json_extract(evidence, '$.lr_scale'), 1.0),
+                           'escalation', COALESCE(json_extract(evidence, '$.escalation'), 0))
+        FROM events WHERE kind = 'rollback' AND attempt IS NOT NULL ORDER BY id;
+    INSERT OR IGNORE INTO rollbacks(run, attempt, onset_step, status, at, record)
+        SELECT run, attempt, json_extract(evidence, '$.onset_step'), 'blocked', at,
+               json_object('run', run, 'attempt', attempt, 'onset_step', json_extract(evidence, '$.onset_step'),
+                           'status', 'blocked', 'at', at, 'reason', message)
+        FROM events WHERE kind = 'rollback_blocked' AND attempt IS NOT NULL ORDER BY id;
+    UPDATE rollbacks SET status = 'done', record = json_set(record, '$.status', 'done')
+        WHERE status = 'planned'
+          AND EXISTS (SELECT 1 FROM attempts a WHERE a.run = rollbacks.run AND a.seq > rollbacks.attempt);
+    ALTER TABLE attempts ADD COLUMN last_step INTEGER;
+    ALTER TABLE attempts ADD COLUMN step_time_s REAL;
+    CREATE TABLE resume_plans (
+        run TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        plan TEXT NOT NULL,
+        PRIMARY KEY (run, attempt)
+    );
+    INSERT OR IGNORE INTO resume_plans(run, attempt, plan)
+        SELECT run, attempt, json_extract(evidence, '$.resume') FROM events
+        WHERE kind IN ('submitted', 'restarted') AND attempt IS NOT NULL
+          AND json_extract(evidence, '$.resume') IS NOT NULL ORDER BY id;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,55 @@
+"""The intent journal: every action is written before it is performed and marked done after."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+from typing import Any, cast
+
+from supervisor.adapters.sqlite.base import SqliteBase
+
+
+class SqliteJournal(SqliteBase):
+    def begin_action(self, run: str, kind: str, params: Mapping[str, Any], now: float) -> int:
+        cur = self._db.execute(
+            "INSERT INTO actions(run, kind, params, status, created_at) VALUES (?, ?, ?, 'pending', ?)",
+            (run, kind, json.dumps(params, sort_keys=True), now),
+        )
+        return int(cur.lastrowid or 0)
+
+    def complete_action(self, action_id: int, status: str, result: Mapping[str, Any], now: float) -> None:
+        self._db.execute(
+            "UPDATE actions SET status = ?, result = ?, completed_at = ? WHERE id = ?",
+            (status, json.dumps(result, sort_keys=True), now, action_id),
+        )
+
+    def open_actions(self) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT * FROM actions WHERE status = 'pending' ORDER BY id").fetchall()
+        return [_action_row(r) for r in rows]
+
+    def actions(self, run: str | None = None) -> list[dict[str, Any]]:
+        sql, args = "SELECT * FROM actions ORDER BY id", cast(tuple[Any, ...], ())
+        if run is not None:
+            sql, args = "SELECT * FROM actions WHERE run = ? ORDER BY id", (run,)
+        return [_action_row(r) for r in self._db.execute(sql, args).fetchall()]
+
+    def action_done(self, run: str, kind: str, params: Mapping[str, Any]) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM actions WHERE run = ? AND kind = ? AND params = ? AND status = 'done' LIMIT 1",
+            (run, kind, json.dumps(params, sort_keys=True)),
+        ).fetchone()
+        return row is not None
+
+
+def _action_row(r: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "id": r["id"],
+        "run": r["run"],
+        "kind": r["kind"],
+        "params": json.loads(r["params"]),
+        "status": r["status"],
+        "created_at": r["created_at"],
+        "completed_at": r["completed_at"],
+        "result": json.loads(r["result"]) if r["result"] else None,
+    }

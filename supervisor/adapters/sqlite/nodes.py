@@ -1,0 +1,79 @@
+"""What the supervisor remembers of nodes: verdicts, faults (quarantine), node changes (blast
+radius), operators' quarantine clears."""
+
+from __future__ import annotations
+
+import json
+
+from supervisor.adapters.sqlite.base import SqliteBase
+from supervisor.domain.blast import NodeChangeRecord
+from supervisor.domain.lemon import Fault
+from supervisor.domain.records import NodeVerdict, Verdict
+
+
+class SqliteNodes(SqliteBase):
+    def record_node_fault(self, fault: Fault) -> None:
+        """Remember a fault pinned on a node (once per key)."""
+        self._db.execute(
+            "INSERT OR IGNORE INTO node_faults(node, run, at, reason, source, key) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                fault.node,
+                fault.run,
+                fault.at,
+                fault.reason,
+                fault.source,
+                fault.key or f"{fault.run}:{fault.node}:{fault.at}",
+            ),
+        )
+
+    def node_faults(self, since: float) -> list[Fault]:
+        """Faults pinned on a node, in every run, since ``since``, oldest first."""
+        rows = self._db.execute("SELECT * FROM node_faults WHERE at >= ? ORDER BY at, id", (since,)).fetchall()
+        return [Fault.from_json(dict(r)) for r in rows]
+
+    def clear_quarantine(self, node: str, now: float, by: str, note: str) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO quarantine_clears(node, at, by, note) VALUES (?, ?, ?, ?)", (node, now, by, note))
+
+    def quarantine_clears(self) -> dict[str, float]:
+        rows = self._db.execute("SELECT node, MAX(at) AS at FROM quarantine_clears GROUP BY node").fetchall()
+        return {r["node"]: r["at"] for r in rows}
+
+    def set_verdict(self, v: NodeVerdict) -> None:
+        self._db.execute(
+            "INSERT INTO nodes(name, verdict, reason, evidence, run, action, since, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET verdict = excluded.verdict,"
+            " reason = excluded.reason, evidence = excluded.evidence, run = excluded.run,"
+            " action = COALESCE(excluded.action, nodes.action), updated_at = excluded.updated_at",
+            (v.node, v.verdict.value, v.reason, json.dumps(v.evidence), v.run, v.action, v.at, v.at),
+        )
+
+    def set_node_action(self, node: str, action: str, now: float) -> None:
+        self._db.execute("UPDATE nodes SET action = ?, updated_at = ? WHERE name = ?", (action, now, node))
+
+    def verdicts(self) -> list[NodeVerdict]:
+        rows = self._db.execute("SELECT * FROM nodes ORDER BY since, name").fetchall()
+        return [
+            NodeVerdict(
+                r["name"],
+                Verdict(r["verdict"]),
+                r["reason"],
+                json.loads(r["evidence"]),
+                r["run"],
+                r["action"],
+                r["since"],
+            )
+            for r in rows
+        ]
+
+    def record_node_change(self, change: NodeChangeRecord) -> None:
+        """Remember a DOWN or DRAIN this supervisor made (once per journaled intent)."""
+        self._db.execute(
+            "INSERT OR IGNORE INTO node_changes(node, run, change, at, reason, intent) VALUES (?, ?, ?, ?, ?, ?)",
+            (change.node, change.run, change.change, change.at, change.reason, change.intent),
+        )
+
+    def node_changes(self, since: float) -> list[NodeChangeRecord]:
+        """The node changes made since ``since``, oldest first (what the blast radius counts)."""
+        rows = self._db.execute("SELECT * FROM node_changes WHERE at >= ? ORDER BY at, id", (since,)).fetchall()
+        return [NodeChangeRecord.from_json(dict(r)) for r in rows]

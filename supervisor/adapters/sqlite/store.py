@@ -1,0 +1,24 @@
+"""The supervisor's memory in SQLite (WAL): one class over the tables, each family in its module.
+
+Runs and attempts (``runs``), the intent journal (``journal``), the logbook for people
+(``logbook``), node memory (``nodes``), the checkpoint ledger (``checkpoints``), rollbacks
+(``rollbacks``).
+"""
+
+from __future__ import annotations
+
+from supervisor.adapters.sqlite.base import DB_NAME, SqliteBase
+from supervisor.adapters.sqlite.checkpoints import SqliteCheckpoints
+from supervisor.adapters.sqlite.journal import SqliteJournal
+from supervisor.adapters.sqlite.logbook import SqliteLogbook
+from supervisor.adapters.sqlite.nodes import SqliteNodes
+from supervisor.adapters.sqlite.rollbacks import SqliteRollbacks
+from supervisor.adapters.sqlite.runs import SqliteRuns
+
+__all__ = ["DB_NAME", "SqliteStore"]
+
+
+class SqliteStore(
+    SqliteRuns, SqliteJournal, SqliteLogbook, SqliteNodes, SqliteCheckpoints, SqliteRollbacks, SqliteBase
+):
+    """Implements every store port (supervisor.ports) on one SQLite database."""
