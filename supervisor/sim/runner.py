@@ -52,6 +52,7 @@ class Simulation:
     state_dir: Path | None = None  # supervisor mode: where the SQLite store (the logbook) goes
     on_progress: Progress | None = None
     run_name: str = RUN
+    open_store: Callable[[Path], SqliteStore] = SqliteStore  # the daemon's store on ``state_dir``
 
     def run(self, failures: list[Failure] | None = None) -> SimResult:
         started = time.process_time()
@@ -67,7 +68,7 @@ class Simulation:
         if self.mode is Mode.SUPERVISOR:
             if self.state_dir is None:
                 raise ValueError("supervisor mode needs a state directory for its store (the logbook)")
-            store = SqliteStore(self.state_dir)
+            store = self.open_store(self.state_dir)
             ticks = self._supervise(world, store, spec, end)
         else:
             self._baseline(world, spec, end)

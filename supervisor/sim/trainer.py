@@ -39,6 +39,11 @@ class TrainerSettings:
     total_steps: int = 100_000_000
     global_batch: int = 2048
     spike_per_line: float = 0.001
+    # Sustained divergences (loss ×4 for ``diverge_lines`` log lines) starting at these steps, each
+    # once per simulation: the run that rolls back past one and skips its data does not meet it
+    # again. None by default (the planning runs have none).
+    diverge_at: tuple[int, ...] = ()
+    diverge_lines: int = 30
 
     def __post_init__(self) -> None:
         for name in ("step_s", "save_s", "restore_s", "startup_s", "crash_at_start_s"):
@@ -107,6 +112,7 @@ class SimTrainer:
         self.resume_uncommitted = resume_uncommitted  # the baseline: the last save, whatever its state
         self.attempts: list[Attempt] = []
         self._by_path: dict[str, Attempt] = {}
+        self._diverging: dict[int, int] = {}  # divergence onset step -> the attempt (id) living it
 
     # -- attempts -------------------------------------------------------------------------------
 
@@ -267,12 +273,22 @@ class SimTrainer:
             a.last_line = (a.lines[-1][0], a.lines[-1][1]) if a.lines else a.last_read
         a.cursor = min(a.cursor, at)
 
+    def _diverges(self, a: Attempt, step: int) -> bool:
+        """The step lies in a divergence that this attempt is the first to meet (or is living)."""
+        span = self.settings.diverge_lines * self.settings.log_every
+        for onset in self.settings.diverge_at:
+            if onset <= step < onset + span and self._diverging.setdefault(onset, id(a)) == id(a):
+                return True
+        return False
+
     def _line(self, a: Attempt, elapsed_s: float) -> str:
         s = self.settings
         step = a.step
         loss = 1.6 + 9.0 * (1.0 + step / 2000.0) ** -0.35
         if a.rng.random() < s.spike_per_line:
             loss *= 1.5 + a.rng.random()
+        if self._diverges(a, step):
+            loss *= 4.0
         ms = 1000.0 * elapsed_s / s.log_every
         lr = 8e-5 * min(1.0, (step + 1) / 8000.0)
         return (

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 from memory_checkpoints import ROOT
 from sim_world import SimWorld
 
 from supervisor.domain.checkpoints import Level
+from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import CheckpointPolicy, RunSpec, SparePolicy
 
@@ -177,6 +179,62 @@ def test_a_checkpoint_the_job_keeps_failing_on_is_passed_over_for_the_next_older
     assert w.submitted_env()["SSV_RESUME_STEP"] == "100"
     warning = [e for e in w.events(EventKind.WARNING) if "passed over" in e.message]
     assert len(warning) == 1 and "step_000200" in warning[0].message
+
+
+def _megatron(step: int) -> str:
+    return (
+        f" iteration {step:8d}/ 1000000 | consumed samples: {step * 64} | elapsed time per iteration (ms): "
+        "1000.0 | learning rate: 1.0E-04 | global batch size: 64 | lm loss: 2.5 | loss scale: 1.0 | "
+        "grad norm: 1.0 | number of skipped iterations: 0 | number of nan iterations: 0 |"
+    )
+
+
+def _fallback_world(tmp_path) -> SimWorld:
+    spec = replace(SPEC, output="/logs/%x-%j.out", max_restarts=10)
+    w = SimWorld(
+        tmp_path, spec, watch_checkpoints=True, hang=HangSettings(floor_s=1800, cap_s=3600, startup_grace_s=3600)
+    )
+    w.until(w.running)
+    w.ckpt.save(100)
+    w.ckpt.save(200)
+    w.ticks(12)
+    return w
+
+
+def _fail(w: SimWorld, seq: int, *, logged_step: int | None, restart_daemon: bool) -> None:
+    """The current attempt logs ``logged_step`` (if any), dies soon after starting, and the next
+    attempt runs; with ``restart_daemon`` a new daemon (no memory) takes over in between."""
+    job = w.run().attempt.job_id
+    if logged_step is not None:
+        w.until(lambda: f"/logs/llm-{job}.out" in w.logs, limit=5)
+        w.logs[f"/logs/llm-{job}.out"].append(_megatron(logged_step))
+        w.ticks(2)
+    w.cluster.finish_job(job, exit_code=1)
+    if restart_daemon:
+        w.new_engine()
+    w.until(lambda: w.running(seq + 1))
+
+
+@pytest.mark.parametrize("restart_daemon", [False, True])
+def test_a_daemon_restart_mid_fallback_makes_the_same_choice(tmp_path, restart_daemon):
+    """Two attempts in a row that die on checkpoint 200 without training past it: it is passed over
+    — whether or not the daemon restarted between them (what it decides on is in the store)."""
+    w = _fallback_world(tmp_path)
+    for seq in (0, 1, 2):
+        _fail(w, seq, logged_step=None, restart_daemon=restart_daemon)
+    assert w.submitted_env()["SSV_RESUME_STEP"] == "100"
+
+
+@pytest.mark.parametrize("restart_daemon", [False, True])
+def test_attempts_that_trained_past_their_checkpoint_never_pass_it_over(tmp_path, restart_daemon):
+    """Each attempt logged a step past checkpoint 200 before dying: 200 loaded, something else
+    killed them. The last step each logged is in the store, so a new daemon knows it too (it used
+    to be kept in memory only, and a restart demoted a good checkpoint)."""
+    w = _fallback_world(tmp_path)
+    for seq in (0, 1, 2):
+        _fail(w, seq, logged_step=250 + seq, restart_daemon=restart_daemon)
+        assert w.submitted_env()["SSV_RESUME_STEP"] == "200"
+    assert not [e for e in w.events(EventKind.WARNING) if "passed over" in e.message]
 
 
 def test_an_unwritable_resume_file_is_a_warning_and_the_job_still_gets_its_checkpoint(tmp_path):
