@@ -4,9 +4,13 @@ console, and shows its timeline, curves and chronicle."""
 import re
 from pathlib import Path
 
+import pytest
+
 from supervisor.adapters.html_logbook import render_html
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.sim.demo import RUN, DemoSettings, run_demo
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 T0 = 1795910400.0  # the demo's start, 2026-11-29 00:00 UTC
 

@@ -24,6 +24,8 @@ from supervisor.domain.gpu_health import HealthRules
 from supervisor.domain.health import NodeFinding, Severity
 from supervisor.testing.nvml_standin import NvmlStandin
 
+pytestmark = pytest.mark.nvml
+
 TOKEN = "run-token-s3cr3t-0123456789"
 CLI = str(Path(sys.executable).parent / "slurm-supervisor")
 

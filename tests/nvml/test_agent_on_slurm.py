@@ -18,7 +18,7 @@ from supervisor.adapters.slurm_cli import SlurmCli
 from supervisor.testing.daemon import SupervisorProcess, write_run
 from supervisor.testing.nvml_standin import NvmlStandin
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.nvml]
 
 SCRIPT = """\
 srun --overlap --ntasks-per-node=1 bash -c 'NVML_STANDIN_STATE="$STATE_DIR/$SLURMD_NODENAME.json" \

@@ -20,6 +20,8 @@ from supervisor.domain.gpu_health import HealthRules
 from supervisor.domain.health import Severity
 from supervisor.testing.nvml_standin import NvmlStandin
 
+pytestmark = pytest.mark.nvml
+
 HOOK_TOKEN = "site-hook-token-0123456789abcdef"
 
 

@@ -21,7 +21,7 @@ from supervisor.domain.records import Verdict
 from supervisor.testing.daemon import SupervisorProcess, write_run
 from supervisor.testing.nvml_standin import NvmlStandin
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.nvml]
 
 HOOK_TOKEN = "site-hook-token-for-the-test-0123456789"
 

@@ -10,6 +10,8 @@ import pytest
 from supervisor.adapters.nvml import NvmlReader, NvmlUnavailable
 from supervisor.testing.nvml_standin import DRIVER_NOT_LOADED, GPU_IS_LOST, NOT_SUPPORTED, TIMEOUT, NvmlStandin
 
+pytestmark = pytest.mark.nvml
+
 
 @pytest.fixture
 def reader(standin: NvmlStandin) -> NvmlReader:

@@ -4,6 +4,7 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from supervisor.adapters.sqlite import SqliteStore
@@ -35,6 +36,7 @@ def test_demo_chronicle_matches_golden(tmp_path):
     assert text == GOLDEN.read_text(), "chronicle changed; regenerate with UPDATE_GOLDEN=1 if intended"
 
 
+@pytest.mark.slow  # runs the demo twice (~4 s); the golden test above runs it once in the fast tier
 def test_demo_chronicle_content(tmp_path):
     text = _demo_markdown(tmp_path)
     assert text.startswith("# Logbook of run llama-demo\n")

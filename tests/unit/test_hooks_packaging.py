@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds a wheel and a virtual environment
+
 REPO = Path(__file__).resolve().parents[2]
 HOOKS = ("prolog", "epilog", "healthcheck")
 

@@ -5,6 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # mypy and import-linter over the whole package
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

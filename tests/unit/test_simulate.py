@@ -73,6 +73,7 @@ def test_a_hang_is_caught_by_the_hang_detector_long_before_nccls_watchdog(tmp_pa
     assert sup.recover_times()[0] < recover
 
 
+@pytest.mark.slow  # supervises half a day twice, once tick by tick (~3 s)
 def test_skipping_quiet_ticks_changes_nothing_the_engine_records(tmp_path):
     faults = draw(
         (3600.0 + 2.2, "Faulty GPU"),
