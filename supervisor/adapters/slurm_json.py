@@ -22,7 +22,7 @@ from typing import Any
 
 import hostlist
 
-from supervisor.domain.cluster import JobInfo, JobState, NodeInfo, NodeState
+from supervisor.domain.cluster import JobHold, JobInfo, JobState, NodeInfo, NodeState
 
 # Slurm's "no value" sentinels in 32-bit fields.
 _NO_VAL = {0xFFFFFFFE, 0xFFFFFFFF, 0xFFFE, 0xFFFF}
@@ -43,7 +43,16 @@ _FLAG_STATES: Mapping[str, JobState] = {
     "COMPLETING": JobState.COMPLETING,
 }
 _HOLD_FLAGS = frozenset({"REQUEUE_HOLD", "SPECIAL_EXIT", "RESV_DEL_HOLD"})
-_HOLD_REASONS = frozenset({"jobhelduser", "jobheldadmin", "launch_failed_requeued_held"})
+# Slurm's wording, read here only; the domain sees JobHold and NodeInfo.prolog_failed. Reasons
+# and descriptions are compared as _reason_key() makes them (lower case, words joined by "_").
+_HELD_USER = "jobhelduser"
+_HELD_ADMIN = "jobheldadmin"
+# 22.05 after a prolog failure: state_reason JobHeldUser, state_description "launch failed
+# requeued held"; other versions put it in state_reason itself.
+_LAUNCH_FAILED = "launch_failed_requeued_held"
+_HOLD_REASONS = frozenset({_HELD_USER, _HELD_ADMIN, _LAUNCH_FAILED})
+# slurmd's reason when it drains a node whose prolog failed (22.05: "Prolog error").
+_PROLOG_ERROR = "prolog error"
 _BASE_JOB_STATES = frozenset(s.value for s in JobState) - {"COMPLETING", "UNKNOWN"}
 _BASE_NODE_STATES = frozenset(s.value for s in NodeState) - {"UNKNOWN"}
 
@@ -164,6 +173,21 @@ def _is_held(job: Mapping[str, Any], state: JobState, flags: frozenset[str], rea
     return number(job.get("priority")) == 0
 
 
+def _hold(job: Mapping[str, Any], state: JobState, flags: frozenset[str], reason: str, description: str) -> JobHold:
+    """Who holds the job. A launch failure wins over the reason's holder: 22.05 reports Slurm's
+    own hold after a prolog error as JobHeldUser and says what happened only in the description."""
+    if not _is_held(job, state, flags, (reason, description)):
+        return JobHold.NONE
+    if any(_LAUNCH_FAILED in _reason_key(t) for t in (description, reason)):
+        return JobHold.LAUNCH_FAILED
+    key = _reason_key(reason)
+    if key == _HELD_ADMIN:
+        return JobHold.ADMIN
+    if key == _HELD_USER:
+        return JobHold.USER
+    return JobHold.OTHER
+
+
 def parse_job(job: Mapping[str, Any]) -> JobInfo:
     state, flags = split_job_state(job.get("job_state"))
     reason = text(job.get("state_reason"))
@@ -186,7 +210,7 @@ def parse_job(job: Mapping[str, Any]) -> JobInfo:
         state_reason="" if reason == "None" else reason,
         comment=text(job.get("comment")),
         partition=text(job.get("partition")),
-        held=_is_held(job, state, flags, (reason, description)),
+        hold=_hold(job, state, flags, reason, description),
         submit_time=timestamp(job.get("submit_time")),
         start_time=None if state is JobState.PENDING else timestamp(job.get("start_time")),
         end_time=timestamp(job.get("end_time")) if ended else None,
@@ -229,16 +253,22 @@ def split_node_state(state: Any, flags: Any = None) -> tuple[NodeState, frozense
     return base, frozenset(w for w in words if w != base.value)
 
 
+def _prolog_failed(reason: str) -> bool:
+    return reason.lower().startswith(_PROLOG_ERROR)
+
+
 def _node_from_record(rec: Mapping[str, Any]) -> NodeInfo:
     state, flags = split_node_state(rec.get("state"), rec.get("state_flags"))
+    reason = text(rec.get("reason"))
     return NodeInfo(
         name=text(rec.get("name")),
         state=state,
         flags=flags,
-        reason=text(rec.get("reason")),
+        reason=reason,
         partitions=tuple(text(p) for p in rec.get("partitions") or ()),
         address=text(rec.get("address")),
         port=number(rec.get("port")),
+        prolog_failed=_prolog_failed(reason),
     )
 
 
@@ -249,15 +279,17 @@ def _nodes_from_group(entry: Mapping[str, Any]) -> list[NodeInfo]:
     addresses = list(group.get("addresses") or ())
     state, flags = split_node_state((entry.get("node") or {}).get("state"))
     partition = text((entry.get("partition") or {}).get("name"))
+    reason = text(entry.get("reason"))
     return [
         NodeInfo(
             name=name,
             state=state,
             flags=flags,
-            reason=text(entry.get("reason")),
+            reason=reason,
             partitions=(partition,) if partition else (),
             address=text(addresses[i]) if len(addresses) == len(names) else "",
             port=number(entry.get("port")) if len(names) == 1 else None,
+            prolog_failed=_prolog_failed(reason),
         )
         for i, name in enumerate(names)
     ]

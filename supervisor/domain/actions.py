@@ -6,15 +6,14 @@ needed to execute it again, and to recognise from Slurm's state that it already 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from supervisor.domain.cluster import NodeChange
 from supervisor.domain.lemon import Fault
 from supervisor.domain.records import Event, NodeVerdict
 from supervisor.domain.resume import ResumePlan
+from supervisor.domain.rollback import RollbackRecord
 from supervisor.domain.run import RunState
 
 
@@ -148,6 +147,25 @@ class SetState:
     spend_restart: bool = False
 
 
+@dataclass(frozen=True)
+class AttemptProgress:
+    """What the attempt's log showed last: read back by decisions after a daemon restart."""
+
+    run: str
+    seq: int
+    last_step: int
+    step_time_s: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeMark:
+    """What was last done to a node, as its verdict's ``action`` ("held-by-slurm": someone other
+    than this supervisor took it out of service; it counts as returned once back)."""
+
+    node: str
+    action: str
+
+
 Record = (
     AttemptStarted
     | AttemptEnded
@@ -159,6 +177,9 @@ Record = (
     | Event
     | NodeVerdict
     | Fault
+    | RollbackRecord
+    | AttemptProgress
+    | NodeMark
 )
 
 
@@ -168,11 +189,18 @@ class Decision:
 
     records: tuple[Record, ...] = ()
     actions: tuple[Action, ...] = ()
-    notes: Mapping[str, Any] = field(default_factory=dict)
+    # Decide again at this time although nothing else changes (evidence awaited, a page due): the
+    # simulator must not skip past it.
+    recheck_at: float | None = None
+    # The run cannot be placed and waits for nodes: not a recovery in motion (no urgent ticks),
+    # but node state is read every tick so that a node's return is seen at once.
+    waiting: bool = False
 
     def __add__(self, other: Decision) -> Decision:
+        times = [t for t in (self.recheck_at, other.recheck_at) if t is not None]
         return Decision(
             self.records + other.records,
             self.actions + other.actions,
-            {**self.notes, **other.notes},
+            min(times) if times else None,
+            self.waiting or other.waiting,
         )

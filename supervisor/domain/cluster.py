@@ -56,6 +56,21 @@ _FINISHED = frozenset(
 )
 
 
+class JobHold(StrEnum):
+    """Who holds a pending job, as the adapter reads it from the scheduler's own wording.
+
+    Decisions read this, never the scheduler's reason texts: Slurm 22.05 gives a prolog failure's
+    hold the same ``state_reason`` as a person's (JobHeldUser) and tells them apart only in a
+    free-text description, which the adapter alone interprets.
+    """
+
+    NONE = "NONE"  # not held
+    USER = "USER"  # held by its owner (JobHeldUser without a launch failure): theirs to release
+    ADMIN = "ADMIN"  # held by an administrator (JobHeldAdmin), or left so by a prolog racing a drain
+    LAUNCH_FAILED = "LAUNCH_FAILED"  # Slurm held it itself after a failed launch (a prolog error)
+    OTHER = "OTHER"  # held some other way (REQUEUE_HOLD, SPECIAL_EXIT, priority 0, ...)
+
+
 @dataclass(frozen=True)
 class JobInfo:
     """One Slurm job as seen in one snapshot.
@@ -63,6 +78,8 @@ class JobInfo:
     ``flags`` holds Slurm's state flags (COMPLETING, REQUEUED, ...), upper case.
     ``exit_code`` is the decoded process exit status (not the raw wait status), None when unknown
     or when the job was killed by a signal (then ``term_signal`` is set).
+    ``hold`` says who holds it; ``state_reason``/``state_description`` keep Slurm's own words for
+    the logbook, and no decision reads them.
     """
 
     job_id: int
@@ -77,14 +94,17 @@ class JobInfo:
     state_reason: str = ""
     comment: str = ""
     partition: str = ""
-    held: bool = False
+    hold: JobHold = JobHold.NONE
     submit_time: float | None = None
     start_time: float | None = None
     end_time: float | None = None
     # Slurm's free-text detail for the reason, e.g. "launch failed requeued held" while
-    # state_reason says JobHeldUser: the only way to tell a prolog/launch-failure hold from a
-    # human's hold in 22.05. Empty when Slurm gives none.
+    # state_reason says JobHeldUser (what ``hold`` is read from). Empty when Slurm gives none.
     state_description: str = ""
+
+    @property
+    def held(self) -> bool:
+        return self.hold is not JobHold.NONE
 
     @property
     def completing(self) -> bool:
@@ -112,7 +132,11 @@ class NodeState(StrEnum):
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """One node as seen in one snapshot. ``flags``: DRAIN, NOT_RESPONDING, COMPLETING, ..."""
+    """One node as seen in one snapshot. ``flags``: DRAIN, NOT_RESPONDING, COMPLETING, ...
+
+    ``reason`` is the scheduler's free text, kept for the logbook; ``prolog_failed`` is what the
+    adapter read from it (22.05: "Prolog error"), so that decisions never parse that text.
+    """
 
     name: str
     state: NodeState
@@ -121,6 +145,8 @@ class NodeInfo:
     partitions: tuple[str, ...] = ()
     address: str = ""
     port: int | None = None
+    # The scheduler took the node out itself because a job's prolog failed there.
+    prolog_failed: bool = False
 
     @property
     def responding(self) -> bool:

@@ -206,7 +206,7 @@ def to_wire(value: object) -> object:
     """The compact JSON-ready form: dataclasses as objects without their None/empty fields."""
     if isinstance(value, (NodeReport, ReportBatch, GpuSample, XidEvent, HostSample)):
         out: dict[str, object] = {}
-        for name in value.__slots__:  # type: ignore[attr-defined]
+        for name in value.__slots__:
             v = getattr(value, name)
             if v is None or (isinstance(v, (tuple, dict)) and not v and name != "reports"):
                 continue

@@ -23,13 +23,14 @@ from supervisor.domain.actions import (
     Defer,
     Exclude,
     Fence,
+    Record,
     Release,
     SetExcluded,
     SetState,
     Submit,
     Unexclude,
 )
-from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange
+from supervisor.domain.cluster import ClusterSnapshot, JobHold, JobInfo, JobState, NodeChange
 from supervisor.domain.health import NodeFinding, Severity
 from supervisor.domain.lemon import Fault, Quarantine
 from supervisor.domain.placement import place, placement_notes
@@ -38,7 +39,6 @@ from supervisor.domain.rollback import RollbackRecord
 from supervisor.domain.run import RestartMode, RunState
 
 REASON_PREFIX = "slurm-supervisor"
-LAUNCH_FAILED = "launch failed requeued held"  # 22.05 state_description after a prolog failure
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
     if not drains:
         return decision
     actions = drains + tuple(a for a in decision.actions if a not in drains)
-    return Decision(decision.records, actions, decision.notes)
+    return replace(decision, actions=actions)
 
 
 def _returned(run: RunRecord, obs: Observation) -> Decision:
@@ -91,7 +91,7 @@ def _returned(run: RunRecord, obs: Observation) -> Decision:
     the bad-node memory."""
     if run.state.terminal:
         return Decision()
-    records: list = []
+    records: list[Record] = []
     kept_out = {**{n: why for n, (_, why) in run.deferred.items()}, **run.excluded}
     for node in sorted(set(kept_out) & obs.returned):
         held = obs.quarantined.get(node)
@@ -196,7 +196,7 @@ def faulty_nodes(run: RunRecord, nodes: tuple[str, ...], obs: Observation) -> di
 
 
 def _running(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
-    records: list = []
+    records: list[Record] = []
     if a.started_at is None:
         records += [
             AttemptStarted(run.name, a.seq, job.nodes, job.start_time or obs.now),
@@ -222,10 +222,10 @@ def _running(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, p
     return Decision(tuple(records)) + _at_checkpoint_boundary(run, a, job, obs, policy)
 
 
-def _degraded(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) -> list:
+def _degraded(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) -> list[Record]:
     """Degraded nodes of the job (throttling, a pending row remap): kept out from the next restart
     or checkpoint boundary on; the work since the last checkpoint is not thrown away for them."""
-    out: list = []
+    out: list[Record] = []
     for node in job.nodes:
         found = obs.findings.get(node)
         if found is None or found.severity is not Severity.DEGRADED or node in run.deferred:
@@ -261,7 +261,7 @@ def _at_checkpoint_boundary(
         return Decision()
     why = f"checkpoint boundary: dropping degraded {_fmt(tuple(nodes))}"
     evidence = {"nodes": {n: run.deferred[n][1] for n in nodes}, "checkpoint_at": ckpt, "planned": True}
-    records: list = [
+    records: list[Record] = [
         _event(
             run,
             a,
@@ -300,9 +300,9 @@ def _recover(
 
 def _contain(
     run: RunRecord, a: AttemptRecord, bad: Mapping[str, str], obs: Observation, policy: Policy
-) -> tuple[list, list[Action]]:
+) -> tuple[list[Record], list[Action]]:
     """Fault records for each bad node, and the node changes that keep it out of the cluster."""
-    records: list = []
+    records: list[Record] = []
     actions: list[Action] = []
     drains_left = policy.drains_left
     held: list[str] = []
@@ -359,7 +359,7 @@ def _recover_hang(
     return Decision(records, (Cancel(run.name, job.job_id, "hang: no training progress"),))
 
 
-def _fault_records(run: RunRecord, a: AttemptRecord, node: str, why: str, obs: Observation) -> list:
+def _fault_records(run: RunRecord, a: AttemptRecord, node: str, why: str, obs: Observation) -> list[Record]:
     info = obs.snapshot.nodes.get(node)
     evidence = {
         "node": node,
@@ -438,18 +438,17 @@ def _stop(run: RunRecord, job: JobInfo, reason: str) -> tuple[Action, ...]:
 def _pending(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
     """A queued job: its exclude list follows the nodes' state every tick (a node back in service
     is dropped from it, a node newly bad added), and a job that cannot be placed says why."""
-    records: list = []
+    records: list[Record] = []
     actions: list[Action] = []
     if run.state in (RunState.REGISTERED, RunState.RUNNING, RunState.RECOVERING):
         records.append(SetState(run.name, RunState.QUEUED))
     placement = place(run, obs.snapshot, obs.quarantined, policy.when_short, current=job.excluded_nodes)
     if placement.submittable and set(placement.exclude) != set(job.excluded_nodes):
         actions.append(SetExcluded(run.name, job.job_id, placement.exclude))
-    if job.held and (_held_after_launch_failure(job) or _held_after_our_prolog(run, job)):
+    if job.hold is JobHold.LAUNCH_FAILED or _held_after_our_prolog(run, job):
         actions.append(Release(run.name, job.job_id, f"Slurm held the job after a launch failure ({job.state_reason})"))
     notes = placement_notes(run, a, placement, a.submitted_at, obs.now, policy.stuck_page_s)
-    waiting = {"waiting": True} if placement.short else {}
-    return Decision(tuple(records) + notes.events, tuple(actions), {**_recheck(notes.recheck_at), **waiting})
+    return Decision(tuple(records) + notes.events, tuple(actions), notes.recheck_at, waiting=placement.short)
 
 
 def _submit(
@@ -468,34 +467,23 @@ def _submit(
     placement = place(run, obs.snapshot, obs.quarantined, policy.when_short)
     notes = placement_notes(run, a, placement, since, obs.now, policy.stuck_page_s, waiting=not placement.submittable)
     if not placement.submittable:
-        return Decision(notes.events, (), {**_recheck(notes.recheck_at), "waiting": True})
+        return Decision(notes.events, (), notes.recheck_at, waiting=True)
     submit = Submit(run.name, placement.exclude, restart=restart, reason=reason)
-    return Decision(notes.events, (submit,), _recheck(notes.recheck_at))
-
-
-def _recheck(at: float | None) -> dict[str, float]:
-    return {} if at is None else {"recheck_at": at}
-
-
-def _held_after_launch_failure(job: JobInfo) -> bool:
-    """Slurm holds a job whose prolog failed; a person's hold (same state_reason in 22.05) is kept."""
-    text = f"{job.state_description} {job.state_reason}".lower().replace("_", " ")
-    return LAUNCH_FAILED in text
+    return Decision(notes.events, (submit,), notes.recheck_at)
 
 
 def _held_after_our_prolog(run: RunRecord, job: JobInfo) -> bool:
     """The prolog's failure and this run's own drain of the same node race: Slurm may then keep the
-    launch-failure hold (JobHeldAdmin) but lose its description. The hold is ours to lift when the
-    requeued incarnation's fault was a prolog finding on a node this run excluded for it."""
+    launch-failure hold as an admin's hold and lose its description. The hold is ours to lift when
+    the requeued incarnation's fault was a prolog finding on a node this run excluded for it; a
+    person's hold (USER, or ADMIN without that fault) is kept."""
     return (
-        job.restart_count > 0
-        and job.state_reason == "JobHeldAdmin"
-        and any("[prolog" in why for why in run.excluded.values())
+        job.restart_count > 0 and job.hold is JobHold.ADMIN and any("[prolog" in why for why in run.excluded.values())
     )
 
 
 def _requeued_by_slurm(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
-    records: list = []
+    records: list[Record] = []
     if a.ended_at is None:
         records.append(
             AttemptEnded(
@@ -522,7 +510,7 @@ def _requeued_by_slurm(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Obse
 
 
 def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
-    records: list = []
+    records: list[Record] = []
     if a.ended_at is None:
         records.append(
             AttemptEnded(
@@ -586,7 +574,7 @@ def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, 
     if policy.evidence_wait_s > 0 and set(nodes) & obs.agents and obs.now < ended + policy.evidence_wait_s:
         # A GPU fault kills the job at once; the node's agent says which node at its next sample.
         # Restarting before that would put the run back on the broken node: wait that long.
-        return done + Decision(notes={"recheck_at": ended + policy.evidence_wait_s})
+        return done + Decision(recheck_at=ended + policy.evidence_wait_s)
     why = f"job {job.job_id} ended {job.state.value}" + (f" with exit code {job.exit_code}" if job.exit_code else "")
     fault = _event(
         run,
@@ -600,14 +588,14 @@ def _finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, 
 
 
 def _launch_failed_on(job: JobInfo, obs: Observation) -> dict[str, str]:
-    """Nodes whose prolog failed the job's launch: Slurm drained them ("Prolog error") and, the job
-    not being requeueable, cancelled it the second it started."""
+    """Nodes whose prolog failed the job's launch: Slurm drained them (the adapter read its reason)
+    and, the job not being requeueable, cancelled it the second it started."""
     if not _just_launched(job):
         return {}
     out = {}
     for name in job.nodes:
         info = obs.snapshot.nodes.get(name)
-        if info is not None and info.drained and info.reason.lower().startswith("prolog error"):
+        if info is not None and info.drained and info.prolog_failed:
             out[name] = f"the job's prolog failed on it: Slurm drained it ({info.reason})"
     return out
 
@@ -634,7 +622,7 @@ def _restart(
         why = f"restart budget spent ({run.restarts_spent} of {run.spec.max_restarts}); giving up"
         return _set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
     actions: list[Action] = []
-    records: list = []
+    records: list[Record] = []
     dead = sorted(n for n in set(a.nodes) & set(run.excluded) if _unreachable(obs, n))
     if policy.fence and job is not None:
         actions += [Fence(run.name, n, a.job_id) for n in dead]
@@ -690,7 +678,7 @@ def _event(
     kind: EventKind,
     message: str,
     obs: Observation,
-    evidence: Mapping | None = None,
+    evidence: Mapping[str, Any] | None = None,
     suffix: str = "",
 ) -> Event:
     seq = a.seq if a else None

@@ -96,7 +96,7 @@ def node_step_times(rank_times: npt.ArrayLike, ranks_per_node: int) -> FloatArra
     if ranks_per_node <= 0 or ranks.size % ranks_per_node:
         raise ValueError(f"{ranks.size} ranks do not split into nodes of {ranks_per_node}")
     grid = np.where(np.isfinite(ranks), ranks, -np.inf).reshape(-1, ranks_per_node)
-    worst = grid.max(axis=1)
+    worst: FloatArray = grid.max(axis=1)  # numpy's stubs type a reduction as Any
     worst[np.isneginf(worst)] = np.nan
     return worst
 

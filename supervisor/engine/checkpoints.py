@@ -27,18 +27,14 @@ from supervisor.domain.checkpoints import (
     CheckpointRef,
     Level,
     Outcome,
-    ResumeChoice,
     VerifyResult,
-    choose_resume,
     effective_result,
     staleness,
 )
-from supervisor.domain.demotion import LoadFailureRule, failed_load_demotion
 from supervisor.domain.records import Event, EventKind, RunRecord
-from supervisor.domain.resume import ResumePlan, RollbackRef, resume_plan
-from supervisor.domain.rollback import RollbackRecord, pending_rollback, skip_ranges
+from supervisor.domain.resume import ResumePlan
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
-from supervisor.engine.spikes import rollback_history
+from supervisor.engine.resume import demote_failed_loads, plan_for
 from supervisor.ports import CheckpointStore, Clock, PortError, Store
 
 log = structlog.get_logger("supervisor.checkpoints")
@@ -81,6 +77,16 @@ class CheckpointWatch:
         self._pool = None if inline else ThreadPoolExecutor(workers, thread_name_prefix="ckpt-verify")
         self._write_resume = write_resume
         self._runs: dict[str, _RunState] = {}
+        self._events: list[Event] = []
+
+    def take_events(self) -> list[Event]:
+        """Logbook lines since the last call (verifications, passed-over checkpoints, warnings):
+        the engine's executor writes them; this watch writes only its checkpoint ledger."""
+        out, self._events = self._events, []
+        return out
+
+    def _emit(self, event: Event) -> None:
+        self._events.append(event)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -154,7 +160,7 @@ class CheckpointWatch:
         kind = type(exc).__name__
         log.warning("checkpoint_listing_failed", run=run.name, error=str(exc), error_type=kind)
         a = run.attempt
-        store.record_event(
+        self._emit(
             Event(
                 run.name,
                 EventKind.WARNING,
@@ -194,7 +200,7 @@ class CheckpointWatch:
         step = f"step {result.step}" if result.step is not None else ref.name
         weak = f" [{ref.guarantee.value}: weaker guarantee]" if ref.guarantee.weak else ""
         a = run.attempt
-        store.record_event(
+        self._emit(
             Event(
                 run.name,
                 _KIND[result.outcome],
@@ -220,7 +226,7 @@ class CheckpointWatch:
             return
         a = run.attempt
         last = f"step {newest.step}" if newest else "none yet"
-        store.record_event(
+        self._emit(
             Event(
                 run.name,
                 EventKind.CHECKPOINT_STALE,
@@ -259,15 +265,10 @@ class CheckpointWatch:
         st = self._state(run)
         self._collect(run, st, store)
         self._verify_unchecked(run, st, store)
-        self._demote_failed_loads(run, store)
-        history = rollback_history(store, run.name)
-        pending = pending_rollback(history, run.attempt.seq if run.attempt else None)
-        choice = self.choose(run, store, before_step=pending.checkpoint_step if pending else None)
-        plan = resume_plan(choice, file=policy.resume_file)
-        if history:  # every skip range stays in force: a later restart may resume before one
-            plan = replace(plan, skip_iterations=skip_ranges(history), lr_scale=history[-1].lr_scale)
-        if pending:
-            plan = replace(plan, rollback=_rollback_ref(pending))
+        demoted = demote_failed_loads(run, store, RECENT, self._clock.now())
+        if demoted is not None:
+            self._emit(demoted)
+        plan = plan_for(run, store, RECENT, policy.resume_file)
         return self._write_resume_file(run, store, plan)
 
     def _write_resume_file(self, run: RunRecord, store: Store, plan: ResumePlan) -> ResumePlan:
@@ -281,7 +282,7 @@ class CheckpointWatch:
         except OSError as exc:
             log.error("resume_file_unwritable", run=run.name, path=path, error=str(exc))
             a = run.attempt
-            store.record_event(
+            self._emit(
                 Event(
                     run.name,
                     EventKind.WARNING,
@@ -307,21 +308,6 @@ class CheckpointWatch:
         self._collect(run, st, store)
         self._verify_unchecked(run, st, store)
 
-    def choose(self, run: RunRecord, store: Store, before_step: int | None = None) -> ResumeChoice:
-        rows = store.checkpoints(run.name, None if before_step is not None else RECENT)
-        refs = [ref for ref, *_ in rows]
-        results: dict[str, VerifyResult] = {}
-        for ref, meta, full, demoted in rows:
-            eff = effective_result(meta, full)
-            if demoted and eff is not None:
-                eff = VerifyResult(ref.location, ref.step, eff.level, Outcome.CORRUPT, demoted, ref.guarantee)
-            if eff is not None:
-                results[ref.location] = eff
-        policy = run.spec.checkpoints
-        return choose_resume(
-            refs, results, before_step=before_step, allow_weak=policy.allow_adopted if policy else True
-        )
-
     def _verify_unchecked(self, run: RunRecord, st: _RunState, store: Store) -> None:
         """Metadata-verify, now and in this thread, committed checkpoints newer than the newest
         verified one that have no verdict yet (found by the last scan, or never scanned)."""
@@ -339,44 +325,6 @@ class CheckpointWatch:
             if not ref.committed or demoted or (eff is not None and eff.outcome is not Outcome.UNVERIFIABLE):
                 continue
             self._record(run, st, store, ref, _safe_verify(st.store, ref, Level.METADATA))
-
-    def _demote_failed_loads(self, run: RunRecord, store: Store) -> None:
-        """Pass over the checkpoint the newest attempts keep failing to resume from (the decision:
-        ``domain.demotion``, over the attempts, the plans they were handed and the steps they
-        logged, all read back from the store: the same choice after a daemon restart)."""
-        rule = LoadFailureRule()
-        plans = store.resume_plans(run.name, rule.attempts_to_read)
-        handed = {seq: plan.chosen.location for seq, plan in plans.items() if plan.chosen is not None}
-        steps = {ref.location: ref.step for ref, *_ in store.checkpoints(run.name, RECENT)}
-        attempts = store.attempts(run.name, rule.attempts_to_read)
-        demotion = failed_load_demotion(attempts, handed, steps, run.excluded, rule)
-        if demotion is None:
-            return
-        store.demote_checkpoint(run.name, demotion.location, demotion.why)
-        log.warning("checkpoint_demoted", run=run.name, location=demotion.location, why=demotion.why)
-        a = attempts[-1]
-        store.record_event(
-            Event(
-                run.name,
-                EventKind.WARNING,
-                f"checkpoint {demotion.location} passed over: {demotion.why}",
-                f"{run.name}:ckpt-demoted:{demotion.location}",
-                self._clock.now(),
-                a.seq,
-                a.job_id,
-                evidence={"location": demotion.location, "failures": list(demotion.streak)},
-            )
-        )
-
-
-def _rollback_ref(pending: RollbackRecord) -> RollbackRef:
-    """The rollback planned for the attempt being replaced, as the resume plan carries it."""
-    assert pending.checkpoint_step is not None  # a planned rollback always names its checkpoint
-    return RollbackRef(
-        onset_step=pending.onset_step,
-        checkpoint_step=pending.checkpoint_step,
-        skip=pending.skip.as_megatron() if pending.skip is not None else "",
-    )
 
 
 def _newest_verified(

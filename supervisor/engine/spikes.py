@@ -6,8 +6,8 @@ become logbook events, and an outcome that asks for a rollback becomes a decisio
 onset, a data-skip range, an LR scale that shrinks on repeats, at most N automatic rollbacks per
 window — past that, or without a checkpoint to go back to, a page for a human.
 
-The decision is a typed record (``RollbackRecord``, planned or blocked) written with its logbook
-line in one transaction; the policy stops the job because a planned rollback exists for the
+The decision is a typed record (``RollbackRecord``, planned or blocked), returned with its
+logbook line for the engine's executor to write in one transaction; the policy stops the job because a planned rollback exists for the
 current attempt, and the next submission resumes from the rollback's checkpoint with the skip
 ranges and LR scale in its environment (and marks it done). A daemon crash between any two of
 these steps loses nothing: the record is in the store. No decision reads the logbook line.
@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from supervisor.domain.actions import Record
 from supervisor.domain.checkpoints import Outcome, effective_result
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.rollback import (
@@ -36,29 +37,32 @@ from supervisor.ports import Clock, Store
 log = structlog.get_logger("supervisor.spikes")
 
 
-def handle_spikes(
+def spike_records(
     notices: Iterable[SpikeNotice],
     runs: Iterable[RunRecord],
     store: Store,
     clock: Clock,
     refresh: Callable[[RunRecord], None] | None = None,
-) -> None:
-    """Record each notice; decide what an unhealed spike calls for (see the module docstring).
-    ``refresh(run)`` brings the run's checkpoint verdicts up to date before a rollback is planned
-    (a checkpoint written moments ago may be the right one to go back to)."""
+) -> list[Record]:
+    """The records each notice calls for (see the module docstring): logbook lines, and for a
+    spike that did not heal the rollback decision. Reads the store, writes nothing. ``refresh(run)``
+    brings the run's checkpoint verdicts up to date before a rollback is planned (a checkpoint
+    written moments ago may be the right one to go back to)."""
     by_name = {r.name: r for r in runs}
+    out: list[Record] = []
     for n in notices:
         run = by_name.get(n.run)
         if run is None or run.attempt is None or (run.attempt.job_id, run.attempt.restart_count) != n.attempt_key:
             continue  # a notice from an attempt that is no longer current
         if isinstance(n.notice, SpikeEvent):
-            _record_spike(run, n, n.notice, store, clock)
+            out.append(_spike_event(run, n, n.notice, clock))
         elif n.notice.decision is Decision.LEAVE:
-            _record_healed(run, n, n.notice, store, clock)
+            out.append(_healed_event(run, n, n.notice, clock))
         else:
             if refresh is not None:
                 refresh(run)
-            _rollback(run, n, n.notice, store, clock)
+            out += _rollback(run, n, n.notice, store, clock)
+    return out
 
 
 def pending_rollbacks(runs: Iterable[RunRecord], store: Store) -> dict[str, RollbackRecord]:
@@ -81,28 +85,26 @@ def _series(n: SpikeNotice) -> list[list[Any]]:
     return [list(point) for point in n.series]
 
 
-def _record_spike(run: RunRecord, n: SpikeNotice, ev: SpikeEvent, store: Store, clock: Clock) -> None:
+def _spike_event(run: RunRecord, n: SpikeNotice, ev: SpikeEvent, clock: Clock) -> Event:
     a = run.attempt
     assert a is not None
-    store.record_event(
-        Event(
-            run.name,
-            EventKind.SPIKE,
-            f"{ev.kind.value} spike at step {ev.onset_step}: {ev.reason}",
-            f"{run.name}:{a.seq}:spike:{ev.kind.value}:{ev.onset_step}",
-            clock.now(),
-            a.seq,
-            a.job_id,
-            evidence={
-                "kind": ev.kind.value,
-                "onset_step": ev.onset_step,
-                "value": ev.value,
-                "baseline": ev.baseline,
-                "sigma": ev.sigma,
-                "z": ev.severity_z,
-                "series": _series(n),
-            },
-        )
+    return Event(
+        run.name,
+        EventKind.SPIKE,
+        f"{ev.kind.value} spike at step {ev.onset_step}: {ev.reason}",
+        f"{run.name}:{a.seq}:spike:{ev.kind.value}:{ev.onset_step}",
+        clock.now(),
+        a.seq,
+        a.job_id,
+        evidence={
+            "kind": ev.kind.value,
+            "onset_step": ev.onset_step,
+            "value": ev.value,
+            "baseline": ev.baseline,
+            "sigma": ev.sigma,
+            "z": ev.severity_z,
+            "series": _series(n),
+        },
     )
 
 
@@ -121,36 +123,31 @@ def _outcome_evidence(out: SpikeOutcome, n: SpikeNotice) -> dict[str, Any]:
     }
 
 
-def _record_healed(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, clock: Clock) -> None:
+def _healed_event(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, clock: Clock) -> Event:
     a = run.attempt
     assert a is not None
-    store.record_event(
-        Event(
-            run.name,
-            EventKind.SPIKE_HEALED,
-            f"spike at step {out.event.onset_step} healed after {out.steps_after_onset} steps; left alone ({out.reason})",
-            f"{run.name}:{a.seq}:spike-healed:{out.event.onset_step}",
-            clock.now(),
-            a.seq,
-            a.job_id,
-            evidence=_outcome_evidence(out, n),
-        )
+    return Event(
+        run.name,
+        EventKind.SPIKE_HEALED,
+        f"spike at step {out.event.onset_step} healed after {out.steps_after_onset} steps; left alone ({out.reason})",
+        f"{run.name}:{a.seq}:spike-healed:{out.event.onset_step}",
+        clock.now(),
+        a.seq,
+        a.job_id,
+        evidence=_outcome_evidence(out, n),
     )
 
 
-def _rollback(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, clock: Clock) -> None:
+def _rollback(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, clock: Clock) -> list[Record]:
+    """The decision for a spike that did not heal, typed (what later decisions read) and as its
+    logbook line (for people)."""
     a = run.attempt
     assert a is not None
-    now = clock.now()
-    policy = run.spec.spikes
+    now, onset = clock.now(), out.event.onset_step
     evidence = _outcome_evidence(out, n)
-    onset = out.event.onset_step
-    blocked = None
-    if not policy.rollback:
-        blocked = "automatic rollback is off for this run ([spikes] rollback = false): a human decides"
-    elif run.spec.checkpoints is None:
-        blocked = "the run has no [checkpoints] section: no verified checkpoint to roll back to; a human decides"
+    blocked = _not_allowed(run)
     if blocked is None:
+        policy = run.spec.spikes
         history = [r.past() for r in rollback_history(store, run.name)]
         rules = RollbackPolicy(
             max_rollbacks=policy.max_rollbacks, window_s=policy.window_h * 3600, lr_scale_repeat=policy.lr_scale_repeat
@@ -159,65 +156,32 @@ def _rollback(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, c
         if action.plan is not None:
             plan = action.plan
             record = RollbackRecord(
-                run.name,
-                a.seq,
-                onset,
-                RollbackStatus.PLANNED,
-                now,
-                action.reason,
-                plan.checkpoint_step,
-                plan.skip,
-                action.lr_scale,
-                action.escalation,
-            )
+                run=run.name, attempt=a.seq, onset_step=onset, status=RollbackStatus.PLANNED, at=now,
+                reason=action.reason, checkpoint_step=plan.checkpoint_step, skip=plan.skip,
+                lr_scale=action.lr_scale, escalation=action.escalation,
+            )  # fmt: skip
             evidence.update(
-                checkpoint_step=plan.checkpoint_step,
-                skip_first=plan.skip.first,
-                skip_last=plan.skip.last,
-                lr_scale=action.lr_scale,
-                escalation=action.escalation,
-            )
+                checkpoint_step=plan.checkpoint_step, skip_first=plan.skip.first, skip_last=plan.skip.last,
+                lr_scale=action.lr_scale, escalation=action.escalation,
+            )  # fmt: skip
             message = f"rollback: spike at step {onset} {out.status.value} ({out.reason}); {action.reason}"
-            _record(
-                store,
-                record,
-                Event(
-                    run.name,
-                    EventKind.ROLLBACK,
-                    message,
-                    f"{run.name}:{a.seq}:rollback:{onset}",
-                    now,
-                    a.seq,
-                    a.job_id,
-                    evidence=evidence,
-                ),
-            )
             log.warning("rollback_decided", run=run.name, onset=onset, checkpoint=plan.checkpoint_step)
-            return
+            key = f"{run.name}:{a.seq}:rollback:{onset}"
+            return [record, Event(run.name, EventKind.ROLLBACK, message, key, now, a.seq, a.job_id, evidence=evidence)]
         blocked = action.reason
     record = RollbackRecord(run.name, a.seq, onset, RollbackStatus.BLOCKED, now, blocked)
     message = f"spike at step {onset} {out.status.value} ({out.reason}); not rolled back: {blocked}"
-    _record(
-        store,
-        record,
-        Event(
-            run.name,
-            EventKind.ROLLBACK_BLOCKED,
-            message,
-            f"{run.name}:{a.seq}:rollback-blocked:{onset}",
-            now,
-            a.seq,
-            a.job_id,
-            evidence={**evidence, "page": True},
-        ),
-    )
+    key = f"{run.name}:{a.seq}:rollback-blocked:{onset}"
+    page = {**evidence, "page": True}
+    return [record, Event(run.name, EventKind.ROLLBACK_BLOCKED, message, key, now, a.seq, a.job_id, evidence=page)]
 
 
-def _record(store: Store, rollback: RollbackRecord, event: Event) -> None:
-    """The decision (what later decisions read) and its logbook line (for people), together."""
-    with store.transaction():
-        store.record_rollback(rollback)
-        store.record_event(event)
+def _not_allowed(run: RunRecord) -> str | None:
+    if not run.spec.spikes.rollback:
+        return "automatic rollback is off for this run ([spikes] rollback = false): a human decides"
+    if run.spec.checkpoints is None:
+        return "the run has no [checkpoints] section: no verified checkpoint to roll back to; a human decides"
+    return None
 
 
 def verified_steps(store: Store, run: str) -> list[int]:

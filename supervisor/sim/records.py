@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from supervisor.domain.cluster import JobInfo, JobState, NodeInfo, NodeState, SubmitRequest
+from supervisor.domain.cluster import JobHold, JobInfo, JobState, NodeInfo, NodeState, SubmitRequest
 from supervisor.sim.clock import Timer
 
 #: Environment variables of a SubmitRequest that steer the simulated job.
@@ -20,6 +20,8 @@ REASON_NOT_RESPONDING = "Not responding"
 REASON_PROLOG = "Prolog error"
 HELD_USER = "JobHeldUser"
 HELD_LAUNCH_FAILED = "launch_failed_requeued_held"
+# What the simulated Slurm's hold reasons mean, as the real adapter reads Slurm's.
+_HOLDS = {HELD_USER: JobHold.USER, HELD_LAUNCH_FAILED: JobHold.LAUNCH_FAILED}
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class SimNode:
             reason=self.reason,
             partitions=(self.partition,),
             address=self.name,
+            prolog_failed=self.reason == REASON_PROLOG,
         )
 
 
@@ -183,7 +186,7 @@ class SimJob:
             state_reason=self.reason,
             comment=self.request.comment,
             partition=self.request.partition,
-            held=self.held and not finished,
+            hold=_HOLDS.get(self.hold_reason, JobHold.OTHER) if self.held and not finished else JobHold.NONE,
             submit_time=self.submit_time,
             start_time=self.start_time,
             end_time=self.end_time,

@@ -13,7 +13,7 @@ from supervisor.domain.actions import (
     SetState,
     Submit,
 )
-from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange, NodeInfo, NodeState
+from supervisor.domain.cluster import ClusterSnapshot, JobHold, JobInfo, JobState, NodeChange, NodeInfo, NodeState
 from supervisor.domain.policy import Observation, Policy, decide
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.run import RestartMode, RunSpec, RunState, SparePolicy
@@ -160,9 +160,7 @@ def test_slurm_requeue_opens_a_new_attempt_and_spends_budget():
 
 
 def test_pending_job_gets_run_exclusions_and_is_released_after_prolog_failure():
-    pending = JobInfo(
-        7, "llm", JobState.PENDING, excluded_nodes=("n4",), held=True, state_reason="launch_failed_requeued_held"
-    )
+    pending = JobInfo(7, "llm", JobState.PENDING, excluded_nodes=("n4",), hold=JobHold.LAUNCH_FAILED)
     r = run(RunState.QUEUED, replace(A0, started_at=None), excluded={"n1": "dead"})
     d = decide(r, Observation(snap([pending])), Policy())
     assert SetExcluded("llm", 7, ("n1", "n4")) in d.actions
@@ -207,16 +205,30 @@ def test_a_node_downed_but_not_drained_is_drained_once():
 
 
 def test_a_persons_hold_is_never_released():
-    held = JobInfo(7, "llm", JobState.PENDING, excluded_nodes=("n4",), held=True, state_reason="JobHeldUser")
+    held = JobInfo(7, "llm", JobState.PENDING, excluded_nodes=("n4",), hold=JobHold.USER, state_reason="JobHeldUser")
     d = decide(run(RunState.QUEUED, replace(A0, started_at=None)), Observation(snap([held])), Policy())
     assert not any(isinstance(a, Release) for a in d.actions)
-    after_prolog = replace(held, state_description="launch failed requeued held")
+    after_prolog = replace(held, hold=JobHold.LAUNCH_FAILED)
     d = decide(run(RunState.QUEUED, replace(A0, started_at=None)), Observation(snap([after_prolog])), Policy())
     assert any(isinstance(a, Release) for a in d.actions)
 
 
+def test_the_policy_decides_on_the_hold_not_on_slurms_wording():
+    # The adapter reads Slurm's texts into JobHold; texts left on the record are for people only.
+    worded = JobInfo(
+        7,
+        "llm",
+        JobState.PENDING,
+        hold=JobHold.USER,
+        state_reason="launch_failed_requeued_held",
+        state_description="launch failed requeued held",
+    )
+    d = decide(run(RunState.QUEUED, replace(A0, started_at=None)), Observation(snap([worded])), Policy())
+    assert not any(isinstance(a, Release) for a in d.actions)
+
+
 def test_an_admin_hold_left_by_our_prolog_racing_our_drain_is_released():
-    held = JobInfo(7, "llm", JobState.PENDING, held=True, state_reason="JobHeldAdmin", restart_count=1)
+    held = JobInfo(7, "llm", JobState.PENDING, hold=JobHold.ADMIN, state_reason="JobHeldAdmin", restart_count=1)
     requeued = replace(A0, restart_count=1, started_at=None)
     prolog = {"n1": "GPU lost: NVML cannot reach it (gpu 3) [prolog, rule gpu-lost@1]"}
     d = decide(run(RunState.QUEUED, requeued, excluded=prolog), Observation(snap([held])), Policy())
@@ -224,6 +236,22 @@ def test_an_admin_hold_left_by_our_prolog_racing_our_drain_is_released():
     other = {"n1": "slurmd probe failed"}  # not a prolog finding: an admin's hold stays
     d = decide(run(RunState.QUEUED, requeued, excluded=other), Observation(snap([held])), Policy())
     assert not any(isinstance(a, Release) for a in d.actions)
+    users = replace(held, hold=JobHold.USER)  # only an admin's hold can be the race's leftover
+    d = decide(run(RunState.QUEUED, requeued, excluded=prolog), Observation(snap([users])), Policy())
+    assert not any(isinstance(a, Release) for a in d.actions)
+
+
+def test_a_job_cancelled_at_launch_by_a_failed_prolog_is_recovered_not_given_up():
+    launched = replace(RUNNING_JOB, state=JobState.CANCELLED, start_time=50.0, end_time=51.0)
+    n = nodes(n2="IDLE")
+    n["n1"] = NodeInfo("n1", NodeState.IDLE, frozenset({"DRAIN"}), "Prolog error", ("main",), prolog_failed=True)
+    d = decide(run(attempt=A0), Observation(ClusterSnapshot(100.0, {7: launched}, n)), Policy())
+    assert not any(isinstance(s, SetState) and s.state is RunState.CANCELLED for s in d.records)
+    assert any(isinstance(s, SetState) and s.state is RunState.RECOVERING for s in d.records)
+    # Drained for another reason that merely reads alike: a person's cancel, and the run ends.
+    n["n1"] = replace(n["n1"], prolog_failed=False)
+    d = decide(run(attempt=A0), Observation(ClusterSnapshot(100.0, {7: launched}, n)), Policy())
+    assert any(isinstance(s, SetState) and s.state is RunState.CANCELLED for s in d.records)
 
 
 def test_completing_only_on_fenced_nodes_counts_as_gone():

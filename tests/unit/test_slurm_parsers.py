@@ -28,7 +28,7 @@ from supervisor.adapters.slurm_json import (
     split_job_state,
     split_node_state,
 )
-from supervisor.domain.cluster import JobInfo, JobState, NodeChange, NodeState, SubmitRequest
+from supervisor.domain.cluster import JobHold, JobInfo, JobState, NodeChange, NodeState, SubmitRequest
 from supervisor.ports import PermanentError, PermissionDenied, TransientError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
@@ -215,6 +215,95 @@ def test_2205_mixed_and_prolog_nodes() -> None:
     assert sorted(n.state.value for n in nodes.values()) == ["ALLOCATED", "IDLE", "IDLE", "IDLE"]
     prolog = parse_sinfo(load("sinfo_2205_prolog_drain.json"))
     assert [n.reason for n in prolog.values() if n.drained] == ["Prolog error"]
+
+
+# ---------------------------------------------------------------------------- Slurm's wording into flags
+# Decisions read JobInfo.hold and NodeInfo.prolog_failed; only the parser reads Slurm's texts.
+
+
+def test_2205_holds_are_told_apart_by_who_holds() -> None:
+    jobs = jobs_by_name("squeue_2205_mixed.json")
+    assert jobs["held_user"].hold is JobHold.USER  # sbatch --hold: JobHeldUser
+    assert jobs["held_admin"].hold is JobHold.ADMIN  # root's scontrol hold: JobHeldAdmin
+    for name in ("requeued", "pending_resources", "running", "completed"):
+        assert jobs[name].hold is JobHold.NONE, name
+
+
+def test_2205_prolog_failure_hold_is_a_launch_failure_not_the_users() -> None:
+    # 22.05 says JobHeldUser, like a person's hold; only the description tells them apart.
+    job = jobs_by_name("squeue_2205_prolog_held.json")["prolog_failed"]
+    assert job.state_reason == "JobHeldUser"
+    assert job.hold is JobHold.LAUNCH_FAILED
+
+
+def test_2411_holds() -> None:
+    jobs = jobs_by_name("squeue_2411_handwritten.json")
+    assert jobs["held-user"].hold is JobHold.USER
+    assert jobs["launch-failed-held"].hold is JobHold.LAUNCH_FAILED
+    assert jobs["requeued"].hold is JobHold.NONE and jobs["train-r1"].hold is JobHold.NONE
+
+
+def job_doc(state: object, reason: str = "None", description: str = "", **extra: object) -> dict:
+    return {
+        "job_id": 9,
+        "name": "j",
+        "job_state": state,
+        "state_reason": reason,
+        "state_description": description,
+    } | extra
+
+
+@pytest.mark.parametrize(
+    ("doc", "hold"),
+    [
+        (job_doc("PENDING", "launch_failed_requeued_held"), JobHold.LAUNCH_FAILED),  # in the reason itself
+        (job_doc("PENDING", "JobHeldAdmin", "launch failed requeued held"), JobHold.LAUNCH_FAILED),
+        (job_doc("PENDING", "JobHeldAdmin"), JobHold.ADMIN),
+        (job_doc("PENDING", "JobHeldUser"), JobHold.USER),
+        (job_doc("REQUEUE_HOLD"), JobHold.OTHER),  # 22.05 shows the flag instead of PENDING
+        (job_doc("SPECIAL_EXIT"), JobHold.OTHER),
+        (job_doc(["PENDING"], "Priority", priority=0), JobHold.OTHER),
+        (job_doc(["PENDING"], "Resources", priority=100), JobHold.NONE),
+        (job_doc("RUNNING", "JobHeldAdmin"), JobHold.NONE),  # only a pending job is held
+        (job_doc("FAILED", "JobHeldUser", "launch failed requeued held"), JobHold.NONE),
+    ],
+)
+def test_hold_from_slurms_wording(doc: dict, hold: JobHold) -> None:
+    job = parse_squeue({"jobs": [doc]})[9]
+    assert job.hold is hold and job.held is (hold is not JobHold.NONE)
+
+
+def test_2205_prolog_drain_is_flagged_on_the_node() -> None:
+    nodes = parse_sinfo(load("sinfo_2205_prolog_drain.json"))
+    assert [n.name for n in nodes.values() if n.prolog_failed] == [n.name for n in nodes.values() if n.drained]
+    assert sum(n.prolog_failed for n in nodes.values()) == 1
+    others = parse_sinfo(load("sinfo_2205_down_drain.json")) | parse_sinfo(load("sinfo_2411_handwritten.json"))
+    assert not any(n.prolog_failed for n in others.values())  # drained by a person, us, or not at all
+
+
+@pytest.mark.parametrize(
+    ("doc", "flagged"),
+    [
+        ({"nodes": [{"name": "n1", "state": "idle", "state_flags": ["DRAIN"], "reason": "Prolog error"}]}, True),
+        ({"nodes": [{"name": "n1", "state": ["IDLE", "DRAIN"], "reason": "prolog error"}]}, True),
+        ({"nodes": [{"name": "n1", "state": "idle", "state_flags": ["DRAIN"], "reason": "Epilog error"}]}, False),
+        ({"nodes": [{"name": "n1", "state": "idle", "state_flags": ["DRAIN"], "reason": "checking prolog"}]}, False),
+        (
+            {
+                "sinfo": [
+                    {
+                        "nodes": {"nodes": ["n1"]},
+                        "node": {"state": ["IDLE", "DRAIN"]},
+                        "reason": {"description": "Prolog error"},
+                    }
+                ]
+            },
+            True,
+        ),
+    ],
+)
+def test_prolog_failed_from_slurms_node_reason(doc: dict, flagged: bool) -> None:
+    assert parse_sinfo(doc)["n1"].prolog_failed is flagged
 
 
 @pytest.mark.parametrize("name", ["squeue_2205_controller_down.json", "sinfo_2205_controller_down.json"])

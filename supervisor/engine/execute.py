@@ -1,0 +1,326 @@
+"""The one place that writes: records applied to the store, actions journaled and performed.
+
+``Executor.apply(records)`` writes typed records and logbook events (it is the only caller of the
+logbook writer); ``Executor.act(run, action)`` journals an intent, performs it through a port and
+marks it done, with what follows from it (a new attempt, a node change on record, the logbook
+line). ``settle_open_intents`` completes what a previous daemon left open. Crash-only: every step
+is idempotent and a crash between any two is settled by the next tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import structlog
+
+from supervisor.domain.actions import (
+    Action,
+    AttemptEnded,
+    AttemptProgress,
+    AttemptRequeued,
+    AttemptStarted,
+    Cancel,
+    ChangeNode,
+    Defer,
+    Exclude,
+    Fence,
+    NodeMark,
+    Record,
+    Release,
+    SetExcluded,
+    SetState,
+    Submit,
+    Unexclude,
+)
+from supervisor.domain.blast import NodeChangeRecord
+from supervisor.domain.cluster import ClusterSnapshot, NodeChange
+from supervisor.domain.lemon import Fault
+from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
+from supervisor.domain.resume import ResumePlan, describe_plan
+from supervisor.domain.rollback import RollbackRecord
+from supervisor.domain.run import RunState, transition
+from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
+from supervisor.ports import (
+    Clock,
+    Fencer,
+    PermanentError,
+    PermissionDenied,
+    PortError,
+    Scheduler,
+    Store,
+    TransientError,
+)
+
+log = structlog.get_logger("supervisor.engine")
+
+CrashHook = Callable[[str, str], None]  # (boundary, action kind) -> may raise or exit
+ResumeFor = Callable[[RunRecord], ResumePlan | None]  # the plan a new attempt is handed
+
+
+class Executor:
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        store: Store,
+        clock: Clock,
+        fencer: Fencer | None,
+        resume_for: ResumeFor,
+        ingest_url: str | None = None,
+        node_rights: bool = True,
+        crash_hook: CrashHook | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.store = store
+        self.clock = clock
+        self.fencer = fencer
+        self.resume_for = resume_for
+        self.ingest_url = ingest_url
+        self.node_rights = node_rights  # False once Slurm refused a node change: not asked again
+        self._crash = crash_hook or (lambda boundary, kind: None)
+
+    # ------------------------------------------------------------------ records
+
+    def apply(self, records: Sequence[Record]) -> None:
+        """Write the records, in order, in one transaction."""
+        if not records:
+            return
+        now = self.clock.now()
+        with self.store.transaction():
+            for rec in records:
+                self._apply(rec, now)
+
+    def _apply(self, rec: Record, now: float) -> None:
+        s = self.store
+        if isinstance(rec, Event):
+            if s.record_event(rec):
+                log.info("logbook", kind=rec.kind.value, message=rec.message)
+        elif isinstance(rec, SetState):
+            self._set_state(rec, now)
+        elif isinstance(rec, AttemptStarted):
+            s.attempt_started(rec.run, rec.seq, rec.nodes, rec.at)
+        elif isinstance(rec, AttemptEnded):
+            s.attempt_ended(rec.run, rec.seq, rec.at, rec.end_state, rec.reason, rec.exit_code)
+        elif isinstance(rec, AttemptRequeued):
+            s.add_attempt(rec.run, rec.job_id, rec.restart_count, rec.at, rec.excluded)
+        elif isinstance(rec, AttemptProgress):
+            s.attempt_progress(rec.run, rec.seq, rec.last_step, rec.step_time_s)
+        else:
+            self._apply_node_record(rec, now)
+
+    def _apply_node_record(self, rec: Record, now: float) -> None:
+        s = self.store
+        if isinstance(rec, Exclude):
+            s.exclude(rec.run, rec.node, rec.reason, now)
+        elif isinstance(rec, Defer):
+            s.defer(rec.run, rec.node, rec.reason, now)
+        elif isinstance(rec, Unexclude):
+            s.unexclude(rec.run, rec.node)
+        elif isinstance(rec, NodeVerdict):
+            s.set_verdict(rec)
+        elif isinstance(rec, NodeMark):
+            s.set_node_action(rec.node, rec.action, now)
+        elif isinstance(rec, Fault):
+            s.record_node_fault(rec)
+        elif isinstance(rec, RollbackRecord):
+            s.record_rollback(rec)
+        else:  # pragma: no cover - a new record type without a handler is a programming error
+            raise TypeError(f"no handler for record {rec!r}")
+
+    def _set_state(self, rec: SetState, now: float) -> None:
+        """The run state machine (domain.run's transition table) guards every change."""
+        current = self.store.get_run(rec.run)
+        if current is None or current.state is rec.state:
+            return
+        transition(rec.run, current.state, rec.state)
+        self.store.set_state(rec.run, rec.state, now, rec.reason, rec.spend_restart)
+
+    # ------------------------------------------------------------------ actions
+
+    def carry_out(self, run: RunRecord, actions: tuple[Action, ...]) -> bool:
+        """Perform the decision's actions in order, each on the run as it stands then. True when
+        anything was done."""
+        acted = False
+        fresh = self.store.get_run(run.name) or run
+        for action in actions:
+            if isinstance(action, ChangeNode) and not self.node_rights:
+                continue  # refused once already in this daemon's life; the node stays excluded
+            self.act(fresh, action)
+            acted = True
+            fresh = self.store.get_run(run.name) or fresh
+        return acted
+
+    def act(self, run: RunRecord, action: Action) -> None:
+        if isinstance(action, Submit):
+            # Chosen before the intent is journaled: a retried submission hands the same checkpoint.
+            action = replace(action, resume=self.resume_for(run))
+        params = params_of(action)
+        if isinstance(action, Fence) and self.store.action_done(run.name, action.kind, params):
+            return
+        self._crash("before_intent", action.kind)
+        intent = self.store.begin_action(run.name, action.kind, params, self.clock.now())
+        log.info("intent", intent=intent, action=action.kind.value, **_loggable(params))
+        self._crash("after_intent", action.kind)
+        self._perform_and_complete(run, intent, action)
+
+    def _perform_and_complete(self, run: RunRecord, intent: int, action: Action) -> None:
+        try:
+            outcome = self._perform(run, intent, action)
+        except PermissionDenied as exc:
+            self._fail(run, intent, action, exc)
+            if isinstance(action, ChangeNode):
+                self.node_rights = False
+            return
+        except TransientError:
+            raise  # the intent stays open; the next tick settles it against Slurm
+        except PermanentError as exc:
+            self._fail(run, intent, action, exc)
+            return
+        self._crash("after_execute", action.kind)
+        self._complete(run, intent, action, outcome)
+        self._crash("after_complete", action.kind)
+
+    def _perform(self, run: RunRecord, intent: int, action: Action) -> dict[str, Any]:
+        sched = self.scheduler
+        if isinstance(action, Submit):
+            seq = (run.attempt.seq + 1) if run.attempt else 0
+            tag = submit_tag(run.name, self.store.instance_id, intent)
+            url = self.ingest_url
+            token = self.store.run_token(run.name) if url else None
+            return {"job_id": sched.submit(submit_request(run.spec, action, tag, seq, token=token, ingest_url=url))}
+        if isinstance(action, Cancel):
+            sched.cancel(action.job_id)
+        elif isinstance(action, ChangeNode):
+            sched.set_node_state(action.node, action.change, action.reason)
+        elif isinstance(action, SetExcluded):
+            sched.set_excluded(action.job_id, action.nodes)
+        elif isinstance(action, Release):
+            sched.release(action.job_id)
+        elif isinstance(action, Fence):
+            assert self.fencer is not None
+            self.fencer.fence(action.node)
+        return {}
+
+    def _complete(self, run: RunRecord, intent: int, action: Action, outcome: Mapping[str, Any]) -> None:
+        now = self.clock.now()
+        with self.store.transaction():
+            self.store.complete_action(intent, "done", outcome, now)
+            if isinstance(action, Submit):
+                self._submitted(run, action, int(outcome["job_id"]), now)
+            elif isinstance(action, ChangeNode):
+                self._node_changed(run, intent, action, now)
+            else:
+                self.apply(_done_events(run, action, now))
+
+    def _submitted(self, run: RunRecord, action: Submit, job_id: int, now: float) -> None:
+        s, replaced = self.store, run.attempt
+        new = s.add_attempt(run.name, job_id, 0, now, action.exclude)
+        s.set_state(run.name, RunState.QUEUED, now, spend_restart=action.restart)
+        s.rollbacks_done(run.name, new.seq)  # the new attempt carries out any planned rollback
+        if action.resume is not None:
+            s.record_resume_plan(run.name, new.seq, action.resume)
+        kind = EventKind.RESTARTED if action.restart else EventKind.SUBMITTED
+        verb = "restarted as" if action.restart else "submitted as"
+        excl = f", excluding {','.join(action.exclude)}" if action.exclude else ""
+        resume = f"; {describe_plan(action.resume)}" if action.resume is not None else ""
+        evidence: dict[str, Any] = {
+            "exclude": list(action.exclude),
+            "reason": action.reason,
+            "restarts_spent": run.restarts_spent + int(action.restart),
+        }
+        if action.resume is not None:  # the plan as JSON, for the logbook, chronicle and goodput readers
+            evidence["resume"] = action.resume.to_json()
+            evidence["resume_step"] = action.resume.step
+        if replaced is not None:  # what the replaced attempt had reached (lost work, for people)
+            evidence["last_step"] = replaced.last_step
+            evidence["step_time_s"] = replaced.step_time_s
+        message = f"{new.label}: {verb} job {new.job_id}{excl} ({action.reason}){resume}"
+        key = f"{run.name}:{new.seq}:{kind.value}:"
+        self.apply([Event(run.name, kind, message, key, now, new.seq, new.job_id, evidence=evidence)])
+
+    def _node_changed(self, run: RunRecord, intent: int, action: ChangeNode, now: float) -> None:
+        s = self.store
+        s.set_node_action(action.node, "drained" if action.change is NodeChange.DRAIN else "down", now)
+        if action.change in (NodeChange.DOWN, NodeChange.DRAIN):  # what the blast radius counts
+            s.record_node_change(
+                NodeChangeRecord(action.node, run.name, action.change.value, now, action.reason, intent)
+            )
+        if action.change is NodeChange.DRAIN:
+            message = f"{action.node} downed and drained in Slurm: {action.reason}"
+            event = _event(run, EventKind.NODE_DRAINED, message, f"{run.name}:node_drained:{action.node}", now)
+            self.apply([replace(event, evidence={"node": action.node, "reason": action.reason})])
+
+    def _fail(self, run: RunRecord, intent: int, action: Action, exc: PortError) -> None:
+        now = self.clock.now()
+        log.warning("action_failed", action=action.kind.value, error=str(exc))
+        kind = EventKind.NODE_EXCLUDED if isinstance(action, ChangeNode) else EventKind.WARNING
+        what = f"could not {action.kind.value.replace('_', ' ')}"
+        if isinstance(action, ChangeNode):
+            what = f"{action.node} excluded from the run; could not set it {action.change.value}"
+        event = _event(run, kind, f"{what}: {exc}", f"{run.name}:failed-intent:{intent}", now)
+        with self.store.transaction():
+            self.store.complete_action(intent, "failed", {"error": str(exc)}, now)
+            self.apply([replace(event, evidence=params_of(action))])
+
+    # ------------------------------------------------------------------ crash recovery
+
+    def settle_open_intents(self, snap: ClusterSnapshot) -> tuple[set[str], bool]:
+        """Complete intents a previous daemon left open. Returns the runs still waiting on one (this
+        tick's snapshot predates the retried action: they decide next tick), and whether anything
+        was performed."""
+        blocked: set[str] = set()
+        acted = False
+        for intent in self.store.open_actions():
+            run = self.store.get_run(intent["run"])
+            if run is None:
+                continue
+            action = action_from(intent["kind"], intent["params"])
+            tag = submit_tag(run.name, self.store.instance_id, intent["id"])
+            outcome = effect_present(intent["kind"], tag, intent["params"], snap)
+            if outcome is not None:
+                log.info("intent_settled", intent=intent["id"], action=intent["kind"], outcome=outcome)
+                self._complete(run, intent["id"], action, outcome)
+                continue
+            log.info("intent_retried", intent=intent["id"], action=intent["kind"])
+            blocked.add(run.name)
+            try:
+                self._perform_and_complete(run, intent["id"], action)
+                acted = True
+            except TransientError:
+                pass
+        return blocked, acted
+
+
+def _done_events(run: RunRecord, action: Action, now: float) -> list[Record]:
+    """The logbook line an action other than a submission or a node change leaves once done."""
+    a = run.attempt
+    seq = a.seq if a else None
+    if isinstance(action, Cancel) and run.state is RunState.RECOVERING:
+        key = f"{run.name}:{seq}:stopped:{action.job_id}"
+        return [_event(run, EventKind.STOPPED, f"stopped job {action.job_id}: {action.reason}", key, now)]
+    if isinstance(action, Release):
+        key = f"{run.name}:{seq}:released:{now:.3f}"
+        return [_event(run, EventKind.RELEASED, f"released job {action.job_id}: {action.reason}", key, now)]
+    if isinstance(action, Fence):
+        key = f"{run.name}:{seq}:fenced:{action.node}"
+        return [_event(run, EventKind.FENCED, f"fenced {action.node} (site fence command)", key, now)]
+    return []
+
+
+def _event(run: RunRecord, kind: EventKind, message: str, key: str, now: float) -> Event:
+    a = run.attempt
+    return Event(
+        run=run.name,
+        kind=kind,
+        message=message,
+        key=key,
+        at=now,
+        attempt=a.seq if a else None,
+        job_id=a.job_id if a else None,
+    )
+
+
+def _loggable(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {f"p_{k}": v for k, v in params.items() if k != "run"}

@@ -1,0 +1,73 @@
+"""Null collaborators: what the engine uses when a run has no log to follow, no checkpoints to
+watch or no node agents reporting. They answer "nothing new", so the tick has no ``is None``
+branches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from supervisor.domain.cluster import ClusterSnapshot
+from supervisor.domain.health import NodeFinding
+from supervisor.domain.records import Event, RunRecord
+from supervisor.domain.resume import ResumePlan
+from supervisor.engine.progress import SpikeNotice
+from supervisor.ports import Store
+
+
+class NoProgress:
+    """No training logs are read: no hangs, spikes, slowdowns or straggler findings."""
+
+    enabled = False
+
+    def update(self, runs: Iterable[RunRecord], snap: ClusterSnapshot, now: float) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def take_notices(self) -> list[SpikeNotice]:
+        return []
+
+    def take_slowdowns(self) -> list[tuple[str, tuple[int, int], dict[str, Any]]]:
+        return []
+
+    def take_findings(self) -> list[NodeFinding]:
+        return []
+
+    def last_step(self, job_id: int, restart_count: int) -> int | None:
+        return None
+
+    def step_time(self, job_id: int, restart_count: int) -> float | None:
+        return None
+
+    def next_deadline(self, now: float) -> float | None:
+        return None
+
+
+class NoCheckpoints:
+    """No checkpoint storage is watched: no verdicts, and no resume plan for new attempts."""
+
+    def update(self, runs: Iterable[RunRecord], store: Store) -> None:
+        return None
+
+    def verified_at(self, runs: Iterable[RunRecord], store: Store) -> dict[str, float]:
+        return {}
+
+    def refresh(self, run: RunRecord, store: Store) -> None:
+        return None
+
+    def resume_for(self, run: RunRecord, store: Store) -> ResumePlan | None:
+        return None
+
+    def take_events(self) -> list[Event]:
+        return []
+
+
+class NoHealthFeed:
+    """No node agents or hooks report."""
+
+    enabled = False
+
+    def drain_findings(self) -> list[NodeFinding]:
+        return []
+
+    def heartbeat_ages(self, now: float) -> Mapping[str, float]:
+        return {}

@@ -1,0 +1,168 @@
+"""Observe: one tick's facts, gathered from Slurm, the node probes, the training logs, the node
+agents and the checkpoint storage — returned, never written.
+
+``Observer.snapshot`` reads Slurm (jobs every tick, nodes when needed). ``Observer.gather`` turns
+what changed into facts and the records they call for (spike decisions, slowdowns, the attempts'
+progress, node verdicts and marks, checkpoint verifications' logbook lines); the engine's executor
+applies those records. ``Observer.observation`` then builds the ``Observation`` the domain decides
+on, reading back what is in the store (quarantine, pending rollbacks, verified checkpoints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from supervisor.domain.actions import AttemptProgress, Record
+from supervisor.domain.cluster import ClusterSnapshot, JobState
+from supervisor.domain.lemon import Quarantine, QuarantineSettings, quarantined
+from supervisor.domain.policy import Observation
+from supervisor.domain.records import Event, EventKind, RunRecord
+from supervisor.engine.checkpoints import CheckpointWatch
+from supervisor.engine.nodes import NodeFacts, NodeWatch, running_nodes
+from supervisor.engine.nulls import NoCheckpoints, NoProgress
+from supervisor.engine.probes import ProbeTracker
+from supervisor.engine.progress import ProgressWatch
+from supervisor.engine.spikes import pending_rollbacks, spike_records
+from supervisor.ports import Clock, Scheduler, Store
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What one tick saw, before anything is decided."""
+
+    records: tuple[Record, ...]  # what is to be remembered: the executor applies them first
+    dead: Mapping[str, str]  # node -> evidence that it is dead (probes, silent agents)
+    hangs: Mapping[str, Mapping[str, Any]]  # run -> hang evidence
+    nodes: NodeFacts  # findings, returned nodes, reporting agents
+
+
+class Observer:
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        store: Store,
+        clock: Clock,
+        probes: ProbeTracker,
+        progress: ProgressWatch | NoProgress,
+        checkpoints: CheckpointWatch | NoCheckpoints,
+        nodes: NodeWatch,
+        quarantine: QuarantineSettings,
+        node_refresh_ticks: int,
+    ) -> None:
+        self.scheduler, self.store, self.clock = scheduler, store, clock
+        self.probes, self.progress, self.checkpoints, self.nodes = probes, progress, checkpoints, nodes
+        self.quarantine = quarantine
+        self.node_refresh_ticks = max(1, node_refresh_ticks)
+        self._nodes: Mapping[str, Any] | None = None  # the last node info read from Slurm
+        self._ticks = 0
+
+    # ------------------------------------------------------------------ Slurm
+
+    def snapshot(self, nodes_needed: bool) -> ClusterSnapshot:
+        """Jobs every tick; nodes when ``nodes_needed``, every ``node_refresh_ticks``-th tick, or
+        when a job of ours started or ended since (its decision reads its nodes' state)."""
+        self._ticks += 1
+        fresh = nodes_needed or self._nodes is None or self._ticks % self.node_refresh_ticks == 0
+        snap = self.scheduler.snapshot(include_nodes=fresh)
+        if not fresh and self._a_job_moved(snap):
+            snap, fresh = self.scheduler.snapshot(include_nodes=True), True
+        if fresh:
+            self._nodes = snap.nodes
+            return snap
+        return ClusterSnapshot(snap.taken_at, snap.jobs, self._nodes or {})
+
+    def _a_job_moved(self, snap: ClusterSnapshot) -> bool:
+        """A job of ours ended, or started since it was last seen (maybe on a node that came back
+        since the node info was read: stale info would call that node down)."""
+        for run in self.store.runs(active_only=True):
+            a = run.attempt
+            if a is not None and a.ended_at is None:
+                job = snap.jobs.get(a.job_id)
+                if job is None or job.state.finished or (a.started_at is None and job.state is not JobState.PENDING):
+                    return True
+        return False
+
+    # ------------------------------------------------------------------ facts
+
+    def gather(self, runs: list[RunRecord], snap: ClusterSnapshot) -> Facts:
+        now = self.clock.now()
+        dead = self.probes.update(running_nodes(runs, snap), snap, now)
+        hangs = self.progress.update(runs, snap, now)
+        progress = _progress_records(runs, self.progress)
+        runs = _with_progress(runs, progress)
+        watch = self.checkpoints
+        records: list[Record] = list(progress)
+        records += spike_records(
+            self.progress.take_notices(), runs, self.store, self.clock, lambda r: watch.refresh(r, self.store)
+        )
+        records += _slowdown_events(runs, self.progress, now)
+        self.checkpoints.update(runs, self.store)
+        records += self.checkpoints.take_events()
+        nodes = self.nodes.observe(runs, snap, self.store, self.progress.take_findings(), now)
+        records += nodes.records
+        return Facts(tuple(records), {**nodes.stale, **dead}, hangs, nodes)
+
+    def observation(self, runs: list[RunRecord], snap: ClusterSnapshot, facts: Facts) -> Observation:
+        """What the domain decides on: this tick's facts and what the store holds (read after the
+        facts' records were applied)."""
+        checkpoint_at = self.checkpoints.verified_at([r for r in runs if r.deferred], self.store)
+        return Observation(
+            snapshot=snap,
+            dead=facts.dead,
+            hangs=facts.hangs,
+            findings=facts.nodes.findings,
+            quarantined=self._quarantined(),
+            checkpoint_at=checkpoint_at,
+            rollbacks=pending_rollbacks(runs, self.store),
+            returned=facts.nodes.returned,
+            agents=facts.nodes.agents,
+        )
+
+    def _quarantined(self) -> dict[str, Quarantine]:
+        q = self.quarantine
+        now = self.clock.now()
+        faults = self.store.node_faults(now - q.window_s - q.max_s)
+        return quarantined(faults, self.store.quarantine_clears(), now, q)
+
+
+def _progress_records(runs: list[RunRecord], progress: ProgressWatch | NoProgress) -> list[AttemptProgress]:
+    """Each current attempt's newest logged step and step time, to remember: decisions that read
+    them (did a resumed checkpoint load?) make the same choice after a daemon restart."""
+    out = []
+    for run in runs:
+        a = run.attempt
+        step = progress.last_step(a.job_id, a.restart_count) if a is not None else None
+        if a is not None and step is not None and step != a.last_step:
+            out.append(AttemptProgress(run.name, a.seq, step, progress.step_time(a.job_id, a.restart_count)))
+    return out
+
+
+def _with_progress(runs: list[RunRecord], progress: list[AttemptProgress]) -> list[RunRecord]:
+    by_run = {p.run: p for p in progress}
+    out = []
+    for run in runs:
+        p, a = by_run.get(run.name), run.attempt
+        if p is not None and a is not None:
+            pace = p.step_time_s or a.step_time_s
+            run = replace(run, attempt=replace(a, last_step=p.last_step, step_time_s=pace))
+        out.append(run)
+    return out
+
+
+def _slowdown_events(runs: list[RunRecord], progress: ProgressWatch | NoProgress, now: float) -> list[Record]:
+    by_name = {r.name: r for r in runs}
+    out: list[Record] = []
+    for name, key, evidence in progress.take_slowdowns():
+        run = by_name.get(name)
+        a = run.attempt if run else None
+        if a is None or (a.job_id, a.restart_count) != key:
+            continue
+        blame = evidence.get("stragglers") or {}
+        linked = f"; explained by straggler {', '.join(sorted(blame))}" if blame else "; no straggler named"
+        message = f"{a.label}: slowdown: {evidence['reason']}{linked}"
+        key_ = f"{name}:{a.seq}:slowdown"
+        out.append(Event(name, EventKind.SLOWDOWN, message, key_, now, a.seq, a.job_id, evidence=evidence))
+    return out

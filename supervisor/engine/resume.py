@@ -1,0 +1,88 @@
+"""What a new attempt is handed: the checkpoint to resume from (and the rollback it carries
+out), after passing over one the newest attempts keep failing to resume from.
+
+Reads the checkpoint ledger, the rollbacks and the attempts from the store; the decisions are the
+domain's (``choose_resume``, ``failed_load_demotion``, ``pending_rollback``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import structlog
+
+from supervisor.domain.checkpoints import Outcome, ResumeChoice, VerifyResult, choose_resume, effective_result
+from supervisor.domain.demotion import LoadFailureRule, failed_load_demotion
+from supervisor.domain.records import Event, EventKind, RunRecord
+from supervisor.domain.resume import ResumePlan, RollbackRef, resume_plan
+from supervisor.domain.rollback import RollbackRecord, pending_rollback, skip_ranges
+from supervisor.engine.spikes import rollback_history
+from supervisor.ports import Store
+
+log = structlog.get_logger("supervisor.checkpoints")
+
+
+def plan_for(run: RunRecord, store: Store, recent: int, resume_file: str | None) -> ResumePlan:
+    """The newest verified checkpoint (before the planned rollback's onset, if one is pending),
+    with every rollback's skip range and the latest LR scale in force."""
+    history = rollback_history(store, run.name)
+    pending = pending_rollback(history, run.attempt.seq if run.attempt else None)
+    choice = choose(run, store, recent, before_step=pending.checkpoint_step if pending else None)
+    plan = resume_plan(choice, file=resume_file)
+    if history:  # every skip range stays in force: a later restart may resume before one
+        plan = replace(plan, skip_iterations=skip_ranges(history), lr_scale=history[-1].lr_scale)
+    if pending:
+        plan = replace(plan, rollback=_rollback_ref(pending))
+    return plan
+
+
+def choose(run: RunRecord, store: Store, recent: int, before_step: int | None = None) -> ResumeChoice:
+    rows = store.checkpoints(run.name, None if before_step is not None else recent)
+    refs = [ref for ref, *_ in rows]
+    results: dict[str, VerifyResult] = {}
+    for ref, meta, full, demoted in rows:
+        eff = effective_result(meta, full)
+        if demoted and eff is not None:
+            eff = VerifyResult(ref.location, ref.step, eff.level, Outcome.CORRUPT, demoted, ref.guarantee)
+        if eff is not None:
+            results[ref.location] = eff
+    policy = run.spec.checkpoints
+    return choose_resume(refs, results, before_step=before_step, allow_weak=policy.allow_adopted if policy else True)
+
+
+def demote_failed_loads(run: RunRecord, store: Store, recent: int, now: float) -> Event | None:
+    """Pass over (demote, in the ledger) the checkpoint the newest attempts keep failing to resume
+    from; its logbook line is returned. The decision is ``domain.demotion``'s, over the attempts,
+    the plans they were handed and the steps they logged — all read back from the store, so a
+    daemon restart changes nothing."""
+    rule = LoadFailureRule()
+    plans = store.resume_plans(run.name, rule.attempts_to_read)
+    handed = {seq: plan.chosen.location for seq, plan in plans.items() if plan.chosen is not None}
+    steps = {ref.location: ref.step for ref, *_ in store.checkpoints(run.name, recent)}
+    attempts = store.attempts(run.name, rule.attempts_to_read)
+    demotion = failed_load_demotion(attempts, handed, steps, run.excluded, rule)
+    if demotion is None:
+        return None
+    store.demote_checkpoint(run.name, demotion.location, demotion.why)
+    log.warning("checkpoint_demoted", run=run.name, location=demotion.location, why=demotion.why)
+    a = attempts[-1]
+    return Event(
+        run=run.name,
+        kind=EventKind.WARNING,
+        message=f"checkpoint {demotion.location} passed over: {demotion.why}",
+        key=f"{run.name}:ckpt-demoted:{demotion.location}",
+        at=now,
+        attempt=a.seq,
+        job_id=a.job_id,
+        evidence={"location": demotion.location, "failures": list(demotion.streak)},
+    )
+
+
+def _rollback_ref(pending: RollbackRecord) -> RollbackRef:
+    """The rollback planned for the attempt being replaced, as the resume plan carries it."""
+    assert pending.checkpoint_step is not None  # a planned rollback always names its checkpoint
+    return RollbackRef(
+        onset_step=pending.onset_step,
+        checkpoint_step=pending.checkpoint_step,
+        skip=pending.skip.as_megatron() if pending.skip is not None else "",
+    )
