@@ -13,7 +13,7 @@ from typing import Any
 
 from supervisor.domain.actions import Action, ActionKind, Cancel, ChangeNode, Fence, Release, SetExcluded, Submit
 from supervisor.domain.cluster import ClusterSnapshot, JobState, NodeChange, SubmitRequest
-from supervisor.domain.policy import REASON_PREFIX
+from supervisor.domain.observation import REASON_PREFIX
 from supervisor.domain.resume import ResumePlan, resume_env
 from supervisor.domain.run import RestartMode, RunSpec
 

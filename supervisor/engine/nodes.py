@@ -16,7 +16,7 @@ import structlog
 from supervisor.domain.actions import NodeMark, Record
 from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity, stale_heartbeats, worst
-from supervisor.domain.policy import REASON_PREFIX
+from supervisor.domain.observation import REASON_PREFIX
 from supervisor.domain.records import NodeVerdict, RunRecord, Verdict
 from supervisor.ports import HealthFeed, Store
 

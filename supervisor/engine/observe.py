@@ -17,7 +17,7 @@ from typing import Any
 from supervisor.domain.actions import AttemptProgress, Record
 from supervisor.domain.cluster import ClusterSnapshot, JobState
 from supervisor.domain.lemon import Quarantine, QuarantineSettings, quarantined
-from supervisor.domain.policy import Observation
+from supervisor.domain.observation import Observation
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.nodes import NodeFacts, NodeWatch, running_nodes

@@ -1,0 +1,291 @@
+"""Decisions on a running job: which of its nodes are faulty, how a fault is contained (fault
+records, the node kept out, DOWN/DRAIN within the blast radius), hangs, degraded nodes dropped at
+a checkpoint boundary. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from supervisor.domain.actions import (
+    Action,
+    AttemptStarted,
+    Cancel,
+    ChangeNode,
+    Decision,
+    Defer,
+    Exclude,
+    Record,
+    SetState,
+)
+from supervisor.domain.cluster import JobInfo, JobState, NodeChange
+from supervisor.domain.health import Severity
+from supervisor.domain.lemon import Fault
+from supervisor.domain.observation import (
+    Observation,
+    Policy,
+    event_for,
+    fmt_nodes,
+    marked_by_us,
+    node_reason,
+)
+from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
+from supervisor.domain.run import RestartMode, RunState
+
+
+def faulty_nodes(run: RunRecord, nodes: tuple[str, ...], obs: Observation) -> dict[str, str]:
+    """Nodes among ``nodes`` that are dead or must not host this run, with the evidence."""
+    bad: dict[str, str] = {}
+    for name in nodes:
+        info = obs.snapshot.nodes.get(name)
+        if name in obs.dead:
+            bad[name] = obs.dead[name]
+        elif info is None:
+            bad[name] = "node unknown to Slurm"
+        elif info.down:
+            bad[name] = f"Slurm reports the node DOWN ({info.reason or 'no reason'})"
+        elif not info.responding:
+            bad[name] = "Slurm reports the node NOT_RESPONDING"
+        elif (found := obs.findings.get(name)) is not None and found.severity is Severity.FATAL:
+            bad[name] = f"{found.reason} [{found.source}, rule {found.rule}]"
+        elif name in run.excluded:
+            bad[name] = f"node is kept out of this run: {run.excluded[name]}"
+    return bad
+
+
+def decide_running(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
+    records: list[Record] = []
+    if a.started_at is None:
+        records += [
+            AttemptStarted(run.name, a.seq, job.nodes, job.start_time or obs.now),
+            event_for(
+                run,
+                a,
+                EventKind.STARTED,
+                f"{a.label} running on {fmt_nodes(job.nodes)}",
+                obs,
+                {"nodes": list(job.nodes)},
+            ),
+        ]
+        if run.state is not RunState.RECOVERING:
+            records.append(SetState(run.name, RunState.RUNNING))
+    bad = faulty_nodes(run, job.nodes, obs)
+    if bad:
+        return Decision(tuple(records)) + recover(run, a, job, bad, obs, policy)
+    if run.name in obs.rollbacks and run.state is not RunState.RECOVERING:
+        why = f"rollback after the loss spike at step {obs.rollbacks[run.name].onset_step}"
+        records.append(SetState(run.name, RunState.RECOVERING, reason=why))
+        return Decision(tuple(records), (Cancel(run.name, job.job_id, why),))
+    if run.name in obs.hangs and run.state is not RunState.RECOVERING:
+        return Decision(tuple(records)) + _recover_hang(run, a, job, obs.hangs[run.name], obs)
+    if run.state is RunState.RECOVERING:
+        # A fault was recorded earlier; finish stopping this incarnation.
+        return Decision(tuple(records), stop_job(run, job, "finishing recovery started earlier"))
+    records += _degraded(run, a, job, obs)
+    return Decision(tuple(records)) + _at_checkpoint_boundary(run, a, job, obs, policy)
+
+
+def _degraded(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) -> list[Record]:
+    """Degraded nodes of the job (throttling, a pending row remap): kept out from the next restart
+    or checkpoint boundary on; the work since the last checkpoint is not thrown away for them."""
+    out: list[Record] = []
+    for node in job.nodes:
+        found = obs.findings.get(node)
+        if found is None or found.severity is not Severity.DEGRADED or node in run.deferred:
+            continue
+        evidence = {"node": node, "rule": found.rule, "source": found.source, **found.evidence}
+        out += [
+            Defer(run.name, node, found.reason),
+            NodeVerdict(node, Verdict.SUSPECT, found.reason, evidence, run.name, "deferred", obs.now),
+            event_for(
+                run,
+                a,
+                EventKind.NODE_DEGRADED,
+                f"{node} degraded: {found.reason} [rule {found.rule}]; kept out from the next restart or "
+                "checkpoint boundary",
+                obs,
+                evidence,
+                f"{node}:{found.rule}",
+            ),
+        ]
+    return out
+
+
+def _at_checkpoint_boundary(
+    run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy
+) -> Decision:
+    """A verified checkpoint newer than both the attempt and a degraded node's finding: restart now
+    without the node, losing (almost) no work, and drain it with the evidence."""
+    ckpt = obs.checkpoint_at.get(run.name)
+    nodes = sorted(n for n in job.nodes if n in run.deferred)
+    if ckpt is None or not nodes or a.started_at is None:
+        return Decision()
+    if ckpt <= max([a.started_at] + [run.deferred[n][0] for n in nodes]):
+        return Decision()
+    why = f"checkpoint boundary: dropping degraded {fmt_nodes(tuple(nodes))}"
+    evidence = {"nodes": {n: run.deferred[n][1] for n in nodes}, "checkpoint_at": ckpt, "planned": True}
+    records: list[Record] = [
+        event_for(
+            run,
+            a,
+            EventKind.FAULT,
+            f"{a.label}: {why} ({'; '.join(run.deferred[n][1] for n in nodes)})",
+            obs,
+            evidence,
+            "boundary",
+        ),
+        SetState(run.name, RunState.RECOVERING, reason=why),
+    ]
+    actions: list[Action] = []
+    drains_left = policy.drains_left
+    for node in nodes:
+        if policy.may_change_nodes and drains_left > 0 and not marked_by_us(_reason_of(obs, node), run.name):
+            actions.append(ChangeNode(run.name, node, NodeChange.DRAIN, node_reason(run.name, run.deferred[node][1])))
+            drains_left -= 1
+    return Decision(tuple(records), tuple(actions) + stop_job(run, job, why))
+
+
+def _reason_of(obs: Observation, node: str) -> str:
+    info = obs.snapshot.nodes.get(node)
+    return info.reason if info else ""
+
+
+def recover(
+    run: RunRecord, a: AttemptRecord, job: JobInfo, bad: Mapping[str, str], obs: Observation, policy: Policy
+) -> Decision:
+    records, actions = contain(run, a, bad, obs, policy)
+    records.append(
+        SetState(run.name, RunState.RECOVERING, reason="; ".join(f"{n}: {w}" for n, w in sorted(bad.items())))
+    )
+    actions += stop_job(run, job, f"node fault on {fmt_nodes(tuple(bad))}")
+    return Decision(tuple(records), tuple(actions))
+
+
+def contain(
+    run: RunRecord, a: AttemptRecord, bad: Mapping[str, str], obs: Observation, policy: Policy
+) -> tuple[list[Record], list[Action]]:
+    """Fault records for each bad node, and the node changes that keep it out of the cluster."""
+    records: list[Record] = []
+    actions: list[Action] = []
+    drains_left = policy.drains_left
+    held: list[str] = []
+    for node, why in sorted(bad.items()):
+        if policy.may_change_nodes and drains_left <= 0 and not _handled(run, node, obs):
+            held.append(node)  # beyond the blast radius: suspect, neither drained nor kept out
+            records.append(
+                NodeVerdict(
+                    node, Verdict.SUSPECT, why, {"node": node, "observed": why}, run.name, "blast-radius", obs.now
+                )
+            )
+            continue
+        records += _fault_records(run, a, node, why, obs)
+        items, drains_left = _node_change(run, a, node, why, obs, policy, drains_left)
+        actions += [x for x in items if isinstance(x, ChangeNode)]
+        records += [x for x in items if not isinstance(x, ChangeNode)]
+    if held:
+        drained = sorted({x.node for x in actions if isinstance(x, ChangeNode)})
+        msg = (
+            f"mass fault: {len(bad)} nodes of {a.label} faulted at once; the blast-radius cap allowed "
+            f"{len(drained)} drain(s) ({fmt_nodes(tuple(drained))}); {len(held)} left suspect, not drained, "
+            f"for a human to judge: {fmt_nodes(tuple(held))}"
+        )
+        records.append(
+            event_for(
+                run,
+                a,
+                EventKind.MASS_FAULT,
+                msg,
+                obs,
+                {"faulted": dict(sorted(bad.items())), "drained": drained, "suspect": held},
+                "mass",
+            )
+        )
+    return records, actions
+
+
+def _handled(run: RunRecord, node: str, obs: Observation) -> bool:
+    """This run already downed or drained the node: no new node change is needed."""
+    info = obs.snapshot.nodes.get(node)
+    return info is not None and marked_by_us(info.reason, run.name) and (info.down or info.drained)
+
+
+def _recover_hang(
+    run: RunRecord, a: AttemptRecord, job: JobInfo, hang: Mapping[str, Any], obs: Observation
+) -> Decision:
+    """The job runs but its log shows no progress: stop it and restart (no node is blamed)."""
+    why = f"hang: {hang.get('reason', 'no progress')}"
+    evidence = {**hang, "nodes": list(job.nodes)}
+    records = (
+        event_for(run, a, EventKind.FAULT, f"{a.label}: {why}", obs, evidence, "hang"),
+        SetState(run.name, RunState.RECOVERING, reason=why),
+    )
+    return Decision(records, (Cancel(run.name, job.job_id, "hang: no training progress"),))
+
+
+def _fault_records(run: RunRecord, a: AttemptRecord, node: str, why: str, obs: Observation) -> list[Record]:
+    info = obs.snapshot.nodes.get(node)
+    evidence = {
+        "node": node,
+        "observed": why,
+        "slurm_state": info.state.value if info else None,
+        "slurm_flags": sorted(info.flags) if info else None,
+        "slurm_reason": info.reason if info else None,
+        "probe": obs.dead.get(node),
+    }
+    fault = event_for(run, a, EventKind.FAULT, f"{a.label}: fault on {node}: {why}", obs, evidence, node)
+    return [
+        fault,
+        Fault(node, obs.now, run.name, why, key=fault.key),  # what quarantine counts
+        Exclude(run.name, node, why),
+        NodeVerdict(node, Verdict.BAD, why, evidence, run.name, "excluded", obs.now),
+    ]
+
+
+def _node_change(
+    run: RunRecord, a: AttemptRecord, node: str, why: str, obs: Observation, policy: Policy, drains_left: int
+) -> tuple[list[ChangeNode | Event], int]:
+    """DOWN (Slurm ends or requeues the job at once), then DRAIN (stays out until an admin resumes it)."""
+    info = obs.snapshot.nodes.get(node)
+    reason = node_reason(run.name, why)
+    if info is not None and info.drained and info.responding and not marked_by_us(info.reason, run.name):
+        msg = f"{node} excluded from run {run.name}; already drained in Slurm ({info.reason or 'no reason'})"
+        return [
+            event_for(
+                run,
+                a,
+                EventKind.NODE_EXCLUDED,
+                msg,
+                obs,
+                {"node": node, "slurm_reason": info.reason},
+                f"{node}:drained",
+            )
+        ], drains_left
+    if info is not None and _handled(run, node, obs):
+        done = info.drained
+        return ([] if done else [ChangeNode(run.name, node, NodeChange.DRAIN, info.reason)]), drains_left
+    if not policy.may_change_nodes:
+        msg = f"{node} excluded from run {run.name}; not drained: the supervisor has no node rights (may_change_nodes = false)"
+        return [event_for(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:norights")], drains_left
+    if drains_left <= 0:
+        msg = (
+            f"{node} excluded from run {run.name}; not drained: blast-radius limit reached (daemon.max_drains_per_hour)"
+        )
+        return [event_for(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:blast")], drains_left
+    # A node the agent found faulty but that still answers is drained, not downed: its slurmd
+    # cleans up the cancelled job. Requeue mode relies on DOWN to make Slurm requeue the job.
+    alive = (
+        node in obs.findings
+        and node not in obs.dead
+        and info is not None
+        and info.responding
+        and not info.down
+        and run.spec.restart_mode is RestartMode.RESUBMIT
+    )
+    kinds = (NodeChange.DRAIN,) if alive else (NodeChange.DOWN, NodeChange.DRAIN)
+    return [ChangeNode(run.name, node, c, reason) for c in kinds], drains_left - 1
+
+
+def stop_job(run: RunRecord, job: JobInfo, reason: str) -> tuple[Action, ...]:
+    if run.spec.restart_mode is RestartMode.REQUEUE and job.state is not JobState.SUSPENDED:
+        return ()  # Slurm requeues the job once its node is DOWN; nothing to cancel
+    return (Cancel(run.name, job.job_id, reason),)

@@ -1,0 +1,266 @@
+"""Decisions on a job that is queued, requeued by Slurm, finished or gone: exclusions kept
+current, launch-failure holds released, outcomes understood, restarts within the budget, where the
+next job may go. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from supervisor.domain.actions import (
+    Action,
+    AttemptEnded,
+    AttemptRequeued,
+    Cancel,
+    Decision,
+    Fence,
+    Record,
+    Release,
+    SetExcluded,
+    SetState,
+    Submit,
+)
+from supervisor.domain.cluster import JobHold, JobInfo, JobState
+from supervisor.domain.faults import contain, faulty_nodes, recover
+from supervisor.domain.observation import (
+    Observation,
+    Policy,
+    event_for,
+    fmt_nodes,
+    set_terminal,
+)
+from supervisor.domain.placement import place, placement_notes
+from supervisor.domain.records import AttemptRecord, EventKind, RunRecord
+from supervisor.domain.run import RunState
+
+
+def decide_pending(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
+    """A queued job: its exclude list follows the nodes' state every tick (a node back in service
+    is dropped from it, a node newly bad added), and a job that cannot be placed says why."""
+    records: list[Record] = []
+    actions: list[Action] = []
+    if run.state in (RunState.REGISTERED, RunState.RUNNING, RunState.RECOVERING):
+        records.append(SetState(run.name, RunState.QUEUED))
+    placement = place(run, obs.snapshot, obs.quarantined, policy.when_short, current=job.excluded_nodes)
+    if placement.submittable and set(placement.exclude) != set(job.excluded_nodes):
+        actions.append(SetExcluded(run.name, job.job_id, placement.exclude))
+    if job.hold is JobHold.LAUNCH_FAILED or _held_after_our_prolog(run, job):
+        actions.append(Release(run.name, job.job_id, f"Slurm held the job after a launch failure ({job.state_reason})"))
+    notes = placement_notes(run, a, placement, a.submitted_at, obs.now, policy.stuck_page_s)
+    return Decision(tuple(records) + notes.events, tuple(actions), notes.recheck_at, waiting=placement.short)
+
+
+def submit_next(
+    run: RunRecord,
+    a: AttemptRecord | None,
+    obs: Observation,
+    policy: Policy,
+    *,
+    restart: bool,
+    reason: str,
+    since: float,
+) -> Decision:
+    """Submit the run's next job where it can be placed. When Slurm would refuse every exclude
+    list (nodes in service that must stay out leave the partition too small), nothing is
+    submitted: the run waits, says for which nodes, and is looked at again every tick."""
+    placement = place(run, obs.snapshot, obs.quarantined, policy.when_short)
+    notes = placement_notes(run, a, placement, since, obs.now, policy.stuck_page_s, waiting=not placement.submittable)
+    if not placement.submittable:
+        return Decision(notes.events, (), notes.recheck_at, waiting=True)
+    submit = Submit(run.name, placement.exclude, restart=restart, reason=reason)
+    return Decision(notes.events, (submit,), notes.recheck_at)
+
+
+def _held_after_our_prolog(run: RunRecord, job: JobInfo) -> bool:
+    """The prolog's failure and this run's own drain of the same node race: Slurm may then keep the
+    launch-failure hold as an admin's hold and lose its description. The hold is ours to lift when
+    the requeued incarnation's fault was a prolog finding on a node this run excluded for it; a
+    person's hold (USER, or ADMIN without that fault) is kept."""
+    return (
+        job.restart_count > 0 and job.hold is JobHold.ADMIN and any("[prolog" in why for why in run.excluded.values())
+    )
+
+
+def decide_requeued(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
+    records: list[Record] = []
+    if a.ended_at is None:
+        records.append(
+            AttemptEnded(
+                run.name, a.seq, obs.now, "REQUEUED", f"requeued by Slurm ({job.state_reason or 'no reason given'})"
+            )
+        )
+    bad = faulty_nodes(run, a.nodes, obs)
+    contained, actions = contain(run, a, bad, obs, policy)
+    records += contained
+    excluded = tuple(sorted(set(run.excluded) | set(bad)))
+    records += [
+        AttemptRequeued(run.name, job.job_id, job.restart_count, obs.now, excluded),
+        SetState(run.name, RunState.QUEUED, spend_restart=True),
+        event_for(
+            run,
+            a,
+            EventKind.REQUEUED,
+            f"Slurm requeued job {job.job_id} (restart {job.restart_count})",
+            obs,
+            {"state_reason": job.state_reason, "bad_nodes": dict(bad)},
+        ),
+    ]
+    return Decision(tuple(records), tuple(actions))
+
+
+def decide_finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
+    records: list[Record] = []
+    if a.ended_at is None:
+        records.append(
+            AttemptEnded(
+                run.name,
+                a.seq,
+                job.end_time or obs.now,
+                job.state.value,
+                job.state_reason or job.state.value,
+                job.exit_code,
+            )
+        )
+    if run.state is RunState.RECOVERING:
+        how = (
+            f"is left only on fenced-off {fmt_nodes(job.nodes)} (Slurm still completing it there)"
+            if job.completing
+            else f"ended {job.state.value} after the fault"
+        )
+        records.append(
+            event_for(
+                run,
+                a,
+                EventKind.STOPPED,
+                f"{a.label} {how}",
+                obs,
+                {"state": job.state.value, "exit_code": job.exit_code, "nodes": list(job.nodes)},
+                str(job.job_id),
+            )
+        )
+    done = Decision(tuple(records))
+    if run.state is RunState.RECOVERING:
+        rollback = obs.rollbacks.get(run.name)
+        why = (
+            f"rollback to step {rollback.checkpoint_step} after the loss spike at step {rollback.onset_step}"
+            if rollback
+            else "replacing the incarnation stopped after a fault"
+        )
+        return done + _restart(run, a, job, obs, policy, why)
+    if job.state is JobState.COMPLETED and (job.exit_code or 0) == 0:
+        return done + set_terminal(run, RunState.COMPLETED, EventKind.COMPLETED, f"job {job.job_id} completed", obs)
+    if job.exit_code is not None and job.exit_code in run.spec.do_not_restart_exit_codes:
+        why = f"job {job.job_id} exited with do-not-restart code {job.exit_code}; not restarting"
+        return done + set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
+    if job.state is JobState.CANCELLED:
+        failed_on = _launch_failed_on(job, obs)
+        if failed_on:  # not a person's cancel: Slurm ended a job it could not requeue (--no-requeue)
+            return done + _recover_finished(run, a, job, failed_on, obs, policy)
+        if _just_launched(job) and obs.now - (job.end_time or obs.now) < LAUNCH_WINDOW_S:
+            return done  # cancelled as it started: give Slurm a moment to show a prolog's drain
+        return done + set_terminal(
+            run,
+            RunState.CANCELLED,
+            EventKind.CANCELLED,
+            f"job {job.job_id} was cancelled outside the supervisor; not restarting",
+            obs,
+        )
+    bad = faulty_nodes(run, a.nodes or job.nodes, obs)
+    if bad:
+        return done + _recover_finished(run, a, job, bad, obs, policy)
+    nodes = a.nodes or job.nodes
+    ended = job.end_time or obs.now
+    if policy.evidence_wait_s > 0 and set(nodes) & obs.agents and obs.now < ended + policy.evidence_wait_s:
+        # A GPU fault kills the job at once; the node's agent says which node at its next sample.
+        # Restarting before that would put the run back on the broken node: wait that long.
+        return done + Decision(recheck_at=ended + policy.evidence_wait_s)
+    why = f"job {job.job_id} ended {job.state.value}" + (f" with exit code {job.exit_code}" if job.exit_code else "")
+    fault = event_for(
+        run,
+        a,
+        EventKind.FAULT,
+        why,
+        obs,
+        {"state": job.state.value, "exit_code": job.exit_code, "state_reason": job.state_reason},
+    )
+    return done + Decision((fault, SetState(run.name, RunState.RECOVERING, reason=why)))
+
+
+def _launch_failed_on(job: JobInfo, obs: Observation) -> dict[str, str]:
+    """Nodes whose prolog failed the job's launch: Slurm drained them (the adapter read its reason)
+    and, the job not being requeueable, cancelled it the second it started."""
+    if not _just_launched(job):
+        return {}
+    out = {}
+    for name in job.nodes:
+        info = obs.snapshot.nodes.get(name)
+        if info is not None and info.drained and info.prolog_failed:
+            out[name] = f"the job's prolog failed on it: Slurm drained it ({info.reason})"
+    return out
+
+
+LAUNCH_WINDOW_S = 10.0
+
+
+def _just_launched(job: JobInfo) -> bool:
+    return job.start_time is not None and job.end_time is not None and job.end_time - job.start_time <= LAUNCH_WINDOW_S
+
+
+def _recover_finished(
+    run: RunRecord, a: AttemptRecord, job: JobInfo, bad: Mapping[str, str], obs: Observation, policy: Policy
+) -> Decision:
+    decision = recover(run, a, job, bad, obs, policy)
+    actions = tuple(x for x in decision.actions if not isinstance(x, Cancel))
+    return Decision(decision.records, actions)
+
+
+def _restart(
+    run: RunRecord, a: AttemptRecord, job: JobInfo | None, obs: Observation, policy: Policy, reason: str
+) -> Decision:
+    if run.restarts_spent >= run.spec.max_restarts:
+        why = f"restart budget spent ({run.restarts_spent} of {run.spec.max_restarts}); giving up"
+        return set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
+    actions: list[Action] = []
+    records: list[Record] = []
+    dead = sorted(n for n in set(a.nodes) & set(run.excluded) if _unreachable(obs, n))
+    if policy.fence and job is not None:
+        actions += [Fence(run.name, n, a.job_id) for n in dead]
+    elif dead:
+        msg = (
+            f"no fence command: cannot confirm that nothing of {a.label} still runs on {fmt_nodes(tuple(dead))}; "
+            "Slurm kills leftovers when the node's slurmd returns (set fence.command to power it off)"
+        )
+        records.append(event_for(run, a, EventKind.WARNING, msg, obs, {"nodes": dead}, "unfenced"))
+    since = a.ended_at if a.ended_at is not None else obs.now
+    return Decision(tuple(records), tuple(actions)) + submit_next(
+        run, a, obs, policy, restart=True, reason=reason, since=since
+    )
+
+
+def _unreachable(obs: Observation, node: str) -> bool:
+    """Slurm cannot reach the node: what runs there cannot be confirmed stopped without a fence.
+    A node drained for a GPU fault still answers; its slurmd kills the cancelled job."""
+    info = obs.snapshot.nodes.get(node)
+    return info is None or info.down or not info.responding or node in obs.dead
+
+
+def decide_vanished(run: RunRecord, a: AttemptRecord, obs: Observation, policy: Policy) -> Decision:
+    ended = (
+        ()
+        if a.ended_at is not None
+        else (AttemptEnded(run.name, a.seq, obs.now, "VANISHED", "job no longer known to Slurm"),)
+    )
+    if run.state is RunState.RECOVERING:
+        return Decision(ended) + _restart(run, a, None, obs, policy, "replacing the incarnation stopped after a fault")
+    why = (
+        f"job {a.job_id} is no longer known to Slurm and its outcome is unknown (it ended longer than "
+        "MinJobAge ago); not restarting blindly. Check the job's output, then submit the spec under a new run name"
+    )
+    return Decision(ended) + set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
+
+
+def decide_cancel(run: RunRecord, a: AttemptRecord, job: JobInfo | None, obs: Observation) -> Decision:
+    if job is not None and not job.state.finished:
+        return Decision(actions=(Cancel(run.name, job.job_id, "cancel requested"),))
+    if job is not None and job.completing:
+        return Decision()
+    return set_terminal(run, RunState.CANCELLED, EventKind.CANCELLED, "cancelled on request", obs)

@@ -1,0 +1,85 @@
+"""What a decision sees and may do: one tick's ``Observation``, the ``Policy`` it decides under,
+and the helpers every part of the decision shares (logbook lines, the reason the supervisor puts
+on a node it changes). Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor.domain.actions import (
+    Decision,
+    SetState,
+)
+from supervisor.domain.cluster import ClusterSnapshot
+from supervisor.domain.health import NodeFinding
+from supervisor.domain.lemon import Quarantine
+from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
+from supervisor.domain.rollback import RollbackRecord
+from supervisor.domain.run import RunState
+
+REASON_PREFIX = "slurm-supervisor"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One tick's view: Slurm's snapshot plus nodes that direct probes confirmed dead."""
+
+    snapshot: ClusterSnapshot
+    dead: Mapping[str, str] = field(default_factory=dict)  # node -> evidence
+    hangs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # run -> hang evidence
+    findings: Mapping[str, NodeFinding] = field(default_factory=dict)  # node -> worst active finding
+    quarantined: Mapping[str, Quarantine] = field(default_factory=dict)  # nodes every run keeps out
+    checkpoint_at: Mapping[str, float] = field(default_factory=dict)  # run -> newest verified checkpoint
+    rollbacks: Mapping[str, RollbackRecord] = field(default_factory=dict)  # run -> rollback planned, not yet done
+    # nodes kept out of a run that Slurm took out of service (we, a health check or an admin) and
+    # someone returned to service since
+    returned: frozenset[str] = frozenset()
+    agents: frozenset[str] = frozenset()  # nodes whose node agent reports (fresh heartbeat)
+
+    @property
+    def now(self) -> float:
+        return self.snapshot.taken_at
+
+
+@dataclass(frozen=True)
+class Policy:
+    may_change_nodes: bool = True
+    drains_left: int = 8  # blast radius left in the current window
+    fence: bool = False  # a site fence command is configured
+    evidence_wait_s: float = 0.0  # after an unexplained job death, wait this long for node agents' evidence
+    stuck_page_s: float = 1800.0  # a run that cannot be placed pages after waiting this long
+    when_short: str = "use-least-bad"  # [quarantine] when_short: quarantined nodes for a run short of nodes
+
+
+def node_reason(run: str, why: str) -> str:
+    return f"{REASON_PREFIX}: run {run}: {why}"[:200]
+
+
+def marked_by_us(reason: str, run: str) -> bool:
+    return reason.startswith(f"{REASON_PREFIX}: run {run}:")
+
+
+def set_terminal(run: RunRecord, state: RunState, kind: EventKind, why: str, obs: Observation) -> Decision:
+    return Decision((SetState(run.name, state, reason=why), event_for(run, run.attempt, kind, why, obs)))
+
+
+def event_for(
+    run: RunRecord,
+    a: AttemptRecord | None,
+    kind: EventKind,
+    message: str,
+    obs: Observation,
+    evidence: Mapping[str, Any] | None = None,
+    suffix: str = "",
+) -> Event:
+    seq = a.seq if a else None
+    key = f"{run.name}:{seq}:{kind.value}:{suffix}"
+    return Event(
+        run.name, kind, message, key, obs.now, seq, a.job_id if a else None, "supervisor", dict(evidence or {})
+    )
+
+
+def fmt_nodes(nodes: tuple[str, ...]) -> str:
+    return ",".join(nodes) or "(no nodes)"
