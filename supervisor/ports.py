@@ -16,6 +16,7 @@ from supervisor.domain.checkpoints import CheckpointRef, Level, Manifest, Verify
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange, NodeInfo, SubmitRequest
 from supervisor.domain.health import NodeFinding
 from supervisor.domain.lemon import Fault
+from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.resume import ResumePlan
 from supervisor.domain.rollback import RollbackRecord
@@ -133,7 +134,9 @@ class RunStore(Protocol):
         self, run: str, seq: int, at: float, end_state: str, reason: str, exit_code: int | None
     ) -> None: ...
 
-    def attempt_progress(self, run: str, seq: int, last_step: int, step_time_s: float | None) -> None: ...
+    def attempt_progress(
+        self, run: str, seq: int, last_step: int, step_time_s: float | None, hang_pace: HangPace | None = None
+    ) -> None: ...
 
     def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]: ...
 
@@ -179,6 +182,10 @@ class NodeMemory(Protocol):
     def record_node_fault(self, fault: Fault) -> None: ...
 
     def node_faults(self, since: float) -> list[Fault]: ...
+
+    def keep_findings(self, findings: Iterable[NodeFinding]) -> None: ...
+
+    def active_findings(self) -> dict[str, NodeFinding]: ...
 
     def record_node_change(self, change: NodeChangeRecord) -> None: ...
 

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from supervisor.domain.cluster import NodeChange
+from supervisor.domain.health import NodeFinding
 from supervisor.domain.lemon import Fault
+from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import Event, NodeVerdict
 from supervisor.domain.resume import ResumePlan
 from supervisor.domain.rollback import RollbackRecord
@@ -155,6 +157,7 @@ class AttemptProgress:
     seq: int
     last_step: int
     step_time_s: float | None = None
+    hang_pace: HangPace | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,14 @@ class NodeMark:
 
     node: str
     action: str
+
+
+@dataclass(frozen=True)
+class ActiveFindings:
+    """The node findings the engine holds active now (each node's worst degraded or fatal finding
+    not yet acted on or expired): kept in the store, so a restarted daemon holds them too."""
+
+    findings: tuple[NodeFinding, ...]
 
 
 Record = (
@@ -180,6 +191,7 @@ Record = (
     | RollbackRecord
     | AttemptProgress
     | NodeMark
+    | ActiveFindings
 )
 
 

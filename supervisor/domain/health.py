@@ -40,6 +40,31 @@ class NodeFinding:
     run: str | None = None  # the run whose token carried it, when known
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "severity": self.severity.value,
+            "reason": self.reason,
+            "rule": self.rule,
+            "at": self.at,
+            "source": self.source,
+            "run": self.run,
+            "evidence": dict(self.evidence),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NodeFinding:
+        return cls(
+            node=str(d["node"]),
+            severity=Severity(d["severity"]),
+            reason=str(d["reason"]),
+            rule=str(d["rule"]),
+            at=float(d["at"]),
+            source=str(d.get("source") or "agent"),
+            run=None if d.get("run") is None else str(d["run"]),
+            evidence=dict(d.get("evidence") or {}),
+        )
+
 
 @dataclass(frozen=True)
 class HeartbeatSettings:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.run import RunSpec, RunState
 
 
@@ -32,6 +33,7 @@ class AttemptRecord:
     exit_code: int | None = None
     last_step: int | None = None  # the newest training step its log showed
     step_time_s: float | None = None  # its step time, as the log showed it
+    hang_pace: HangPace | None = None  # what the hang detector learned of its pace
 
     @property
     def label(self) -> str:

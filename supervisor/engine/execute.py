@@ -17,6 +17,7 @@ import structlog
 
 from supervisor.domain.actions import (
     Action,
+    ActiveFindings,
     AttemptEnded,
     AttemptProgress,
     AttemptRequeued,
@@ -106,7 +107,7 @@ class Executor:
         elif isinstance(rec, AttemptRequeued):
             s.add_attempt(rec.run, rec.job_id, rec.restart_count, rec.at, rec.excluded)
         elif isinstance(rec, AttemptProgress):
-            s.attempt_progress(rec.run, rec.seq, rec.last_step, rec.step_time_s)
+            s.attempt_progress(rec.run, rec.seq, rec.last_step, rec.step_time_s, rec.hang_pace)
         else:
             self._apply_node_record(rec, now)
 
@@ -126,6 +127,8 @@ class Executor:
             s.record_node_fault(rec)
         elif isinstance(rec, RollbackRecord):
             s.record_rollback(rec)
+        elif isinstance(rec, ActiveFindings):
+            s.keep_findings(rec.findings)
         else:  # pragma: no cover - a new record type without a handler is a programming error
             raise TypeError(f"no handler for record {rec!r}")
 

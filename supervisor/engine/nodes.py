@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from supervisor.domain.actions import NodeMark, Record
+from supervisor.domain.actions import ActiveFindings, NodeMark, Record
 from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity, stale_heartbeats, worst
 from supervisor.domain.observation import REASON_PREFIX
@@ -40,11 +40,15 @@ class NodeWatch:
         self.heartbeat = heartbeat
         self.finding_ttl_s = finding_ttl_s
         self._findings: dict[str, NodeFinding] = {}  # node -> active finding (degraded or fatal)
+        self._loaded = False  # the findings a previous daemon held are read from the store once
 
     def observe(
         self, runs: list[RunRecord], snap: ClusterSnapshot, store: Store, new: list[NodeFinding], now: float
     ) -> NodeFacts:
         """``new``: findings from other sources this tick (straggler scores)."""
+        if not self._loaded:
+            self._findings, self._loaded = store.active_findings(), True
+        before = dict(self._findings)
         returned, marks = returned_nodes(store.verdicts(), snap)
         for node in returned:  # an old finding must not fault the run that lands there next
             self._findings.pop(node, None)
@@ -52,7 +56,8 @@ class NodeWatch:
         ages = self.health.heartbeat_ages(now)
         agents = frozenset(n for n, age in ages.items() if age <= self.heartbeat.timeout_s)
         stale = self._stale_agents(runs, snap, ages, now)
-        return NodeFacts(dict(self._findings), returned, stale, agents, tuple(marks + verdicts))
+        kept: list[Record] = [] if self._findings == before else [ActiveFindings(tuple(self._findings.values()))]
+        return NodeFacts(dict(self._findings), returned, stale, agents, tuple(marks + verdicts + kept))
 
     def _take_findings(
         self, runs: list[RunRecord], snap: ClusterSnapshot, new: list[NodeFinding], now: float

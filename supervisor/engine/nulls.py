@@ -9,6 +9,7 @@ from typing import Any
 
 from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.health import NodeFinding
+from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import Event, RunRecord
 from supervisor.domain.resume import ResumePlan
 from supervisor.engine.progress import SpikeNotice
@@ -39,6 +40,9 @@ class NoProgress:
         return None
 
     def next_deadline(self, now: float) -> float | None:
+        return None
+
+    def hang_pace(self, job_id: int, restart_count: int) -> HangPace | None:
         return None
 
 

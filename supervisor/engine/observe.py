@@ -136,7 +136,8 @@ def _progress_records(runs: list[RunRecord], progress: ProgressWatch | NoProgres
         a = run.attempt
         step = progress.last_step(a.job_id, a.restart_count) if a is not None else None
         if a is not None and step is not None and step != a.last_step:
-            out.append(AttemptProgress(run.name, a.seq, step, progress.step_time(a.job_id, a.restart_count)))
+            key = (a.job_id, a.restart_count)
+            out.append(AttemptProgress(run.name, a.seq, step, progress.step_time(*key), progress.hang_pace(*key)))
     return out
 
 

@@ -16,13 +16,14 @@ import structlog
 
 from supervisor.domain.cluster import ClusterSnapshot, JobState
 from supervisor.domain.health import NodeFinding
-from supervisor.domain.progress import ProgressParser, parser_for
-from supervisor.domain.progress.hang import HangDetector, HangSettings
+from supervisor.domain.progress import ProgressParser, ProgressRecord, parser_for
+from supervisor.domain.progress.hang import HangDetector, HangPace, HangSettings, HangVerdict
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.progress.pauses import ends_pause, pause_of
 from supervisor.domain.records import RunRecord
 from supervisor.domain.run import SpikePolicy
-from supervisor.domain.spikes import Notice, SpikeDetector, SpikeSettings
+from supervisor.domain.spike_detector import SpikeDetector
+from supervisor.domain.spikes import Notice, SpikeSettings
 from supervisor.engine.pace import Pace
 from supervisor.ports import LogOpener, LogSource
 
@@ -84,6 +85,11 @@ class ProgressWatch:
         """The newest step an attempt logged (None: never followed, or nothing parsed)."""
         return self._last_steps.get((job_id, restart_count))
 
+    def hang_pace(self, job_id: int, restart_count: int) -> HangPace | None:
+        """What the hang detector learned of the attempt's pace (None: not followed now)."""
+        watch = next((w for w in self._watches.values() if w.key == (job_id, restart_count)), None)
+        return watch.detector.pace if watch is not None else None
+
     def step_time(self, job_id: int, restart_count: int) -> float | None:
         """The attempt's latest logged seconds per step (None: its log prints none)."""
         return self._step_times.get((job_id, restart_count))
@@ -119,22 +125,25 @@ class ProgressWatch:
             self._read(run.name, watch, now)
             verdict = watch.detector.check(now)
             if verdict is not None:
-                hangs[run.name] = {
-                    "reason": verdict.reason,
-                    "last_step": verdict.last_step,
-                    "silent_s": round(verdict.since_s, 1),
-                    "step_interval_s": verdict.interval_s,
-                    "threshold_s": verdict.threshold_s,
-                    "step_time_s": self._step_times.get(watch.key),
-                    "log": watch.path,
-                    "records_read": watch.records,
-                    "last_lines": list(watch.recent),
-                }
+                hangs[run.name] = self._hang_evidence(watch, verdict)
         for name in set(self._watches) - seen:
             watch = self._watches.pop(name)
             self._read(name, watch, now)  # the lines the attempt wrote before it ended: its last step
             watch.source.close()
         return hangs
+
+    def _hang_evidence(self, watch: _Watch, verdict: HangVerdict) -> dict[str, Any]:
+        return {
+            "reason": verdict.reason,
+            "last_step": verdict.last_step,
+            "silent_s": round(verdict.since_s, 1),
+            "step_interval_s": verdict.interval_s,
+            "threshold_s": verdict.threshold_s,
+            "step_time_s": self._step_times.get(watch.key),
+            "log": watch.path,
+            "records_read": watch.records,
+            "last_lines": list(watch.recent),
+        }
 
     def next_deadline(self, now: float) -> float | None:
         """The earliest time a followed attempt would be called hung if no new step arrives before
@@ -169,9 +178,23 @@ class ProgressWatch:
             SpikeDetector(spike_settings(run.spec.spikes)),
             Pace(run.name, tuple(nodes)),
         )
+        a = run.attempt
+        if a is not None and a.hang_pace is not None and (a.job_id, a.restart_count) == key:
+            watch.detector.learn(a.hang_pace)  # a restarted daemon: the pace it already knew
         self._watches[run.name] = watch
         log.info("progress_following", run=run.name, log=path, attempt_key=list(key))
         return watch
+
+    def _stepped(self, watch: _Watch, record: ProgressRecord, now: float) -> None:
+        """A record with a step: the hang detector's pace, the attempt's last step and step time
+        (bounded memory: the newest 256 attempts), the series spike notices carry."""
+        assert record.step is not None
+        watch.detector.observe(record.step, now)
+        if record.step > self._last_steps.get(watch.key, -1):
+            _bounded_put(self._last_steps, watch.key, record.step)
+        if record.step_time_s and record.step_time_s > 0:
+            _bounded_put(self._step_times, watch.key, record.step_time_s)
+        watch.series.append((record.step, record.loss, record.grad_norm, record.lr))
 
     def _read(self, run: str, watch: _Watch, now: float) -> None:
         try:
@@ -181,24 +204,11 @@ class ProgressWatch:
             return
         if lines:
             watch.recent = (watch.recent + [ln[:200] for ln in lines])[-3:]
-            for line in lines:  # a save or an evaluation stalls the log without a hang
-                if ends_pause(line):
-                    watch.detector.unpause()
-                elif (what := pause_of(line)) is not None:
-                    watch.detector.pause(what)
+            _note_pauses(watch.detector, lines)
         for record in watch.parser.feed_all(lines):
             watch.records += 1
             if record.step is not None:
-                watch.detector.observe(record.step, now)
-                if record.step > self._last_steps.get(watch.key, -1):
-                    self._last_steps[watch.key] = record.step
-                    if len(self._last_steps) > 256:
-                        self._last_steps.pop(next(iter(self._last_steps)))
-                if record.step_time_s and record.step_time_s > 0:
-                    self._step_times[watch.key] = record.step_time_s
-                    if len(self._step_times) > 256:
-                        self._step_times.pop(next(iter(self._step_times)))
-                watch.series.append((record.step, record.loss, record.grad_norm, record.lr))
+                self._stepped(watch, record, now)
             if watch.pace is not None:
                 found, slow = watch.pace.feed(record, now)
                 self._findings += found
@@ -207,3 +217,18 @@ class ProgressWatch:
             if watch.spikes is not None:
                 for notice in watch.spikes.feed(record):
                     self._notices.append(SpikeNotice(run, watch.key, notice, tuple(watch.series)))
+
+
+def _note_pauses(detector: HangDetector, lines: list[str]) -> None:
+    """A save or an evaluation the log announces stalls it without a hang."""
+    for line in lines:
+        if ends_pause(line):
+            detector.unpause()
+        elif (what := pause_of(line)) is not None:
+            detector.pause(what)
+
+
+def _bounded_put(memory: dict[tuple[int, int], Any], key: tuple[int, int], value: Any) -> None:
+    memory[key] = value
+    if len(memory) > 256:
+        memory.pop(next(iter(memory)))

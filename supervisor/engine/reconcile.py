@@ -83,27 +83,16 @@ class Engine:
         self.checkpoints = checkpoints or NoCheckpoints()
         self._agents_report = health is not None  # evidence from node agents is worth waiting for
         self.probes = ProbeTracker(probe, settings.probe_confirm_s)
+        nodes = NodeWatch(health or NoHealthFeed(), settings.heartbeat, settings.finding_ttl_s)
         self.observer = Observer(
-            scheduler=scheduler,
-            store=store,
-            clock=clock,
-            probes=self.probes,
-            progress=self.progress,
-            checkpoints=self.checkpoints,
-            nodes=NodeWatch(health or NoHealthFeed(), settings.heartbeat, settings.finding_ttl_s),
-            quarantine=settings.quarantine,
+            scheduler=scheduler, store=store, clock=clock, probes=self.probes, progress=self.progress,
+            checkpoints=self.checkpoints, nodes=nodes, quarantine=settings.quarantine,
             node_refresh_ticks=settings.node_refresh_ticks,
-        )
+        )  # fmt: skip
         self.executor = Executor(
-            scheduler=scheduler,
-            store=store,
-            clock=clock,
-            fencer=fencer,
-            resume_for=self._resume_for,
-            ingest_url=settings.ingest_url,
-            node_rights=settings.may_change_nodes,
-            crash_hook=crash_hook,
-        )
+            scheduler=scheduler, store=store, clock=clock, fencer=fencer, resume_for=self._resume_for,
+            ingest_url=settings.ingest_url, node_rights=settings.may_change_nodes, crash_hook=crash_hook,
+        )  # fmt: skip
         self._recheck_at: float | None = None  # a decision waits for evidence (or a page) until then
         self._urgent = True
         self._waiting: set[str] = set()  # runs that cannot be placed: nodes read every tick, no urgency

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import pytest
 from sim_world import SimWorld
 
 from supervisor.domain.cluster import NodeChange
@@ -192,3 +193,21 @@ def test_a_drained_node_an_operator_returns_to_service_may_serve_the_run_again(t
     w.cluster.crash_node(w.run().attempt.nodes[1])  # the only other node left is the returned one
     w.until(lambda: w.running(2))
     assert victim in w.run().attempt.nodes
+
+
+@pytest.mark.parametrize("restart_daemon", [False, True])
+def test_a_finding_on_an_idle_node_is_held_across_a_daemon_restart(tmp_path, restart_daemon):
+    """An agent's XID on a node no job uses is reported once (its rule latches). The run's next
+    restart may land there: the engine must still hold the finding — also after a daemon restart
+    in between — and keep the run off that node."""
+    spec = replace(SPEC, nodes=2, spare_nodes=(), spare_policy=SparePolicy.PARTITION_IDLE)
+    w = world(tmp_path, specs=(spec,), nodes=3)
+    w.until(w.running)
+    idle = next(n for n in w.cluster.node_names if n not in w.run().attempt.nodes)
+    w.health.report(idle, Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
+    w.ticks(2)
+    if restart_daemon:
+        w.new_engine()
+    w.cluster.crash_node(w.run().attempt.nodes[0])  # the restart can only go to the idle node
+    w.ticks(30)
+    assert idle in w.run().excluded, "the held finding keeps the run off the broken node"

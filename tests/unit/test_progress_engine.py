@@ -108,3 +108,25 @@ def test_a_long_announced_save_is_waited_for_and_a_real_hang_after_it_is_not(tmp
     hang = w.events(EventKind.FAULT)[0]
     assert hang.evidence["last_step"] == 31  # not the save at step 30: the silence after it
     assert hang.at - saved_at > 120
+
+
+@pytest.mark.parametrize("restart_daemon", [False, True])
+def test_a_restarted_daemon_judges_a_hang_on_the_pace_it_already_learned(tmp_path, restart_daemon):
+    """40 steps at 10 s, then the trainer hangs just as the daemon restarts: the new daemon knows
+    the attempt's pace from the store, so the hang is caught within 3 x 10 s (plus the tick), not
+    after the start-up grace meant for attempts whose pace nobody knows yet."""
+    settings = HangSettings(multiple=3, floor_s=5, cap_s=600, startup_grace_s=900)
+    w = SimWorld(tmp_path, SPEC, probe=False, hang=settings)
+    w.until(lambda: w.running(0))
+    path = f"/logs/llm-{w.run().attempt.job_id}.out"
+    w.until(lambda: path in w.logs, limit=5)
+    for step in range(1, 41):
+        w.logs[path].append(megatron(step))
+        w.tick(10.0)
+    if restart_daemon:
+        w.new_engine()
+    hung_at = w.clock.now()
+    w.until(lambda: w.events(EventKind.FAULT), limit=200, interval=1.0)
+    fault = w.events(EventKind.FAULT)[0]
+    assert "hang" in fault.message and "learned step interval" in fault.message
+    assert fault.at - hung_at <= 3 * 10.0 + 2.0

@@ -6,7 +6,9 @@ import pytest
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.sqlite.schema import SCHEMA_VERSION, SchemaTooNew, migrate
 from supervisor.domain.blast import NodeChangeRecord
+from supervisor.domain.health import NodeFinding, Severity
 from supervisor.domain.lemon import Fault
+from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.rollback import RollbackRecord, RollbackStatus, SkipRange
 from supervisor.domain.run import IllegalTransition, RunSpec, RunState
@@ -103,8 +105,15 @@ def test_typed_records_the_engine_reads_back_are_stored_once_and_read_back_whole
     store.rollbacks_done("r1", before_attempt=1)
     assert [r.status for r in store.rollbacks("r1")] == [RollbackStatus.DONE, RollbackStatus.BLOCKED]
     store.add_attempt("r1", 100, 0, 1.0)
-    store.attempt_progress("r1", 0, 1234, 6.5)
-    assert (store.get_run("r1").attempt.last_step, store.get_run("r1").attempt.step_time_s) == (1234, 6.5)
+    pace = HangPace(((60.0, 10), (61.5, 10)), (10, 10))
+    store.attempt_progress("r1", 0, 1234, 6.5, pace)
+    a = store.get_run("r1").attempt
+    assert (a.last_step, a.step_time_s, a.hang_pace) == (1234, 6.5, pace)
+    finding = NodeFinding("n1", Severity.FATAL, "XID 79", "xid-79@1", 6.0, run="r1", evidence={"gpu": 3})
+    store.keep_findings([finding])
+    assert store.active_findings() == {"n1": finding}
+    store.keep_findings([])
+    assert store.active_findings() == {}
 
 
 def test_an_older_database_is_carried_over_into_the_typed_tables(tmp_path):

@@ -4,9 +4,11 @@ radius), operators' quarantine clears."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 from supervisor.adapters.sqlite.base import SqliteBase
 from supervisor.domain.blast import NodeChangeRecord
+from supervisor.domain.health import NodeFinding
 from supervisor.domain.lemon import Fault
 from supervisor.domain.records import NodeVerdict, Verdict
 
@@ -65,6 +67,19 @@ class SqliteNodes(SqliteBase):
             )
             for r in rows
         ]
+
+    def keep_findings(self, findings: Iterable[NodeFinding]) -> None:
+        """The node findings active now: they replace the ones kept before."""
+        with self.transaction() as db:
+            db.execute("DELETE FROM node_findings")
+            db.executemany(
+                "INSERT OR REPLACE INTO node_findings(node, finding) VALUES (?, ?)",
+                [(f.node, json.dumps(f.to_json(), default=str)) for f in findings],
+            )
+
+    def active_findings(self) -> dict[str, NodeFinding]:
+        rows = self._db.execute("SELECT node, finding FROM node_findings ORDER BY node").fetchall()
+        return {r["node"]: NodeFinding.from_json(json.loads(r["finding"])) for r in rows}
 
     def record_node_change(self, change: NodeChangeRecord) -> None:
         """Remember a DOWN or DRAIN this supervisor made (once per journaled intent)."""

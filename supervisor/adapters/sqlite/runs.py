@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from supervisor.adapters.sqlite.base import SqliteBase
+from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import AttemptRecord, RunRecord
 from supervisor.domain.run import CheckpointPolicy, RestartMode, RunSpec, RunState, SparePolicy, SpikePolicy, transition
 from supervisor.ports import PermanentError
@@ -133,12 +134,17 @@ class SqliteRuns(SqliteBase):
             (at, end_state, reason, exit_code, run, seq),
         )
 
-    def attempt_progress(self, run: str, seq: int, last_step: int, step_time_s: float | None) -> None:
-        """What the attempt's log showed last: its newest step and step time (read back after a
-        daemon restart, e.g. to tell whether a resumed checkpoint loaded)."""
+    def attempt_progress(
+        self, run: str, seq: int, last_step: int, step_time_s: float | None, hang_pace: HangPace | None = None
+    ) -> None:
+        """What the attempt's log showed last: its newest step and step time, and the pace the hang
+        detector learned (read back after a daemon restart, e.g. to tell whether a resumed
+        checkpoint loaded, or to judge a hang on the known pace)."""
+        pace = json.dumps(hang_pace.to_json()) if hang_pace is not None else None
         self._db.execute(
-            "UPDATE attempts SET last_step = ?, step_time_s = COALESCE(?, step_time_s) WHERE run = ? AND seq = ?",
-            (last_step, step_time_s, run, seq),
+            "UPDATE attempts SET last_step = ?, step_time_s = COALESCE(?, step_time_s),"
+            " hang_pace = COALESCE(?, hang_pace) WHERE run = ? AND seq = ?",
+            (last_step, step_time_s, pace, run, seq),
         )
 
     def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]:
@@ -184,6 +190,7 @@ def _attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
         exit_code=r["exit_code"],
         last_step=r["last_step"],
         step_time_s=r["step_time_s"],
+        hang_pace=HangPace.from_json(json.loads(r["hang_pace"])) if r["hang_pace"] else None,
     )
 
 

@@ -198,6 +198,15 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE kind IN ('submitted', 'restarted') AND attempt IS NOT NULL
           AND json_extract(evidence, '$.resume') IS NOT NULL ORDER BY id;
     """,
+    # 7: what the hang detector learned of each attempt's pace, and the node findings the engine
+    # holds active (a restarted daemon keeps both)
+    """
+    ALTER TABLE attempts ADD COLUMN hang_pace TEXT;
+    CREATE TABLE node_findings (
+        node TEXT PRIMARY KEY,
+        finding TEXT NOT NULL
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

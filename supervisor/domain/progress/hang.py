@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import median
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,24 @@ class HangSettings:
             problems.append(f"skip_samples must be 0 or more (got {self.skip_samples})")
         if problems:
             raise ValueError("HangSettings: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class HangPace:
+    """What a detector has learned of an attempt's pace: its samples (seconds, steps between two
+    reads that brought new steps) and the strides between logged steps. Kept in the store, so a
+    restarted daemon judges the attempt on the pace it already knows, not the start-up grace."""
+
+    samples: tuple[tuple[float, int], ...] = ()
+    strides: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, list[list[float]] | list[int]]:
+        return {"samples": [[seconds, steps] for seconds, steps in self.samples], "strides": list(self.strides)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> HangPace:
+        samples = tuple((float(x[0]), int(x[1])) for x in d.get("samples") or ())
+        return cls(samples, tuple(int(x) for x in d.get("strides") or ()))
 
 
 @dataclass(frozen=True)
@@ -123,6 +143,15 @@ class HangDetector:
             self._base_at, self._base_step = self._read_at, self._read_step
         self._read_at, self._read_step = at, step
         self._last_step, self._last_progress_at = step, at
+
+    @property
+    def pace(self) -> HangPace:
+        return HangPace(tuple(self._samples), tuple(self._strides))
+
+    def learn(self, pace: HangPace) -> None:
+        """Start from a pace learned earlier (by a daemon before a restart)."""
+        self._samples.extend(pace.samples)
+        self._strides.extend(pace.strides)
 
     def pause(self, what: str) -> None:
         """The log announced a save or an evaluation: the limit is ``pause_cap_s`` until it ends."""
