@@ -32,9 +32,9 @@ from pathlib import Path
 
 from supervisor.domain.progress import ProgressRecord, parse_text
 from supervisor.domain.rollback import choose_rollback, suggest_skip
+from supervisor.domain.spike_detector import SpikeDetector
 from supervisor.domain.spikes import (
     Decision,
-    SpikeDetector,
     SpikeOutcome,
     SpikeSettings,
     decide,

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 
-from supervisor.domain.goodput import KINDS, Lost
+from supervisor.domain.goodput import KINDS
+from supervisor.domain.goodput_sweep import Lost
 from supervisor.domain.goodput_text import hours
 
 WIDTH = 1000

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 import msgspec
 
-from supervisor.domain.gpu_health import RULES_VERSION, GpuHealthSettings, HealthRules
+from supervisor.domain.gpu_health import RULES_VERSION, HealthRules
+from supervisor.domain.gpu_table import GpuHealthSettings
 from supervisor.domain.health import NodeFinding, Severity
 from supervisor.domain.node_report import SCHEMA_VERSION, NodeReport, to_wire
 
@@ -68,18 +69,26 @@ def check_once(
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        elapsed = time.monotonic() - start
-        finding = NodeFinding(
-            node=node,
-            severity=Severity.FATAL,
-            rule=f"nvml-hung@{RULES_VERSION}",
-            reason=f"NVML did not answer within {timeout_s:g} s (wedged driver or GPU)",
-            at=time.time(),
-            source=source,
-            evidence={"timeout_s": timeout_s},
-        )
-        return CheckResult((finding,), None, elapsed, f"timed out after {timeout_s:g} s")
-    elapsed = time.monotonic() - start
+        return _hung(node, source, timeout_s, time.monotonic() - start)
+    return _judged(done, settings, time.monotonic() - start)
+
+
+def _hung(node: str, source: str, timeout_s: float, elapsed: float) -> CheckResult:
+    """The child did not answer in time: the fatal finding ``nvml-hung``."""
+    finding = NodeFinding(
+        node=node,
+        severity=Severity.FATAL,
+        rule=f"nvml-hung@{RULES_VERSION}",
+        reason=f"NVML did not answer within {timeout_s:g} s (wedged driver or GPU)",
+        at=time.time(),
+        source=source,
+        evidence={"timeout_s": timeout_s},
+    )
+    return CheckResult((finding,), None, elapsed, f"timed out after {timeout_s:g} s")
+
+
+def _judged(done: subprocess.CompletedProcess[bytes], settings: GpuHealthSettings, elapsed: float) -> CheckResult:
+    """The child's report judged by the GPU-health rules; no finding when it printed no report."""
     try:
         report = msgspec.json.decode(done.stdout, type=NodeReport)
     except (msgspec.DecodeError, msgspec.ValidationError):

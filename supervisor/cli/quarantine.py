@@ -8,7 +8,7 @@ import time
 import click
 
 from supervisor.adapters.sqlite import SqliteStore
-from supervisor.cli import wiring
+from supervisor.cli import context, wiring
 from supervisor.domain.lemon import QuarantineSettings, quarantined
 
 
@@ -18,9 +18,7 @@ def quarantine() -> None:
 
 
 def _settings(ctx: click.Context) -> tuple[QuarantineSettings, SqliteStore]:
-    from supervisor.cli import _config
-
-    cfg = _config(ctx)
+    cfg = context.config(ctx)
     q = cfg.quarantine
     return QuarantineSettings(q.faults, q.window_h * 3600, q.base_h * 3600, q.max_h * 3600), wiring.store(cfg)
 
@@ -63,8 +61,6 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def clear(ctx: click.Context, node: str, note: str) -> None:
     """End NODE's quarantine; faults before now no longer count against it."""
-    from supervisor.cli import _user
-
     _, store = _settings(ctx)
-    store.clear_quarantine(node, time.time(), _user(), note)
-    click.echo(f"{node}: quarantine cleared by {_user()} ({note})")
+    store.clear_quarantine(node, time.time(), context.user(), note)
+    click.echo(f"{node}: quarantine cleared by {context.user()} ({note})")

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from supervisor.domain.goodput import CheckpointAdvice, Goodput
+from supervisor.domain.goodput import CheckpointAdvice, Goodput, Interruption
 from supervisor.domain.goodput_text import cause_rows, hours, percent, summary_rows
 from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
 from supervisor.ports import Clock
@@ -262,48 +262,55 @@ def _columns(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def goodput_dict(g: Goodput, advice: CheckpointAdvice, parts: list[Goodput]) -> dict[str, Any]:
-    def one(x: Goodput) -> dict[str, Any]:
-        return {
-            "start": x.start,
-            "end": x.end,
-            "wall_s": x.wall_s,
-            "productive_s": x.productive_s,
-            "running_s": x.running_s,
-            "idle_s": x.idle_s,
-            "ettr": x.ettr,
-            "ettr_upper_bound": bool(x.unknown_lost_work),
-            "lost_s": asdict(x.lost),
-            "interruptions": len(x.interruptions),
-        }
-
     return {
         "run": g.run,
-        **one(g),
+        **_period_dict(g),
         "lost_by_cause_s": {k: asdict(v) for k, v in g.by_cause.items()},
         "interruptions_per_day": g.interruptions_per_day,
         "mtbi_s": g.mtbi_s,
-        "checkpoint_advice": {
-            "interval_s": advice.interval_s,
-            "save_s": advice.save_s,
-            "mtbi_s": advice.mtbi_s,
-            "expected_waste": advice.expected_waste,
-            "reason": advice.reason,
-        },
-        "interruption_list": [
-            {
-                "at": i.at,
-                "attempt": i.attempt,
-                "cause": asdict(i.cause),
-                "detection_s": i.detection_s,
-                "restart_s": i.restart_s,
-                "queue_s": i.queue_s,
-                "recovery_s": i.recovery_s,
-                "lost_work_s": i.lost_work_s,
-                "lost_steps": i.lost_steps,
-                "resume_step": i.resume_step,
-            }
-            for i in g.interruptions
-        ],
-        "windows": [one(p) for p in parts],
+        "checkpoint_advice": _advice_dict(advice),
+        "interruption_list": [_interruption_dict(i) for i in g.interruptions],
+        "windows": [_period_dict(p) for p in parts],
         "notes": list(g.notes),
+    }
+
+
+def _period_dict(x: Goodput) -> dict[str, Any]:
+    """The figures of a whole run or of one window of it."""
+    return {
+        "start": x.start,
+        "end": x.end,
+        "wall_s": x.wall_s,
+        "productive_s": x.productive_s,
+        "running_s": x.running_s,
+        "idle_s": x.idle_s,
+        "ettr": x.ettr,
+        "ettr_upper_bound": bool(x.unknown_lost_work),
+        "lost_s": asdict(x.lost),
+        "interruptions": len(x.interruptions),
+    }
+
+
+def _advice_dict(advice: CheckpointAdvice) -> dict[str, Any]:
+    return {
+        "interval_s": advice.interval_s,
+        "save_s": advice.save_s,
+        "mtbi_s": advice.mtbi_s,
+        "expected_waste": advice.expected_waste,
+        "reason": advice.reason,
+    }
+
+
+def _interruption_dict(i: Interruption) -> dict[str, Any]:
+    return {
+        "at": i.at,
+        "attempt": i.attempt,
+        "cause": asdict(i.cause),
+        "detection_s": i.detection_s,
+        "restart_s": i.restart_s,
+        "queue_s": i.queue_s,
+        "recovery_s": i.recovery_s,
+        "lost_work_s": i.lost_work_s,
+        "lost_steps": i.lost_steps,
+        "resume_step": i.resume_step,
     }

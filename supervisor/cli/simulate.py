@@ -8,13 +8,18 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from supervisor.cli import render
+
+if TYPE_CHECKING:  # the simulator is imported when the command runs, not with the CLI
+    from supervisor.sim.plan import Plan
+    from supervisor.sim.results import SimResult
+    from supervisor.sim.settings import Mode, SimSettings
 
 
 def _fmt_s(value: object) -> str:
@@ -131,114 +136,157 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, float], None] | None]:
     default=None,
     help="A progress bar. [default: when stderr is a terminal]",
 )
-def simulate(
-    gpus: int | None,
-    gpus_per_node: int,
-    nodes_per_job: int | None,
-    spares: int | None,
-    baseline_spares: int,
-    days: float | None,
-    checkpoint_interval: str,
-    save_cost: float,
-    restore_cost: float,
-    startup_cost: float,
-    step_time: float,
-    seed: int,
-    seeds: int,
-    only_baseline: bool,
-    compare: bool,
-    poll_interval: float,
-    hang_multiple: float,
-    nccl_timeout: float,
-    slurmd_timeout: float,
-    reboot_minutes: float,
-    replace_hours: float,
-    titan_trace: str | None,
-    node_agents: bool,
-    demo: bool,
-    state_dir: str | None,
-    show_logbook: bool | None,
-    as_json: bool,
-    show_progress: bool | None,
-) -> None:
+def simulate(**options: Any) -> None:
     """Simulate a long run on a simulated cluster: the real engine against published failure rates.
 
     Prints ETTR, interruptions by cause, lost GPU-hours and time to recover, with the assumed
     costs, and leaves the supervisor's logbook in a state directory
     (`slurm-supervisor --state-dir DIR logbook llama3-405b`)."""
     from supervisor.adapters.logging import configure_logging
-    from supervisor.sim import plan as planning
-    from supervisor.sim.failures import FailureModel, RepairTimes, titan_model, young_daly_interval
-    from supervisor.sim.runner import Simulation
-    from supervisor.sim.settings import Mode, SimSettings
-    from supervisor.sim.trainer import TrainerSettings
+    from supervisor.sim.settings import Mode
 
     configure_logging("warning", "auto")
-    if nodes_per_job is not None:
-        if gpus is not None:
-            raise click.UsageError("give --gpus or --nodes-per-job, not both")
-        gpus = nodes_per_job * gpus_per_node
-    if seeds < 1:
+    o = _Options(**options)
+    plan = _plan(o)
+    root = Path(o.state_dir) if o.state_dir else Path(tempfile.mkdtemp(prefix="ssv-sim-"))
+    results = _simulate(o, plan, root)
+    supervised = results[Mode.SUPERVISOR][0].run if Mode.SUPERVISOR in results else None
+    _report(o, plan, results, root, supervised)
+    if (o.show_logbook if o.show_logbook is not None else o.demo) and supervised is not None:
+        _print_logbook(_state_dir(o, root), supervised)
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The command's options, one field per option (the names click passes)."""
+
+    gpus: int | None
+    gpus_per_node: int
+    nodes_per_job: int | None
+    spares: int | None
+    baseline_spares: int
+    days: float | None
+    checkpoint_interval: str
+    save_cost: float
+    restore_cost: float
+    startup_cost: float
+    step_time: float
+    seed: int
+    seeds: int
+    only_baseline: bool
+    compare: bool
+    poll_interval: float
+    hang_multiple: float
+    nccl_timeout: float
+    slurmd_timeout: float
+    reboot_minutes: float
+    replace_hours: float
+    titan_trace: str | None
+    node_agents: bool
+    demo: bool
+    state_dir: str | None
+    show_logbook: bool | None
+    as_json: bool
+    show_progress: bool | None
+
+    @property
+    def modes(self) -> list[Mode]:
+        from supervisor.sim.settings import Mode
+
+        if self.only_baseline:
+            return [Mode.BASELINE]
+        return [Mode.SUPERVISOR, Mode.BASELINE] if self.compare else [Mode.SUPERVISOR]
+
+
+def _plan(o: _Options) -> Plan:
+    """The simulation's settings and checkpoint interval; a usage error names a bad option."""
+    from supervisor.sim import plan as planning
+    from supervisor.sim.failures import young_daly_interval
+
+    if o.nodes_per_job is not None and o.gpus is not None:
+        raise click.UsageError("give --gpus or --nodes-per-job, not both")
+    if o.seeds < 1:
         raise click.UsageError("--seeds must be 1 or more")
     try:
-        base = planning.demo_settings(seed) if demo else SimSettings()
-        model = titan_model(titan_trace) if titan_trace else FailureModel()
-        trainer = TrainerSettings(step_s=step_time, save_s=save_cost, restore_s=restore_cost, startup_s=startup_cost)
-        settings = replace(
-            base,
-            gpus=gpus or base.gpus,
-            gpus_per_node=gpus_per_node,
-            spares=base.spares if spares is None else spares,
-            baseline_spares=baseline_spares,
-            days=days or base.days,
-            seed=seed,
-            trainer=trainer,
-            failures=model,
-            repair=RepairTimes(reboot_minutes * 60.0, replace_hours * 3600.0),
-            poll_interval_s=poll_interval,
-            hang_multiple=hang_multiple,
-            nccl_timeout_s=nccl_timeout,
-            slurmd_timeout_s=slurmd_timeout,
-            node_agents=node_agents,
-        )
-        if demo and checkpoint_interval == "auto":  # Young/Daly for the demo's own fault rate, not Table 5's
+        settings = _settings(o)
+        interval = o.checkpoint_interval
+        if o.demo and interval == "auto":  # Young/Daly for the demo's own fault rate, not Table 5's
             mtbf = settings.seconds / len(planning.DEMO_FAULTS)
-            checkpoint_interval = str(round(young_daly_interval(settings.trainer.save_s, mtbf)))
-        plan = planning.make_plan(settings, checkpoint_interval)
+            interval = str(round(young_daly_interval(settings.trainer.save_s, mtbf)))
+        return planning.make_plan(settings, interval)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    modes = [Mode.BASELINE] if only_baseline else ([Mode.SUPERVISOR, Mode.BASELINE] if compare else [Mode.SUPERVISOR])
-    root = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="ssv-sim-"))
-    progress = sys.stderr.isatty() if show_progress is None else show_progress
-    with _progress(progress and not as_json) as bar:
-        if demo:
-            draw = planning.demo_failures(seed)
-            results = {
-                m: [Simulation(plan.settings, m, root if m is Mode.SUPERVISOR else None).run(draw)] for m in modes
+
+
+def _settings(o: _Options) -> SimSettings:
+    """The options over the defaults (the README demo's, with --demo)."""
+    from supervisor.sim.failures import FailureModel, RepairTimes, titan_model
+    from supervisor.sim.plan import demo_settings
+    from supervisor.sim.settings import SimSettings
+    from supervisor.sim.trainer import TrainerSettings
+
+    base = demo_settings(o.seed) if o.demo else SimSettings()
+    gpus = o.nodes_per_job * o.gpus_per_node if o.nodes_per_job is not None else o.gpus
+    model = titan_model(o.titan_trace) if o.titan_trace else FailureModel()
+    trainer = TrainerSettings(
+        step_s=o.step_time, save_s=o.save_cost, restore_s=o.restore_cost, startup_s=o.startup_cost
+    )
+    return replace(
+        base,
+        gpus=gpus or base.gpus,
+        gpus_per_node=o.gpus_per_node,
+        spares=base.spares if o.spares is None else o.spares,
+        baseline_spares=o.baseline_spares,
+        days=o.days or base.days,
+        seed=o.seed,
+        trainer=trainer,
+        failures=model,
+        repair=RepairTimes(o.reboot_minutes * 60.0, o.replace_hours * 3600.0),
+        poll_interval_s=o.poll_interval,
+        hang_multiple=o.hang_multiple,
+        nccl_timeout_s=o.nccl_timeout,
+        slurmd_timeout_s=o.slurmd_timeout,
+        node_agents=o.node_agents,
+    )
+
+
+def _simulate(o: _Options, plan: Plan, root: Path) -> dict[Mode, list[SimResult]]:
+    """Every mode on the same failure draws: the demo's four faults, or each seed's draw."""
+    from supervisor.sim import plan as planning
+    from supervisor.sim.runner import Simulation
+    from supervisor.sim.settings import Mode
+
+    progress = sys.stderr.isatty() if o.show_progress is None else o.show_progress
+    with _progress(progress and not o.as_json) as bar:
+        if o.demo:
+            draw = planning.demo_failures(o.seed)
+            return {
+                m: [Simulation(plan.settings, m, root if m is Mode.SUPERVISOR else None).run(draw)] for m in o.modes
             }
-        else:
-            results = planning.run_seeds(plan, modes, list(range(seed, seed + seeds)), root, bar)
+        return planning.run_seeds(plan, o.modes, list(range(o.seed, o.seed + o.seeds)), root, bar)
+
+
+def _report(o: _Options, plan: Plan, results: dict[Mode, list[SimResult]], root: Path, supervised: str | None) -> None:
+    """The figures, as one JSON object or as a table with the assumptions and where the logbook is."""
+    from supervisor.sim import plan as planning
+
     figures = {m.value: planning.summary(rs) for m, rs in results.items()}
-    if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "figures": figures,
-                    "assumptions": dict(planning.assumptions(plan)),
-                    "state_dir": str(root) if Mode.SUPERVISOR in results else None,
-                },
-                default=str,
-            )
-        )
-    else:
-        _print(plan, figures, planning.assumptions(plan))
-        if Mode.SUPERVISOR in results:
-            click.echo(
-                f"\nlogbook: slurm-supervisor --state-dir {root if seeds == 1 or demo else root / f'seed-{seed}'}"
-                f" logbook {results[Mode.SUPERVISOR][0].run}"
-            )
-    if (show_logbook if show_logbook is not None else demo) and Mode.SUPERVISOR in results:
-        _print_logbook(root if seeds == 1 or demo else root / f"seed-{seed}", results[Mode.SUPERVISOR][0].run)
+    if o.as_json:
+        doc = {
+            "figures": figures,
+            "assumptions": dict(planning.assumptions(plan)),
+            "state_dir": str(root) if supervised is not None else None,
+        }
+        click.echo(json.dumps(doc, default=str))
+        return
+    _print(plan, figures, planning.assumptions(plan))
+    if supervised is not None:
+        click.echo(f"\nlogbook: slurm-supervisor --state-dir {_state_dir(o, root)} logbook {supervised}")
+
+
+def _state_dir(o: _Options, root: Path) -> Path:
+    """Where the first seed's store is: the root itself, or its seed-N folder when several seeds ran."""
+    return root if o.seeds == 1 or o.demo else root / f"seed-{o.seed}"
 
 
 def _print(plan: object, figures: dict[str, dict[str, object]], assumed: list[tuple[str, str]]) -> None:

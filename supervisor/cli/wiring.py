@@ -17,7 +17,8 @@ from supervisor.adapters.slurm_cli import SlurmCli
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.tokens import TokenBook
 from supervisor.config import DaemonConfig
-from supervisor.domain.gpu_health import GpuHealthSettings, HealthRules
+from supervisor.domain.gpu_health import HealthRules
+from supervisor.domain.gpu_table import GpuHealthSettings
 from supervisor.domain.health import HeartbeatSettings
 from supervisor.domain.lemon import QuarantineSettings
 from supervisor.domain.progress.hang import HangSettings

@@ -10,7 +10,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, fi
 
 from supervisor.config._shared import FloatField, Section, absolute, not_empty
 from supervisor.config.errors import fail, fix_hint
-from supervisor.domain.gpu_health import GpuHealthSettings
+from supervisor.domain.gpu_table import GpuHealthSettings
 from supervisor.domain.health import Severity
 
 

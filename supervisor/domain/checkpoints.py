@@ -7,14 +7,14 @@ process to have finished. Layouts without our manifest (PyTorch DCP, Megatron, N
 with weaker, labelled guarantees.
 
 Everything here is pure: adapters list, HEAD and read storage and hand the facts to these
-functions, which decide.
+functions, which decide. The checks of a listing or of the bytes read against a manifest are
+domain.ckpt_checks; those of adopted layouts, domain.ckpt_adopted.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -107,21 +107,7 @@ class Manifest:
             "algorithm": self.algorithm.value,
             "created_at": self.created_at,
             "run": self.run,
-            "shards": [
-                {
-                    k: v
-                    for k, v in (
-                        ("key", s.key),
-                        ("size", s.size),
-                        ("checksum", s.checksum),
-                        ("version_id", s.version_id),
-                        ("writer", s.writer),
-                        ("written_at", s.written_at),
-                    )
-                    if v is not None
-                }
-                for s in self.shards
-            ],
+            "shards": [_shard_json(s) for s in self.shards],
         }
         if self.extra:
             doc["extra"] = dict(self.extra)
@@ -129,53 +115,81 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
-        try:
-            doc = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"manifest is not JSON: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise ManifestError("manifest is not a JSON object")
-        if doc.get("format") != MANIFEST_FORMAT:
-            raise ManifestError(
-                f"manifest format {doc.get('format')!r} is not {MANIFEST_FORMAT}; "
-                "upgrade slurm-supervisor or rewrite the manifest"
-            )
-        try:
-            algorithm = ChecksumAlgorithm(doc.get("algorithm", "crc64nvme"))
-        except ValueError as exc:
-            allowed = ", ".join(a.value for a in ChecksumAlgorithm)
-            raise ManifestError(f"manifest algorithm {doc.get('algorithm')!r} is not one of {allowed}") from exc
+        doc = _document(text)
+        algorithm = _algorithm(doc)
         step = doc.get("step")
         shards = doc.get("shards")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ManifestError(f"manifest step {step!r} is not a non-negative integer")
         if not isinstance(shards, list):
             raise ManifestError("manifest has no shard list")
-        entries = []
-        seen: set[str] = set()
-        for i, s in enumerate(shards):
-            if not isinstance(s, dict):
-                raise ManifestError(f"manifest shard {i} is not an object")
-            key, size, checksum = s.get("key"), s.get("size"), s.get("checksum")
-            if not isinstance(key, str) or not key or key.startswith("/") or ".." in key.split("/"):
-                raise ManifestError(f"manifest shard {i} has a bad key {key!r} (relative, no '..')")
-            if key in seen:
-                raise ManifestError(f"manifest lists shard {key!r} twice")
-            seen.add(key)
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise ManifestError(f"manifest shard {key!r} has a bad size {size!r}")
-            if not isinstance(checksum, str) or not checksum:
-                raise ManifestError(f"manifest shard {key!r} has no checksum")
-            entries.append(ShardEntry(key, size, checksum, s.get("version_id"), s.get("writer"), s.get("written_at")))
         extra = doc.get("extra") or {}
         return cls(
             step,
-            tuple(entries),
+            _shard_entries(shards),
             algorithm,
             float(doc.get("created_at") or 0.0),
             doc.get("run"),
             extra if isinstance(extra, dict) else {},
         )
+
+
+def _shard_json(s: ShardEntry) -> dict[str, Any]:
+    fields = (
+        ("key", s.key),
+        ("size", s.size),
+        ("checksum", s.checksum),
+        ("version_id", s.version_id),
+        ("writer", s.writer),
+        ("written_at", s.written_at),
+    )
+    return {k: v for k, v in fields if v is not None}
+
+
+def _document(text: str | bytes) -> dict[str, Any]:
+    """The manifest's JSON object, of our format."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"manifest is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ManifestError("manifest is not a JSON object")
+    if doc.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(
+            f"manifest format {doc.get('format')!r} is not {MANIFEST_FORMAT}; "
+            "upgrade slurm-supervisor or rewrite the manifest"
+        )
+    return doc
+
+
+def _algorithm(doc: Mapping[str, Any]) -> ChecksumAlgorithm:
+    try:
+        return ChecksumAlgorithm(doc.get("algorithm", "crc64nvme"))
+    except ValueError as exc:
+        allowed = ", ".join(a.value for a in ChecksumAlgorithm)
+        raise ManifestError(f"manifest algorithm {doc.get('algorithm')!r} is not one of {allowed}") from exc
+
+
+def _shard_entries(shards: list[Any]) -> tuple[ShardEntry, ...]:
+    seen: set[str] = set()
+    return tuple(_shard_entry(i, s, seen) for i, s in enumerate(shards))
+
+
+def _shard_entry(i: int, s: Any, seen: set[str]) -> ShardEntry:
+    """Shard ``i`` of the manifest, checked; its key is added to ``seen`` (a key listed twice is an error)."""
+    if not isinstance(s, dict):
+        raise ManifestError(f"manifest shard {i} is not an object")
+    key, size, checksum = s.get("key"), s.get("size"), s.get("checksum")
+    if not isinstance(key, str) or not key or key.startswith("/") or ".." in key.split("/"):
+        raise ManifestError(f"manifest shard {i} has a bad key {key!r} (relative, no '..')")
+    if key in seen:
+        raise ManifestError(f"manifest lists shard {key!r} twice")
+    seen.add(key)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ManifestError(f"manifest shard {key!r} has a bad size {size!r}")
+    if not isinstance(checksum, str) or not checksum:
+        raise ManifestError(f"manifest shard {key!r} has no checksum")
+    return ShardEntry(key, size, checksum, s.get("version_id"), s.get("writer"), s.get("written_at"))
 
 
 @dataclass(frozen=True)
@@ -242,95 +256,6 @@ class VerifyResult:
         }
 
 
-# --------------------------------------------------------------------------- pure checks
-
-_STEP_IN_NAME = re.compile(r"(\d+)(?!.*\d)")
-
-
-def step_from_name(name: str) -> int | None:
-    """The last run of digits in a checkpoint's name: ``step_000100`` -> 100, ``iter_0002000`` -> 2000."""
-    m = _STEP_IN_NAME.search(name.rstrip("/").rsplit("/", 1)[-1])
-    return int(m.group(1)) if m else None
-
-
-def check_listing(
-    manifest: Manifest,
-    listing: Mapping[str, ObjectInfo],
-    *,
-    name: str | None = None,
-    require_stored_checksum: bool = False,
-) -> tuple[ShardProblem, ...]:
-    """Metadata verification: every manifest shard present with its size and, where the storage
-    keeps one for the manifest's algorithm, its checksum. ``listing`` maps relative keys to what a
-    listing or HEAD returned. A manifest whose step disagrees with the checkpoint's name is stale.
-    """
-    problems: list[ShardProblem] = []
-    named_step = step_from_name(name) if name else None
-    if named_step is not None and named_step != manifest.step:
-        problems.append(
-            ShardProblem(
-                MANIFEST_NAME,
-                "stale",
-                f"manifest is for step {manifest.step}, checkpoint is named for step {named_step}",
-            )
-        )
-    algo = manifest.algorithm.value
-    for shard in manifest.shards:
-        info = listing.get(shard.key)
-        if info is None:
-            problems.append(ShardProblem(shard.key, "missing", "listed in the manifest, absent from storage"))
-            continue
-        if info.size != shard.size:
-            problems.append(ShardProblem(shard.key, "size", f"{info.size} bytes stored, manifest says {shard.size}"))
-            continue
-        stored = info.checksums.get(algo)
-        if stored is not None and stored != shard.checksum:
-            problems.append(
-                ShardProblem(
-                    shard.key, "checksum", f"stored {algo} {stored} differs from the manifest's {shard.checksum}"
-                )
-            )
-        elif stored is None and require_stored_checksum:
-            problems.append(ShardProblem(shard.key, "checksum", f"storage keeps no {algo} checksum for it"))
-        if shard.version_id and info.version_id and shard.version_id != info.version_id:
-            problems.append(
-                ShardProblem(
-                    shard.key, "stale", f"object version {info.version_id} is not the manifest's {shard.version_id}"
-                )
-            )
-    return tuple(problems)
-
-
-def check_digests(manifest: Manifest, digests: Mapping[str, tuple[int, str]]) -> tuple[ShardProblem, ...]:
-    """Full verification: the bytes read (size, computed checksum) of every shard against the manifest.
-    A shard absent from ``digests`` was not read (the caller reports why) and is not judged here."""
-    problems: list[ShardProblem] = []
-    for shard in manifest.shards:
-        got = digests.get(shard.key)
-        if got is None:
-            continue
-        size, checksum = got
-        if size != shard.size:
-            problems.append(ShardProblem(shard.key, "size", f"read {size} bytes, manifest says {shard.size}"))
-        elif checksum != shard.checksum:
-            problems.append(
-                ShardProblem(
-                    shard.key,
-                    "checksum",
-                    f"computed {manifest.algorithm.value} {checksum}, manifest says {shard.checksum}",
-                )
-            )
-    return tuple(problems)
-
-
-def summarize(problems: Sequence[ShardProblem], what: str = "checkpoint") -> str:
-    if not problems:
-        return f"{what} matches its manifest"
-    first = problems[0]
-    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-    return f"{first.key}: {first.problem}: {first.detail}{more}"
-
-
 # --------------------------------------------------------------------------- choosing where to resume
 
 
@@ -358,19 +283,10 @@ def choose_resume(
     for ref in ordered:
         if before_step is not None and (ref.step or 0) > before_step:
             continue
-        result = results.get(ref.location)
-        if not ref.committed:
-            why = "no commit marker (torn or still uploading)"
-        elif result is None:
-            why = "not verified yet"
-        elif result.outcome is not Outcome.VERIFIED:
-            why = f"{result.level.value} verification: {result.outcome.value}: {result.reason}"
-        elif ref.guarantee.weak and not allow_weak:
-            why = f"{ref.guarantee.value} layouts are not allowed by the run's policy"
-        else:
+        why = _passed_over(ref, results.get(ref.location), allow_weak)
+        if why is None:
             good.append(ref)
-            continue
-        if not good:
+        elif not good:
             skipped.append((ref, why))
     if not good:
         limit = f" at or before step {before_step}" if before_step is not None else ""
@@ -382,6 +298,19 @@ def choose_resume(
     return ResumeChoice(
         chosen, tuple(good[1:]), tuple(skipped), f"step {chosen.step}: {res.level.value}-verified{weak}{passed}"
     )
+
+
+def _passed_over(ref: CheckpointRef, result: VerifyResult | None, allow_weak: bool) -> str | None:
+    """Why ``ref`` cannot be resumed from; None when it can."""
+    if not ref.committed:
+        return "no commit marker (torn or still uploading)"
+    if result is None:
+        return "not verified yet"
+    if result.outcome is not Outcome.VERIFIED:
+        return f"{result.level.value} verification: {result.outcome.value}: {result.reason}"
+    if ref.guarantee.weak and not allow_weak:
+        return f"{ref.guarantee.value} layouts are not allowed by the run's policy"
+    return None
 
 
 def effective_result(metadata: VerifyResult | None, full: VerifyResult | None) -> VerifyResult | None:

@@ -16,7 +16,7 @@ is read here, so the step comes from names and "committed" from each layout's ow
   a sibling marker ``<name without .nemo/.ckpt/-EMA>-unfinished`` exists; the callback creates the
   marker before saving and removes it when everything is written.
 
-Adopted layouts are weak (see ``Guarantee.weak``): ``check_adopted`` checks presence only.
+Adopted layouts are weak (see ``Guarantee.weak``): ``check_adopted`` (domain.ckpt_adopted) checks presence only.
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ from supervisor.domain.checkpoints import (
     CheckpointRef,
     Guarantee,
     ObjectInfo,
-    ShardProblem,
-    step_from_name,
 )
+from supervisor.domain.ckpt_checks import step_from_name
 
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 DCP_METADATA = ".metadata"
@@ -41,8 +40,7 @@ DCP_SUFFIX = ".distcp"
 NEMO_UNFINISHED = "-unfinished"
 
 _MEGATRON_ITER = re.compile(r"^iter_(\d+)$")
-_MP_RANK = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?(?:_(\d+))?$")
-_MEGATRON_MODEL_FILES = ("model_optim_rng.pt", "model_rng.pt")
+MP_RANK = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?(?:_(\d+))?$")
 _MEGATRON_DIST_FILES = frozenset({"common.pt", "metadata.json"})  # megatron.core dist_checkpointing's own
 _NEMO_STEP = re.compile(r"(?:^|[^a-z])step=(\d+)", re.IGNORECASE)
 _STEP_NAMED = re.compile(
@@ -64,6 +62,14 @@ class _Dir:
     all_timed: bool = True  # every object in the subtree has a modified_at
     count: int = 0  # objects in the subtree
 
+    def count_in(self, obj: ObjectInfo) -> None:
+        """Account for ``obj``, somewhere in this subtree."""
+        self.count += 1
+        if obj.modified_at is None:
+            self.all_timed = False
+        else:
+            self.newest = max(self.newest, obj.modified_at)
+
     @property
     def name(self) -> str:
         return self.prefix.rsplit("/", 1)[-1]
@@ -79,7 +85,8 @@ class _Dir:
         return {n[: -len(NEMO_UNFINISHED)] for n in self.files if n.endswith(NEMO_UNFINISHED) and n != NEMO_UNFINISHED}
 
 
-def _parts(key: str) -> list[str]:
+def key_parts(key: str) -> list[str]:
+    """A key's non-empty path segments ("a//b/" and "a/b" are the same name)."""
     return [p for p in key.split("/") if p]
 
 
@@ -87,34 +94,35 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}/{name}" if prefix else name
 
 
-def _parent(prefix: str) -> str:
+def key_parent(prefix: str) -> str:
+    """The prefix one level up ("" above a top-level name)."""
     return prefix.rsplit("/", 1)[0] if "/" in prefix else ""
 
 
 def _tree(objects: Iterable[ObjectInfo]) -> dict[str, _Dir]:
     tree: dict[str, _Dir] = {"": _Dir("")}
     for obj in objects:
-        parts = _parts(obj.key)
-        if not parts:
-            continue
-        prefix = ""
-        chain = [tree[""]]
-        for part in parts[:-1]:
-            child = _join(prefix, part)
-            tree[prefix].dirs.add(part)
-            prefix = child
-            chain.append(tree.setdefault(prefix, _Dir(prefix)))
-        files = tree[prefix].files
-        same = files.get(parts[-1])  # "a//b" and "a/b" are one name here: keep the newer, whatever the order
-        if same is None or (same.modified_at or -1.0, same.size) < (obj.modified_at or -1.0, obj.size):
-            files[parts[-1]] = obj
-        for d in chain:
-            d.count += 1
-            if obj.modified_at is None:
-                d.all_timed = False
-            else:
-                d.newest = max(d.newest, obj.modified_at)
+        parts = key_parts(obj.key)
+        if parts:
+            _add(tree, parts, obj)
     return tree
+
+
+def _add(tree: dict[str, _Dir], parts: list[str], obj: ObjectInfo) -> None:
+    """File ``obj`` (its key split into ``parts``) under its directory, creating the directories above it."""
+    prefix = ""
+    chain = [tree[""]]
+    for part in parts[:-1]:
+        child = _join(prefix, part)
+        tree[prefix].dirs.add(part)
+        prefix = child
+        chain.append(tree.setdefault(prefix, _Dir(prefix)))
+    files = tree[prefix].files
+    same = files.get(parts[-1])  # "a//b" and "a/b" are one name here: keep the newer, whatever the order
+    if same is None or (same.modified_at or -1.0, same.size) < (obj.modified_at or -1.0, obj.size):
+        files[parts[-1]] = obj
+    for d in chain:
+        d.count_in(obj)
 
 
 # --------------------------------------------------------------------------- discovery
@@ -129,7 +137,7 @@ class _Found:
     is_file: bool = False
 
 
-def _nemo_base(name: str) -> str:
+def nemo_base(name: str) -> str:
     """The marker stem NeMo derives from a checkpoint path: without .nemo, .ckpt and -EMA."""
     for suffix in (".nemo", ".ckpt", "-EMA"):
         name = name.removesuffix(suffix)
@@ -138,7 +146,7 @@ def _nemo_base(name: str) -> str:
 
 def _nemo_step(name: str) -> int | None:
     m = _NEMO_STEP.search(name)
-    return int(m.group(1)) if m else step_from_name(_nemo_base(name))
+    return int(m.group(1)) if m else step_from_name(nemo_base(name))
 
 
 def _is_dcp(d: _Dir) -> bool:
@@ -162,21 +170,31 @@ def _megatron(d: _Dir, parent: _Dir, texts: Mapping[str, str], siblings: Iterabl
     tracker = parent.files.get(MEGATRON_TRACKER)
     if tracker is None:
         # iteration directories without a tracker: only Megatron's own shape counts as Megatron
-        if m and (any(_MP_RANK.match(n) for n in d.dirs) or _is_dcp(d) and _MEGATRON_DIST_FILES & d.files.keys()):
+        if m and _megatron_shaped(d):
             return _Found(d.prefix, Guarantee.MEGATRON, False, int(m.group(1)))
         return None
     step = int(m.group(1)) if m else None
     said = _tracker_iteration(texts.get(_join(parent.prefix, MEGATRON_TRACKER)))
+    return _Found(d.prefix, Guarantee.MEGATRON, _megatron_committed(d, step, tracker, said, siblings), step)
+
+
+def _megatron_shaped(d: _Dir) -> bool:
+    """Legacy ``mp_rank_*`` directories, or a torch_dist checkpoint with Megatron's own files."""
+    return any(MP_RANK.match(n) for n in d.dirs) or bool(_is_dcp(d) and _MEGATRON_DIST_FILES & d.files.keys())
+
+
+def _megatron_committed(
+    d: _Dir, step: int | None, tracker: ObjectInfo, said: int | str | None, siblings: Iterable[int]
+) -> bool:
+    """Whether the tracker (its text ``said``, else its time) shows iteration ``d`` saved by every rank."""
     if said == "release":
-        committed = d.name == "release" or _older_than(d, tracker)
-    elif isinstance(said, int):
-        committed = step is not None and step <= said
-    elif d.all_timed and tracker.modified_at is not None:
-        committed = _older_than(d, tracker)
-    else:
-        # no times and no tracker text: the newest iteration may be the one being written
-        committed = step is not None and step < max(siblings, default=step)
-    return _Found(d.prefix, Guarantee.MEGATRON, committed, step)
+        return d.name == "release" or _older_than(d, tracker)
+    if isinstance(said, int):
+        return step is not None and step <= said
+    if d.all_timed and tracker.modified_at is not None:
+        return _older_than(d, tracker)
+    # no times and no tracker text: the newest iteration may be the one being written
+    return step is not None and step < max(siblings, default=step)
 
 
 def _older_than(d: _Dir, tracker: ObjectInfo) -> bool:
@@ -189,11 +207,11 @@ def _strong(d: _Dir, tree: Mapping[str, _Dir], texts: Mapping[str, str]) -> _Fou
     if MANIFEST_NAME in d.files:
         return _Found(d.prefix, Guarantee.MANIFEST, True, None)
     if d.prefix:
-        parent = tree[_parent(d.prefix)]
+        parent = tree[key_parent(d.prefix)]
         found = _megatron(d, parent, texts, parent.iterations)
         if found is not None:
             return found
-        base = _nemo_base(d.name)
+        base = nemo_base(d.name)
         if _NEMO_STEP.search(d.name) or base in parent.unfinished:
             return _Found(d.prefix, Guarantee.NEMO, base not in parent.unfinished, _nemo_step(d.name))
     if _is_dcp(d):
@@ -203,7 +221,7 @@ def _strong(d: _Dir, tree: Mapping[str, _Dir], texts: Mapping[str, str]) -> _Fou
 
 def _step_of(prefix: str) -> int | None:
     """The step a checkpoint's own name, or failing that its nearest ancestor's, carries."""
-    parts = _parts(prefix)
+    parts = key_parts(prefix)
     for name in reversed(parts):
         if _STEP_NAMED.match(name) or _NEMO_STEP.search(name):
             return _nemo_step(name) if _NEMO_STEP.search(name) else step_from_name(name)
@@ -213,7 +231,7 @@ def _step_of(prefix: str) -> int | None:
 def _nemo_files(d: _Dir) -> list[_Found]:
     markers = d.unfinished
     return [
-        _Found(_join(d.prefix, n), Guarantee.NEMO, _nemo_base(n) not in markers, _nemo_step(n), is_file=True)
+        _Found(_join(d.prefix, n), Guarantee.NEMO, nemo_base(n) not in markers, _nemo_step(n), is_file=True)
         for n in sorted(d.files)
         if n.endswith(".ckpt") and not n.endswith("-EMA.ckpt")
     ]
@@ -221,11 +239,7 @@ def _nemo_files(d: _Dir) -> list[_Found]:
 
 def _find(tree: Mapping[str, _Dir], texts: Mapping[str, str]) -> list[_Found]:
     strong = {p: f for p, d in tree.items() if (f := _strong(d, tree, texts)) is not None}
-    below: set[str] = set()  # dirs with a strong candidate strictly inside them
-    for p in strong:
-        while p:
-            p = _parent(p)
-            below.add(p)
+    below = _ancestors(strong)
     found: list[_Found] = []
     pending = [""]  # depth-first, in name order, without recursion (keys are arbitrary strings)
     while pending:
@@ -242,6 +256,16 @@ def _find(tree: Mapping[str, _Dir], texts: Mapping[str, str]) -> list[_Found]:
     return found
 
 
+def _ancestors(prefixes: Iterable[str]) -> set[str]:
+    """Every directory with one of ``prefixes`` strictly inside it."""
+    above: set[str] = set()
+    for p in prefixes:
+        while p:
+            p = key_parent(p)
+            above.add(p)
+    return above
+
+
 def discover(
     objects: Iterable[ObjectInfo], locate: Locate, texts: Mapping[str, str] | None = None
 ) -> list[CheckpointRef]:
@@ -254,202 +278,25 @@ def discover(
     to their contents; without them Megatron commitment is judged by modification times.
     """
     tree = _tree(objects)
-    refs = []
-    for f in _find(tree, texts or {}):
-        d = tree.get(f.prefix)
-        if f.is_file:
-            info = tree[_parent(f.prefix)].files[f.prefix.rsplit("/", 1)[-1]]
-            seen = info.modified_at or 0.0
-            location = locate(f.prefix)
-        else:
-            seen = d.newest if d is not None else 0.0
-            location = locate(f"{f.prefix}/" if f.prefix else "")
-        name = f.prefix.rsplit("/", 1)[-1] if f.prefix else location.rstrip("/").rsplit("/", 1)[-1]
-        step = f.step if f.step is not None else _step_of(f.prefix) if f.prefix else step_from_name(name)
-        refs.append(CheckpointRef(location, name, step, f.guarantee, f.committed, seen))
+    refs = [_ref(tree, f, locate) for f in _find(tree, texts or {})]
     refs.sort(key=lambda r: (r.step is None, r.step or 0, r.location))
     return refs
 
 
+def _ref(tree: Mapping[str, _Dir], f: _Found, locate: Locate) -> CheckpointRef:
+    if f.is_file:
+        info = tree[key_parent(f.prefix)].files[f.prefix.rsplit("/", 1)[-1]]
+        seen = info.modified_at or 0.0
+        location = locate(f.prefix)
+    else:
+        d = tree.get(f.prefix)
+        seen = d.newest if d is not None else 0.0
+        location = locate(f"{f.prefix}/" if f.prefix else "")
+    name = f.prefix.rsplit("/", 1)[-1] if f.prefix else location.rstrip("/").rsplit("/", 1)[-1]
+    step = f.step if f.step is not None else _step_of(f.prefix) if f.prefix else step_from_name(name)
+    return CheckpointRef(location, name, step, f.guarantee, f.committed, seen)
+
+
 def wanted_texts(objects: Iterable[ObjectInfo]) -> tuple[str, ...]:
     """Keys whose small contents make ``discover`` exact: Megatron tracker files."""
-    return tuple(sorted(o.key for o in objects if _parts(o.key)[-1:] == [MEGATRON_TRACKER]))
-
-
-# --------------------------------------------------------------------------- adopted presence checks
-
-
-def _inside(prefix: str, objects: Iterable[ObjectInfo]) -> tuple[dict[str, ObjectInfo], dict[str, ObjectInfo]]:
-    """Objects inside ``prefix`` (keys made relative to it) and the siblings of ``prefix``."""
-    inside: dict[str, ObjectInfo] = {}
-    siblings: dict[str, ObjectInfo] = {}
-    parent = _parent(prefix)
-    for obj in objects:
-        key = "/".join(_parts(obj.key))
-        if not prefix:
-            inside[key] = obj
-        elif key == prefix or key.startswith(prefix + "/"):
-            inside[key[len(prefix) + 1 :] if key != prefix else ""] = obj
-        elif _parent(key) == parent:
-            siblings[key.rsplit("/", 1)[-1]] = obj
-    return inside, siblings
-
-
-def _guess_prefix(ref: CheckpointRef, keys: Iterable[str]) -> str:
-    """The ref's prefix among ``keys`` (root-relative) by the longest match with its location's end;
-    "" (the objects are already relative to the checkpoint) when nothing matches."""
-    location = ref.location.rstrip("/")
-    best = ""
-    for key in keys:
-        parts = _parts(key)
-        for i in range(len(parts), 0, -1):
-            candidate = "/".join(parts[:i])
-            if len(candidate) > len(best) and (location == candidate or location.endswith("/" + candidate)):
-                best = candidate
-                break
-    return best
-
-
-def check_adopted(
-    ref: CheckpointRef, objects: Iterable[ObjectInfo], *, prefix: str | None = None
-) -> tuple[ShardProblem, ...]:
-    """Metadata-level presence checks for a checkpoint without our manifest (weak: see the docs
-    of each ``_check_*`` for what they do not catch). ``objects`` is a listing with keys relative to
-    the run's root (then the checkpoint's own ``prefix`` is given or found from its location) or
-    relative to the checkpoint itself. NeMo's marker sits next to the checkpoint: list its parent.
-    A committed manifest checkpoint has no adopted checks (use ``check_listing``): ``()``.
-    """
-    objects = list(objects)
-    if prefix is None:
-        prefix = _guess_prefix(ref, (o.key for o in objects))
-    prefix = "/".join(_parts(prefix))
-    inside, siblings = _inside(prefix, objects)
-    problems: list[ShardProblem] = []
-    if not ref.committed:
-        problems.append(ShardProblem(ref.name, "uncommitted", _UNCOMMITTED[ref.guarantee]))
-    if ref.guarantee is Guarantee.MANIFEST:
-        return tuple(problems)
-    if not inside:
-        return (*problems, ShardProblem(ref.name, "missing", "no objects under the checkpoint"))
-    if ref.guarantee is Guarantee.DCP:
-        problems += _check_dcp("", inside)
-    elif ref.guarantee is Guarantee.MEGATRON:
-        problems += _check_megatron(inside)
-    else:
-        problems += _check_nemo(ref, inside, siblings)
-    return tuple(problems)
-
-
-_UNCOMMITTED = {
-    Guarantee.MANIFEST: f"shards without {MANIFEST_NAME}: torn, or still being written",
-    Guarantee.DCP: f"no {DCP_METADATA}: the DCP writer had not finished",
-    Guarantee.MEGATRON: f"newer than the iteration {MEGATRON_TRACKER} names",
-    Guarantee.NEMO: f"NeMo's {NEMO_UNFINISHED} marker is still there",
-}
-
-
-def _check_dcp(where: str, files: Mapping[str, ObjectInfo]) -> list[ShardProblem]:
-    """DCP: ``.metadata`` present and non-empty, at least one non-empty ``.distcp``, no empty
-    ``.distcp`` and no leftover ``.metadata.tmp`` (a newer save overwriting this one).
-    Does NOT catch: a shard named in ``.metadata`` but missing (that needs unpickling it), a
-    truncated or bit-flipped shard, shards from two different saves mixed in one directory."""
-    here = {k[len(where) :]: v for k, v in files.items() if k.startswith(where) and "/" not in k[len(where) :]}
-    problems = []
-    meta = here.get(DCP_METADATA)
-    if meta is None:
-        problems.append(
-            ShardProblem(where + DCP_METADATA, "missing", "DCP writes it last; without it the save did not finish")
-        )
-    elif meta.size == 0:
-        problems.append(ShardProblem(where + DCP_METADATA, "size", "empty"))
-    if DCP_METADATA + ".tmp" in here:
-        problems.append(
-            ShardProblem(
-                where + DCP_METADATA + ".tmp", "uncommitted", "a newer DCP save into this directory had not finished"
-            )
-        )
-    shards = {k: v for k, v in here.items() if k.endswith(DCP_SUFFIX)}
-    if not any(v.size > 0 for v in shards.values()):
-        problems.append(ShardProblem(where or ".", "missing", f"no non-empty {DCP_SUFFIX} shard"))
-    problems += [ShardProblem(where + k, "size", "empty shard") for k, v in sorted(shards.items()) if v.size == 0]
-    return problems
-
-
-def _check_megatron(files: Mapping[str, ObjectInfo]) -> list[ShardProblem]:
-    """Megatron: legacy layout — every ``mp_rank_*`` directory holds a non-empty model file and the
-    rank numbers form a full grid from 0 (no hole in TP x PP x EP); torch_dist layout — the DCP
-    checks. Does NOT catch: the highest ranks missing altogether (the grid looks complete), a
-    truncated or bit-flipped ``.pt``, a missing ``distrib_optim.pt``."""
-    ranks: dict[str, tuple[int, ...]] = {}
-    for key in files:
-        top = key.split("/", 1)[0]
-        m = _MP_RANK.match(top)
-        if m and "/" in key:
-            ranks[top] = tuple(int(g) for g in m.groups() if g is not None)
-    if not ranks:
-        if any(k.endswith(DCP_SUFFIX) or k == DCP_METADATA for k in files):
-            return _check_dcp("", files)
-        return [ShardProblem(".", "missing", "neither mp_rank_* directories nor a torch_dist checkpoint")]
-    problems = []
-    for rank in sorted(ranks):
-        models = [files.get(f"{rank}/{n}") for n in _MEGATRON_MODEL_FILES]
-        present = [m for m in models if m is not None]
-        if not present:
-            problems.append(
-                ShardProblem(f"{rank}/{_MEGATRON_MODEL_FILES[0]}", "missing", "no model file for this rank")
-            )
-        elif all(m.size == 0 for m in present):
-            problems.append(ShardProblem(f"{rank}/{_MEGATRON_MODEL_FILES[0]}", "size", "empty model file"))
-    problems += _grid_holes(ranks)
-    return problems
-
-
-def _grid_holes(ranks: Mapping[str, tuple[int, ...]]) -> list[ShardProblem]:
-    dims = {len(r) for r in ranks.values()}
-    if len(dims) != 1:
-        return [ShardProblem("mp_rank_*", "missing", "rank directories of different parallel layouts mixed")]
-    (n,) = dims
-    extent = [max(r[i] for r in ranks.values()) + 1 for i in range(n)]
-    have = set(ranks.values())
-    holes = []
-    expected = 1
-    for e in extent:
-        expected *= e
-    if len(have) != expected:
-        grid: list[tuple[int, ...]] = [()]
-        for e in extent:
-            grid = [g + (i,) for g in grid for i in range(e)]
-        holes = [
-            ShardProblem(
-                "mp_rank_" + "_".join(f"{v:02d}" if j == 0 else f"{v:03d}" for j, v in enumerate(g)),
-                "missing",
-                "rank directory absent from an otherwise complete grid",
-            )
-            for g in grid
-            if g not in have
-        ]
-    return holes
-
-
-def _check_nemo(
-    ref: CheckpointRef, inside: Mapping[str, ObjectInfo], siblings: Mapping[str, ObjectInfo]
-) -> list[ShardProblem]:
-    """NeMo: no ``-unfinished`` marker next to it (when its parent was listed), nothing empty, and
-    the DCP checks on every directory inside holding DCP files. Does NOT catch: truncation or bit
-    flips, a marker removed by hand, a save that died before creating its marker."""
-    problems = []
-    marker = _nemo_base(ref.name) + NEMO_UNFINISHED
-    if marker in siblings and ref.committed:
-        problems.append(ShardProblem(marker, "uncommitted", "NeMo's unfinished marker is present"))
-    if "" in inside:  # a single-file checkpoint
-        return problems + ([ShardProblem(ref.name, "size", "empty checkpoint file")] if inside[""].size == 0 else [])
-    dcp_dirs = sorted(
-        {
-            k.rsplit("/", 1)[0] + "/" if "/" in k else ""
-            for k in inside
-            if k.endswith(DCP_SUFFIX) or k.rsplit("/", 1)[-1] == DCP_METADATA
-        }
-    )
-    for where in dcp_dirs:
-        problems += _check_dcp(where, inside)
-    return problems
+    return tuple(sorted(o.key for o in objects if key_parts(o.key)[-1:] == [MEGATRON_TRACKER]))

@@ -172,35 +172,30 @@ def contain(
     for node, why in sorted(bad.items()):
         if policy.may_change_nodes and drains_left <= 0 and not _handled(run, node, obs):
             held.append(node)  # beyond the blast radius: suspect, neither drained nor kept out
-            records.append(
-                NodeVerdict(
-                    node, Verdict.SUSPECT, why, {"node": node, "observed": why}, run.name, "blast-radius", obs.now
-                )
-            )
+            evidence = {"node": node, "observed": why}
+            records.append(NodeVerdict(node, Verdict.SUSPECT, why, evidence, run.name, "blast-radius", obs.now))
             continue
         records += _fault_records(run, a, node, why, obs)
         items, drains_left = _node_change(run, a, node, why, obs, policy, drains_left)
         actions += [x for x in items if isinstance(x, ChangeNode)]
         records += [x for x in items if not isinstance(x, ChangeNode)]
     if held:
-        drained = sorted({x.node for x in actions if isinstance(x, ChangeNode)})
-        msg = (
-            f"mass fault: {len(bad)} nodes of {a.label} faulted at once; the blast-radius cap allowed "
-            f"{len(drained)} drain(s) ({fmt_nodes(tuple(drained))}); {len(held)} left suspect, not drained, "
-            f"for a human to judge: {fmt_nodes(tuple(held))}"
-        )
         records.append(
-            event_for(
-                run,
-                a,
-                EventKind.MASS_FAULT,
-                msg,
-                obs,
-                {"faulted": dict(sorted(bad.items())), "drained": drained, "suspect": held},
-                "mass",
-            )
+            _mass_fault(run, a, bad, sorted({x.node for x in actions if isinstance(x, ChangeNode)}), held, obs)
         )
     return records, actions
+
+
+def _mass_fault(
+    run: RunRecord, a: AttemptRecord, bad: Mapping[str, str], drained: list[str], held: list[str], obs: Observation
+) -> Event:
+    msg = (
+        f"mass fault: {len(bad)} nodes of {a.label} faulted at once; the blast-radius cap allowed "
+        f"{len(drained)} drain(s) ({fmt_nodes(tuple(drained))}); {len(held)} left suspect, not drained, "
+        f"for a human to judge: {fmt_nodes(tuple(held))}"
+    )
+    evidence = {"faulted": dict(sorted(bad.items())), "drained": drained, "suspect": held}
+    return event_for(run, a, EventKind.MASS_FAULT, msg, obs, evidence, "mass")
 
 
 def _handled(run: RunRecord, node: str, obs: Observation) -> bool:
@@ -246,20 +241,10 @@ def _node_change(
 ) -> tuple[list[ChangeNode | Event], int]:
     """DOWN (Slurm ends or requeues the job at once), then DRAIN (stays out until an admin resumes it)."""
     info = obs.snapshot.nodes.get(node)
-    reason = node_reason(run.name, why)
     if info is not None and info.drained and info.responding and not marked_by_us(info.reason, run.name):
         msg = f"{node} excluded from run {run.name}; already drained in Slurm ({info.reason or 'no reason'})"
-        return [
-            event_for(
-                run,
-                a,
-                EventKind.NODE_EXCLUDED,
-                msg,
-                obs,
-                {"node": node, "slurm_reason": info.reason},
-                f"{node}:drained",
-            )
-        ], drains_left
+        evidence = {"node": node, "slurm_reason": info.reason}
+        return [event_for(run, a, EventKind.NODE_EXCLUDED, msg, obs, evidence, f"{node}:drained")], drains_left
     if info is not None and _handled(run, node, obs):
         done = info.drained
         return ([] if done else [ChangeNode(run.name, node, NodeChange.DRAIN, info.reason)]), drains_left
@@ -271,9 +256,15 @@ def _node_change(
             f"{node} excluded from run {run.name}; not drained: blast-radius limit reached (daemon.max_drains_per_hour)"
         )
         return [event_for(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:blast")], drains_left
-    # A node the agent found faulty but that still answers is drained, not downed: its slurmd
-    # cleans up the cancelled job. Requeue mode relies on DOWN to make Slurm requeue the job.
-    alive = (
+    kinds = (NodeChange.DRAIN,) if _alive(run, node, obs) else (NodeChange.DOWN, NodeChange.DRAIN)
+    return [ChangeNode(run.name, node, c, node_reason(run.name, why)) for c in kinds], drains_left - 1
+
+
+def _alive(run: RunRecord, node: str, obs: Observation) -> bool:
+    """A node the agent found faulty but that still answers is drained, not downed: its slurmd
+    cleans up the cancelled job. Requeue mode relies on DOWN to make Slurm requeue the job."""
+    info = obs.snapshot.nodes.get(node)
+    return (
         node in obs.findings
         and node not in obs.dead
         and info is not None
@@ -281,8 +272,6 @@ def _node_change(
         and not info.down
         and run.spec.restart_mode is RestartMode.RESUBMIT
     )
-    kinds = (NodeChange.DRAIN,) if alive else (NodeChange.DOWN, NodeChange.DRAIN)
-    return [ChangeNode(run.name, node, c, reason) for c in kinds], drains_left - 1
 
 
 def stop_job(run: RunRecord, job: JobInfo, reason: str) -> tuple[Action, ...]:

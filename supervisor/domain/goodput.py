@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from supervisor.domain.causes import Cause, classify
+from supervisor.domain.goodput_sweep import Claim, Lost, back_from, sweep
 from supervisor.domain.records import AttemptRecord, Event, EventKind
 
 DAY_S = 86400.0
 KINDS = ("rework", "detection", "restart", "queue")
-_PRIORITY = {"detection": 0, "restart": 1, "queue": 2, "rework": 3}  # who owns a second claimed twice
 # Event kinds that open an interruption: ours, and those other issues add (matched by value, so an
 # older store without them still loads).
 OPENERS = frozenset({"fault", "requeued", "rollback", "hang", "mass_fault"})
@@ -66,21 +66,6 @@ class Interruption:
     @property
     def onset(self) -> float:
         return self.at - (self.detection_s or 0.0)
-
-
-@dataclass(frozen=True)
-class Lost:
-    rework_s: float = 0.0
-    detection_s: float = 0.0
-    restart_s: float = 0.0
-    queue_s: float = 0.0
-
-    @property
-    def total_s(self) -> float:
-        return self.rework_s + self.detection_s + self.restart_s + self.queue_s
-
-    def plus(self, kind: str, s: float) -> Lost:
-        return Lost(**{**self.__dict__, f"{kind}_s": getattr(self, f"{kind}_s") + s})
 
 
 @dataclass(frozen=True)
@@ -257,7 +242,7 @@ def goodput(
         (a.started_at, a.ended_at if a.ended_at is not None else run_end) for a in attempts if a.started_at is not None
     ]
     claims = _claims(attempts, found, segments, run_end)
-    productive, running, idle, lost, by_cause = _sweep(lo, hi, segments, claims)
+    productive, running, idle, lost, by_cause = sweep(lo, hi, segments, claims)
     inside = tuple(i for i in found if lo <= i.at < hi or (i.at == hi == run_end))
     notes = _notes(inside)
     return Goodput(run, lo, max(lo, hi), productive, running, idle, lost, by_cause, inside, notes)
@@ -284,9 +269,6 @@ def _run_end(events: Sequence[Event], now: float) -> float:
     return now
 
 
-Claim = tuple[float, float, str, str]  # (from, to, kind, cause category)
-
-
 def _claims(
     attempts: Sequence[AttemptRecord],
     found: Sequence[Interruption],
@@ -304,71 +286,13 @@ def _claims(
         if i.detection_s:
             claims.append((i.onset, i.at, "detection", cat))
         if i.lost_work_s:
-            claims += [(a, b, "rework", cat) for a, b in _back_from(i.onset, i.lost_work_s, segments)]
+            claims += [(a, b, "rework", cat) for a, b in back_from(i.onset, i.lost_work_s, segments)]
         nxt = next((a for a in attempts if i.attempt is not None and a.seq > i.attempt), None)
         submitted = nxt.submitted_at if nxt is not None else run_end
         claims.append((i.at, submitted, "restart", cat))
         if nxt is not None:
             claims.append((nxt.submitted_at, nxt.started_at if nxt.started_at is not None else run_end, "queue", cat))
     return [c for c in claims if c[1] > c[0]]
-
-
-def _back_from(t: float, amount: float, segments: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Running time of ``amount`` seconds ending at ``t``, walking back over the run segments."""
-    out = []
-    for a, b in sorted(segments, reverse=True):
-        if amount <= 0:
-            break
-        top = min(b, t)
-        if top <= a:
-            continue
-        take = min(amount, top - a)
-        out.append((top - take, top))
-        amount -= take
-    return out
-
-
-def _sweep(
-    lo: float, hi: float, segments: Sequence[tuple[float, float]], claims: Sequence[Claim]
-) -> tuple[float, float, float, Lost, dict[str, Lost]]:
-    """Walk [lo, hi] boundary to boundary; each piece goes to the highest-priority claim, else to
-    productive (an attempt running) or idle."""
-    points: list[tuple[float, int, tuple[str, str] | None]] = []
-    for a, b in segments:
-        points += [(a, 1, None), (b, -1, None)]
-    for a, b, kind, cat in claims:
-        points += [(a, 1, (kind, cat)), (b, -1, (kind, cat))]
-    points.sort(key=lambda p: p[0])
-    running = 0
-    active: dict[tuple[str, str], int] = {}
-    productive = run_s = idle = 0.0
-    lost = Lost()
-    by_cause: dict[str, Lost] = {}
-    prev = lo
-    for x, delta, label in points:
-        if x > prev and prev < hi:
-            piece = min(x, hi) - max(prev, lo)
-            if piece > 0:
-                claim = min(active, key=lambda k: (_PRIORITY[k[0]], k[1])) if active else None
-                if running:
-                    run_s += piece
-                if claim is not None:
-                    lost = lost.plus(claim[0], piece)
-                    by_cause[claim[1]] = by_cause.get(claim[1], Lost()).plus(claim[0], piece)
-                elif running:
-                    productive += piece
-                else:
-                    idle += piece
-        prev = max(prev, x)
-        if label is None:
-            running += delta
-        else:
-            active[label] = active.get(label, 0) + delta
-            if active[label] <= 0:
-                del active[label]
-    if prev < hi:
-        idle += hi - max(prev, lo)
-    return productive, run_s, idle, lost, dict(sorted(by_cause.items()))
 
 
 def _notes(found: Sequence[Interruption]) -> tuple[str, ...]:

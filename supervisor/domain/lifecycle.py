@@ -108,36 +108,8 @@ def decide_requeued(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observa
 
 
 def decide_finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
-    records: list[Record] = []
-    if a.ended_at is None:
-        records.append(
-            AttemptEnded(
-                run.name,
-                a.seq,
-                job.end_time or obs.now,
-                job.state.value,
-                job.state_reason or job.state.value,
-                job.exit_code,
-            )
-        )
-    if run.state is RunState.RECOVERING:
-        how = (
-            f"is left only on fenced-off {fmt_nodes(job.nodes)} (Slurm still completing it there)"
-            if job.completing
-            else f"ended {job.state.value} after the fault"
-        )
-        records.append(
-            event_for(
-                run,
-                a,
-                EventKind.STOPPED,
-                f"{a.label} {how}",
-                obs,
-                {"state": job.state.value, "exit_code": job.exit_code, "nodes": list(job.nodes)},
-                str(job.job_id),
-            )
-        )
-    done = Decision(tuple(records))
+    """The job ended: record how, then restart, finish the run, or find out why it ended."""
+    done = Decision(tuple(_ended_records(run, a, job, obs)))
     if run.state is RunState.RECOVERING:
         rollback = obs.rollbacks.get(run.name)
         why = (
@@ -152,37 +124,54 @@ def decide_finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observa
         why = f"job {job.job_id} exited with do-not-restart code {job.exit_code}; not restarting"
         return done + set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
     if job.state is JobState.CANCELLED:
-        failed_on = _launch_failed_on(job, obs)
-        if failed_on:  # not a person's cancel: Slurm ended a job it could not requeue (--no-requeue)
-            return done + _recover_finished(run, a, job, failed_on, obs, policy)
-        if _just_launched(job) and obs.now - (job.end_time or obs.now) < LAUNCH_WINDOW_S:
-            return done  # cancelled as it started: give Slurm a moment to show a prolog's drain
-        return done + set_terminal(
-            run,
-            RunState.CANCELLED,
-            EventKind.CANCELLED,
-            f"job {job.job_id} was cancelled outside the supervisor; not restarting",
-            obs,
+        return done + _cancelled(run, a, job, obs, policy)
+    return done + _died(run, a, job, obs, policy)
+
+
+def _ended_records(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) -> list[Record]:
+    records: list[Record] = []
+    if a.ended_at is None:
+        reason = job.state_reason or job.state.value
+        records.append(AttemptEnded(run.name, a.seq, job.end_time or obs.now, job.state.value, reason, job.exit_code))
+    if run.state is RunState.RECOVERING:
+        how = (
+            f"is left only on fenced-off {fmt_nodes(job.nodes)} (Slurm still completing it there)"
+            if job.completing
+            else f"ended {job.state.value} after the fault"
         )
+        evidence = {"state": job.state.value, "exit_code": job.exit_code, "nodes": list(job.nodes)}
+        records.append(event_for(run, a, EventKind.STOPPED, f"{a.label} {how}", obs, evidence, str(job.job_id)))
+    return records
+
+
+def _cancelled(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
+    failed_on = _launch_failed_on(job, obs)
+    if failed_on:  # not a person's cancel: Slurm ended a job it could not requeue (--no-requeue)
+        return _recover_finished(run, a, job, failed_on, obs, policy)
+    if _just_launched(job) and obs.now - (job.end_time or obs.now) < LAUNCH_WINDOW_S:
+        return Decision()  # cancelled as it started: give Slurm a moment to show a prolog's drain
+    why = f"job {job.job_id} was cancelled outside the supervisor; not restarting"
+    return set_terminal(run, RunState.CANCELLED, EventKind.CANCELLED, why, obs)
+
+
+def _died(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
+    """The job ended unsuccessfully by itself: a node fault, or a fault of the job."""
     bad = faulty_nodes(run, a.nodes or job.nodes, obs)
     if bad:
-        return done + _recover_finished(run, a, job, bad, obs, policy)
-    nodes = a.nodes or job.nodes
+        return _recover_finished(run, a, job, bad, obs, policy)
     ended = job.end_time or obs.now
-    if policy.evidence_wait_s > 0 and set(nodes) & obs.agents and obs.now < ended + policy.evidence_wait_s:
+    if (
+        policy.evidence_wait_s > 0
+        and set(a.nodes or job.nodes) & obs.agents
+        and obs.now < ended + policy.evidence_wait_s
+    ):
         # A GPU fault kills the job at once; the node's agent says which node at its next sample.
         # Restarting before that would put the run back on the broken node: wait that long.
-        return done + Decision(recheck_at=ended + policy.evidence_wait_s)
+        return Decision(recheck_at=ended + policy.evidence_wait_s)
     why = f"job {job.job_id} ended {job.state.value}" + (f" with exit code {job.exit_code}" if job.exit_code else "")
-    fault = event_for(
-        run,
-        a,
-        EventKind.FAULT,
-        why,
-        obs,
-        {"state": job.state.value, "exit_code": job.exit_code, "state_reason": job.state_reason},
-    )
-    return done + Decision((fault, SetState(run.name, RunState.RECOVERING, reason=why)))
+    evidence = {"state": job.state.value, "exit_code": job.exit_code, "state_reason": job.state_reason}
+    fault = event_for(run, a, EventKind.FAULT, why, obs, evidence)
+    return Decision((fault, SetState(run.name, RunState.RECOVERING, reason=why)))
 
 
 def _launch_failed_on(job: JobInfo, obs: Observation) -> dict[str, str]:

@@ -173,11 +173,30 @@ def placement_notes(
     placed (and ``waiting``: a job about to be submitted reports its wait once it is queued) one
     entry per wait — which nodes it waits for and why, since when — and one page once it has
     waited ``page_after_s``."""
-    seq, job = (attempt.seq, attempt.job_id) if attempt else (None, None)
-    events = [_override_event(run, seq, job, q, placement, now) for q in placement.overridden]
+    events = [_override_event(run, attempt, q, placement, now) for q in placement.overridden]
     if not placement.short or not waiting:
         return PlacementNotes(tuple(events))
     message = _waiting_message(placement, since)
+    events.append(_note(run, attempt, EventKind.WAITING_FOR_NODES, message, now, placement, since))
+    page_at = since + page_after_s
+    if now < page_at:
+        return PlacementNotes(tuple(events), page_at)
+    waited = f"waited {_duration(now - since)} to be placed: {events[-1].message}"
+    events.append(_note(run, attempt, EventKind.STUCK, waited, now, placement, since, f"{run.name}:stuck:{since:.0f}"))
+    return PlacementNotes(tuple(events))
+
+
+def _note(
+    run: RunRecord,
+    attempt: AttemptRecord | None,
+    kind: EventKind,
+    message: str,
+    now: float,
+    placement: Placement,
+    since: float,
+    key: str | None = None,
+) -> Event:
+    """A logbook entry about the wait: one per wait and set of nodes waited for (the key)."""
     digest = zlib.crc32(",".join(placement.waiting_for).encode())
     evidence = {
         "needs": placement.needs,
@@ -185,26 +204,16 @@ def placement_notes(
         "since": since,
         "waiting_for": {u.node: u.why for u in placement.unavailable[:MAX_LISTED]},
     }
-    events.append(
-        Event(
-            run.name,
-            EventKind.WAITING_FOR_NODES,
-            message,
-            f"{run.name}:waiting:{since:.0f}:{digest:08x}",
-            now,
-            seq,
-            job,
-            evidence=evidence,
-        )
+    return Event(
+        run=run.name,
+        kind=kind,
+        message=message,
+        key=key or f"{run.name}:waiting:{since:.0f}:{digest:08x}",
+        at=now,
+        attempt=attempt.seq if attempt else None,
+        job_id=attempt.job_id if attempt else None,
+        evidence=evidence,
     )
-    page_at = since + page_after_s
-    if now < page_at:
-        return PlacementNotes(tuple(events), page_at)
-    waited = f"waited {_duration(now - since)} to be placed: {message}"
-    events.append(
-        Event(run.name, EventKind.STUCK, waited, f"{run.name}:stuck:{since:.0f}", now, seq, job, evidence=evidence)
-    )
-    return PlacementNotes(tuple(events))
 
 
 MAX_LISTED = 20  # nodes named in one logbook entry; the count says how many more
@@ -221,25 +230,16 @@ def _waiting_message(placement: Placement, since: float) -> str:
     )
 
 
-def _override_event(
-    run: RunRecord, seq: int | None, job: int | None, q: Quarantine, placement: Placement, now: float
-) -> Event:
+def _override_event(run: RunRecord, a: AttemptRecord | None, q: Quarantine, placement: Placement, now: float) -> Event:
     message = (
         f"using quarantined {q.node} for this run: without it the run cannot be placed (needs "
         f"{placement.needs} nodes); least bad of the quarantined nodes in service ({q.reason}); "
         "[quarantine] when_short = use-least-bad"
     )
     evidence = {"node": q.node, "faults": len(q.faults), "quarantined_since": q.since, "until": q.until}
-    return Event(
-        run.name,
-        EventKind.QUARANTINE_OVERRIDE,
-        message,
-        f"{run.name}:override:{q.node}:{q.since:.0f}",
-        now,
-        seq,
-        job,
-        evidence=evidence,
-    )
+    key = f"{run.name}:override:{q.node}:{q.since:.0f}"
+    seq, job = (a.seq, a.job_id) if a else (None, None)
+    return Event(run.name, EventKind.QUARANTINE_OVERRIDE, message, key, now, seq, job, evidence=evidence)
 
 
 def _utc(t: float) -> str:

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.domain.checkpoints import CheckpointRef, Guarantee, ObjectInfo
-from supervisor.domain.ckpt_layouts import check_adopted, discover, wanted_texts
+from supervisor.domain.ckpt_adopted import check_adopted
+from supervisor.domain.ckpt_layouts import discover, wanted_texts
 
 ROOT = "s3://bucket/run42/"
 

@@ -7,12 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.domain.gpu_health import (
-    RULES_VERSION,
-    XID_CATALOGUE,
-    GpuHealthSettings,
-    HealthRules,
-)
+from supervisor.domain.gpu_health import RULES_VERSION, HealthRules
+from supervisor.domain.gpu_table import XID_CATALOGUE, GpuHealthSettings
 from supervisor.domain.gpu_text import parse_smi_query, parse_xid_lines
 from supervisor.domain.health import NodeFinding, Severity
 from supervisor.domain.node_report import SCHEMA_VERSION, GpuSample, HostSample, NodeReport, XidEvent

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from supervisor.domain.progress import ProgressRecord, parse_text
 from supervisor.domain.rollback import choose_rollback, plan_rollback, suggest_skip
+from supervisor.domain.spike_detector import SpikeDetector
 from supervisor.domain.spikes import (
     Decision,
-    SpikeDetector,
     SpikeKind,
     SpikeOutcome,
     SpikeSettings,

@@ -42,8 +42,8 @@ from supervisor.domain.checkpoints import (
     Manifest,
     ObjectInfo,
     ShardEntry,
-    step_from_name,
 )
+from supervisor.domain.ckpt_checks import step_from_name
 
 log = structlog.get_logger(__name__)
 
@@ -120,37 +120,45 @@ def manifest_for_files(
     it, keys relative to it) or a list of files (keys relative to ``root``, by default their
     common directory). Upload the files under the same keys, then ``commit_checkpoint``."""
     _check_step(step)
-    if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
-        base = PosixBackend(os.fspath(source))
-        listing = list(base.list(""))
-    else:
-        paths = (
-            [os.path.abspath(os.fspath(source))]
-            if isinstance(source, (str, os.PathLike))
-            else [os.path.abspath(os.fspath(p)) for p in source]
-        )
-        if not paths:
-            raise ValueError("no files given to describe")
-        top = (
-            os.path.abspath(os.fspath(root))
-            if root is not None
-            else os.path.commonpath([os.path.dirname(p) for p in paths])
-        )
-        base = PosixBackend(top)
-        listing = []
-        for p in paths:
-            rel = os.path.relpath(p, top)
-            if rel.startswith(".." + os.sep) or rel == ".." or os.path.isabs(rel):
-                raise ValueError(f"{p} is not under {top}: give a root above every file")
-            info = base.head(rel.replace(os.sep, "/"))
-            if info is None:
-                raise ValueError(f"{p} is not a regular file")
-            listing.append(info)
+    base, listing = _local_files(source, root)
     listing = [o for o in listing if not _ours(o.key)]
     if not listing:
         raise ValueError("no files to describe: the directory is empty")
     shards = checksum_objects(base, listing, algorithm, workers=workers, strip="", writer=writer)
     return Manifest(step, shards, algorithm, clock(), run)
+
+
+def _local_files(
+    source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], root: str | os.PathLike[str] | None
+) -> tuple[PosixBackend, list[ObjectInfo]]:
+    """The backend over the files' top directory, and the files as its objects."""
+    if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
+        base = PosixBackend(os.fspath(source))
+        return base, list(base.list(""))
+    paths = (
+        [os.path.abspath(os.fspath(source))]
+        if isinstance(source, (str, os.PathLike))
+        else [os.path.abspath(os.fspath(p)) for p in source]
+    )
+    if not paths:
+        raise ValueError("no files given to describe")
+    top = (
+        os.path.abspath(os.fspath(root))
+        if root is not None
+        else os.path.commonpath([os.path.dirname(p) for p in paths])
+    )
+    base = PosixBackend(top)
+    return base, [_named_file(base, top, p) for p in paths]
+
+
+def _named_file(base: PosixBackend, top: str, path: str) -> ObjectInfo:
+    rel = os.path.relpath(path, top)
+    if rel.startswith(".." + os.sep) or rel == ".." or os.path.isabs(rel):
+        raise ValueError(f"{path} is not under {top}: give a root above every file")
+    info = base.head(rel.replace(os.sep, "/"))
+    if info is None:
+        raise ValueError(f"{path} is not a regular file")
+    return info
 
 
 def commit_checkpoint(backend: ObjectBackend, name: str, manifest: Manifest) -> str:

@@ -239,19 +239,8 @@ class PosixBackend:
                 f.flush()
                 os.fsync(f.fileno())
             if if_absent:
-                try:
-                    os.link(tmp, path)
-                except FileExistsError:
+                if not _link_new(tmp, path):
                     return False
-                except OSError as exc:
-                    if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-                        raise StorageError(
-                            f"cannot write {path} without overwriting: the filesystem refused a hard link "
-                            f"({errno.errorcode.get(exc.errno or 0, exc.errno)}); checkpoint to a filesystem with "
-                            "hard links (Lustre, GPFS, NFS, ext4, xfs) or to S3",
-                            transient=False,
-                        ) from exc
-                    raise
             else:
                 os.replace(tmp, path)
             _fsync_dir(directory)
@@ -265,6 +254,24 @@ class PosixBackend:
                 pass  # renamed into place
             except OSError:
                 pass  # a leftover ".NAME.*.tmp" is harmless: never listed as a shard by the manifest
+
+
+def _link_new(tmp: str, path: str) -> bool:
+    """Hard-link ``tmp`` as ``path`` unless ``path`` exists (False then): a write that never replaces."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise StorageError(
+                f"cannot write {path} without overwriting: the filesystem refused a hard link "
+                f"({errno.errorcode.get(exc.errno or 0, exc.errno)}); checkpoint to a filesystem with "
+                "hard links (Lustre, GPFS, NFS, ext4, xfs) or to S3",
+                transient=False,
+            ) from exc
+        raise
+    return True
 
 
 def _create_temp(directory: str, name: str) -> tuple[int, str]:

@@ -107,34 +107,36 @@ def open_store(
 ) -> BackendCheckpointStore:
     """The store for ``root``: ``s3://BUCKET/PREFIX/`` (S3Backend; ``s3_options`` are its keyword
     arguments: endpoint_url, region, timeouts, retries) or a filesystem path (PosixBackend)."""
-    unknown = set(s3_options) - S3_OPTIONS
-    if unknown:
-        raise ValueError(
-            f"unknown checkpoint store option(s) {', '.join(sorted(unknown))}; "
-            f"S3 options are {', '.join(sorted(S3_OPTIONS))}"
-        )
-    backend: ObjectBackend
-    if root.startswith("s3://"):
-        backend = S3Backend(root, **s3_options)
-    elif "://" in root:
-        scheme = root.split("://", 1)[0]
-        raise ValueError(
-            f"checkpoint root {root!r}: scheme {scheme}:// is not supported; use s3://BUCKET/PREFIX/ "
-            "for S3-compatible storage (endpoint_url for Ceph, MinIO...) or a filesystem path "
-            "(Lustre, GPFS, NFS)"
-        )
-    else:
-        if s3_options:
-            raise ValueError(
-                f"checkpoint root {root!r} is a filesystem path, but S3 options were given "
-                f"({', '.join(sorted(s3_options))}): drop them, or write the root as s3://BUCKET/PREFIX/"
-            )
-        backend = PosixBackend(root)
     return BackendCheckpointStore(
-        backend,
+        _backend(root, s3_options),
         workers=workers,
         bandwidth_bytes_s=bandwidth_bytes_s,
         deadline_s=deadline_s,
         uncommitted_grace_s=uncommitted_grace_s,
         clock=clock,
     )
+
+
+def _backend(root: str, s3_options: dict[str, Any]) -> ObjectBackend:
+    """S3 for ``s3://`` roots, the filesystem for paths; a ValueError names what does not fit."""
+    unknown = set(s3_options) - S3_OPTIONS
+    if unknown:
+        raise ValueError(
+            f"unknown checkpoint store option(s) {', '.join(sorted(unknown))}; "
+            f"S3 options are {', '.join(sorted(S3_OPTIONS))}"
+        )
+    if root.startswith("s3://"):
+        return S3Backend(root, **s3_options)
+    if "://" in root:
+        scheme = root.split("://", 1)[0]
+        raise ValueError(
+            f"checkpoint root {root!r}: scheme {scheme}:// is not supported; use s3://BUCKET/PREFIX/ "
+            "for S3-compatible storage (endpoint_url for Ceph, MinIO...) or a filesystem path "
+            "(Lustre, GPFS, NFS)"
+        )
+    if s3_options:
+        raise ValueError(
+            f"checkpoint root {root!r} is a filesystem path, but S3 options were given "
+            f"({', '.join(sorted(s3_options))}): drop them, or write the root as s3://BUCKET/PREFIX/"
+        )
+    return PosixBackend(root)

@@ -28,17 +28,14 @@ listing. The result carries the weaker ``guarantee``.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
 from supervisor.adapters.checkpoints.backend import ObjectBackend, StorageError
-from supervisor.adapters.checkpoints.checksums import Digest
-from supervisor.adapters.checkpoints.throttle import TokenBucket
+from supervisor.adapters.checkpoints.reads import ParallelReads, Stopped, VerifyRun
 from supervisor.domain.checkpoints import (
     MANIFEST_NAME,
     CheckpointRef,
@@ -51,52 +48,14 @@ from supervisor.domain.checkpoints import (
     Outcome,
     ShardProblem,
     VerifyResult,
-    check_digests,
-    check_listing,
-    summarize,
 )
-from supervisor.domain.ckpt_layouts import check_adopted
+from supervisor.domain.ckpt_adopted import check_adopted
+from supervisor.domain.ckpt_checks import check_digests, check_listing, summarize
 from supervisor.ports import Clock
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_GRACE_S = 2 * 3600.0  # an upload of a large checkpoint can take tens of minutes
-
-
-class _Stopped(Exception):
-    """This verification is over (deadline passed, or another worker hit a storage error)."""
-
-
-@dataclass
-class _Run:
-    """One verification in progress: its deadline, its stop flag, what it has read."""
-
-    ref: CheckpointRef
-    level: Level
-    prefix: str  # the checkpoint's key prefix, relative to the backend's root ("" or "a/b/")
-    started: float
-    deadline: float | None
-    monotonic: Callable[[], float]
-    stop: threading.Event = field(default_factory=threading.Event)
-    why_stopped: str = ""
-    bytes_read: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def check(self) -> None:
-        if self.stop.is_set():
-            raise _Stopped(self.why_stopped)
-        if self.deadline is not None and self.monotonic() > self.deadline:
-            self.halt("deadline passed")
-            raise _Stopped(self.why_stopped)
-
-    def halt(self, why: str) -> None:
-        with self.lock:
-            if not self.stop.is_set():
-                self.why_stopped = why
-                self.stop.set()
-
-    def remaining(self) -> float | None:
-        return None if self.deadline is None else max(0.0, self.deadline - self.monotonic())
 
 
 @dataclass(frozen=True)
@@ -140,17 +99,15 @@ class Verifier:
             raise ValueError("verification workers, chunk_size and read_attempts must be >= 1")
         if deadline_s is not None and deadline_s <= 0:
             raise ValueError(f"verification deadline_s must be > 0 seconds or unset, not {deadline_s}")
+        if bandwidth_bytes_s is not None and bandwidth_bytes_s <= 0:
+            raise ValueError(f"bandwidth_bytes_s must be > 0 or unset, not {bandwidth_bytes_s}")
         self.backend = backend
         self.clock = clock
         self.workers = workers
-        self.chunk_size = chunk_size
-        self.bandwidth_bytes_s = bandwidth_bytes_s
         self.deadline_s = deadline_s
         self.uncommitted_grace_s = uncommitted_grace_s
-        self.read_attempts = read_attempts
         self.monotonic = monotonic
-        if bandwidth_bytes_s is not None and bandwidth_bytes_s <= 0:
-            raise ValueError(f"bandwidth_bytes_s must be > 0 or unset, not {bandwidth_bytes_s}")
+        self.reads = ParallelReads(backend, workers, chunk_size, bandwidth_bytes_s, read_attempts, monotonic)
 
     # ----------------------------------------------------------------- entry point
 
@@ -161,12 +118,12 @@ class Verifier:
             prefix = relative_prefix(self.backend, ref.location)
         except ValueError as exc:
             return self._result(ref, level, started, _Found(Outcome.UNVERIFIABLE, str(exc)))
-        run = _Run(ref, level, prefix, started, started + limit if limit else None, self.monotonic)
+        run = VerifyRun(ref, level, prefix, started, started + limit if limit else None, self.monotonic)
         try:
             found = self._verify(run)
         except StorageError as exc:
             found = _Found(Outcome.UNVERIFIABLE, f"storage error: {exc}")
-        except _Stopped as exc:
+        except Stopped as exc:
             found = _Found(Outcome.UNVERIFIABLE, f"stopped: {exc}")
         finally:
             run.halt("verification over")
@@ -199,41 +156,19 @@ class Verifier:
             self.clock.now(),
         )
 
-    def _verify(self, run: _Run) -> _Found:
+    def _verify(self, run: VerifyRun) -> _Found:
         if run.ref.guarantee is Guarantee.MANIFEST:
             return self._verify_manifest(run)
         return self._verify_adopted(run)
 
     # ----------------------------------------------------------------- our manifest layout
 
-    def _verify_manifest(self, run: _Run) -> _Found:
-        ref, prefix = run.ref, run.prefix
-        try:
-            raw = self.backend.get_small(prefix + MANIFEST_NAME)
-        except ValueError as exc:
-            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", f"unreadable: {exc}"))
+    def _verify_manifest(self, run: VerifyRun) -> _Found:
+        manifest, listing = self._manifest(run)
+        if isinstance(manifest, _Found):
+            return manifest
         run.check()
-        listing = {o.key[len(prefix) :]: o for o in self.backend.list(prefix)}
-        if raw is None:
-            if not ref.committed:
-                return self._uncommitted(run, listing.values())
-            return _corrupt(
-                ShardProblem(MANIFEST_NAME, "manifest", "missing: the commit marker of a committed checkpoint is gone")
-            )
-        try:
-            manifest = Manifest.from_json(raw)
-        except ManifestError as exc:
-            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", str(exc)))
-        run.check()
-        failure = None
-        if run.level is Level.METADATA:
-            listing, failure = self._with_heads(run, manifest, listing)
-        problems = list(check_listing(manifest, listing, name=ref.name))
-        if run.level is Level.FULL:
-            keys = [s.key for s in manifest.shards if s.key in listing and listing[s.key].size == s.size]
-            digests, missing, failure = self._stream(run, keys, manifest.algorithm)
-            problems += check_digests(manifest, digests)
-            problems += [ShardProblem(k, "missing", "vanished between the listing and the read") for k in missing]
+        problems, failure = self._manifest_problems(run, manifest, listing)
         return _judge(
             problems,
             failure,
@@ -243,29 +178,71 @@ class Verifier:
             f"(step {manifest.step}, {manifest.algorithm.value})",
         )
 
+    def _manifest(self, run: VerifyRun) -> tuple[Manifest | _Found, dict[str, ObjectInfo]]:
+        """The checkpoint's manifest and its listing; or, when there is no manifest to read, what
+        that makes the checkpoint (torn, in progress, or a committed one that lost its marker)."""
+        try:
+            raw = self.backend.get_small(run.prefix + MANIFEST_NAME)
+        except ValueError as exc:
+            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", f"unreadable: {exc}")), {}
+        run.check()
+        listing = {o.key[len(run.prefix) :]: o for o in self.backend.list(run.prefix)}
+        if raw is None:
+            if not run.ref.committed:
+                return self._uncommitted(run, listing.values()), listing
+            gone = "missing: the commit marker of a committed checkpoint is gone"
+            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", gone)), listing
+        try:
+            return Manifest.from_json(raw), listing
+        except ManifestError as exc:
+            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", str(exc))), listing
+
+    def _manifest_problems(
+        self, run: VerifyRun, manifest: Manifest, listing: dict[str, ObjectInfo]
+    ) -> tuple[list[ShardProblem], str | None]:
+        """What the storage holds against the manifest: the listing (with HEADs, at metadata level),
+        and every shard's bytes at full level; and why some shards could not be checked, if so."""
+        failure = None
+        if run.level is Level.METADATA:
+            listing, failure = self._with_heads(run, manifest, listing)
+        problems = list(check_listing(manifest, listing, name=run.ref.name))
+        if run.level is Level.FULL:
+            keys = [s.key for s in manifest.shards if s.key in listing and listing[s.key].size == s.size]
+            digests, missing, failure = self.reads.digests(run, keys, manifest.algorithm)
+            problems += check_digests(manifest, digests)
+            problems += _vanished(missing)
+        return problems, failure
+
     def _with_heads(
-        self, run: _Run, manifest: Manifest, listing: Mapping[str, ObjectInfo]
+        self, run: VerifyRun, manifest: Manifest, listing: Mapping[str, ObjectInfo]
     ) -> tuple[dict[str, ObjectInfo], str | None]:
         """The listing, with each shard's HEAD where the listing lacks its stored checksum; and why
         some HEADs were not done, if they were not."""
-        merged = dict(listing)
         if not getattr(self.backend, "stores_checksums", True):
-            return merged, None
+            return dict(listing), None
         algo = manifest.algorithm
         wanted = [
             s.key
             for s in manifest.shards
             if s.key in listing and listing[s.key].size == s.size and algo.value not in listing[s.key].checksums
         ]
-        # HEADs only tell what a listing does not (a stored checksum, a version): when a first batch
-        # shows the storage keeps neither for this checkpoint, the rest would be wasted requests.
+        heads, failure = self._heads(run, manifest, wanted)
+        return _merged(listing, heads), failure
+
+    def _heads(self, run: VerifyRun, manifest: Manifest, wanted: list[str]) -> tuple[dict[str, object], str | None]:
+        """HEAD the wanted shards. HEADs only tell what a listing does not (a stored checksum, a
+        version): when a first batch shows the storage keeps neither for this checkpoint, the rest
+        would be wasted requests and are skipped."""
+        algo = manifest.algorithm
+
+        def head(key: str) -> ObjectInfo | None:
+            return self.backend.head(run.prefix + key, algo)
+
         sample = wanted[: self.workers]
-        heads, failure = self._parallel(run, sample, lambda key: self.backend.head(run.prefix + key, algo))
+        heads, failure = self.reads.each(run, sample, head)
         useful = any(isinstance(h, ObjectInfo) and (algo.value in h.checksums or h.version_id) for h in heads.values())
         if useful or any(s.version_id for s in manifest.shards):
-            rest, failure_rest = self._parallel(
-                run, wanted[len(sample) :], lambda key: self.backend.head(run.prefix + key, algo)
-            )
+            rest, failure_rest = self.reads.each(run, wanted[len(sample) :], head)
             heads.update(rest)
             failure = failure or failure_rest
         elif not failure and len(wanted) > len(sample):
@@ -276,43 +253,22 @@ class Verifier:
                 skipped=len(wanted) - len(sample),
                 why="no stored checksum or version in the first HEADs",
             )
-        for key, info in heads.items():
-            if info is None:
-                merged.pop(key, None)  # deleted since the listing: reported missing
-            elif isinstance(info, ObjectInfo):
-                merged[key] = ObjectInfo(key, info.size, info.checksums, info.version_id, info.modified_at)
-        return merged, failure
+        return heads, failure
 
     # ----------------------------------------------------------------- adopted layouts
 
-    def _verify_adopted(self, run: _Run) -> _Found:
+    def _verify_adopted(self, run: VerifyRun) -> _Found:
         ref, prefix = run.ref, run.prefix
-        objects = list(self.backend.list(prefix))
-        if not objects and prefix:  # a single-file checkpoint (NeMo .ckpt)
-            single = self.backend.head(prefix.rstrip("/"))
-            objects = [single] if single is not None else []
+        objects = self._adopted_objects(prefix)
         if not ref.committed:
             return self._uncommitted(run, objects)
-        context = list(objects)
-        if ref.guarantee is Guarantee.NEMO:  # its -unfinished marker lies next to it
-            parent = prefix.rstrip("/").rpartition("/")[0]
-            context += [
-                o
-                for o in self.backend.list(parent + "/" if parent else "")
-                if o.key.count("/") == parent.count("/") + (1 if parent else 0)
-            ]
+        context = objects + (self._beside(prefix) if ref.guarantee is Guarantee.NEMO else [])
         run.check()
         problems = list(check_adopted(ref, context, prefix=prefix.rstrip("/")))
         failure = None
         if run.level is Level.FULL and objects:
-            sizes = {o.key: o.size for o in objects}
-            digests, missing, failure = self._stream(run, sorted(sizes), ChecksumAlgorithm.CRC32C, rooted=True)
-            problems += [
-                ShardProblem(k, "size", f"read {got} bytes, listing says {sizes[k]}")
-                for k, (got, _) in sorted(digests.items())
-                if got != sizes[k]
-            ]
-            problems += [ShardProblem(k, "missing", "vanished between the listing and the read") for k in missing]
+            read_problems, failure = self._read_all(run, objects)
+            problems += read_problems
         total = sum(o.size for o in objects)
         return _judge(
             problems,
@@ -322,9 +278,38 @@ class Verifier:
             f"{len(objects)} objects, {total} bytes present; weak guarantee: {ref.guarantee.describe}",
         )
 
+    def _adopted_objects(self, prefix: str) -> list[ObjectInfo]:
+        """The objects under the checkpoint's prefix, or the one object a single-file checkpoint
+        (NeMo ``.ckpt``) is."""
+        objects = list(self.backend.list(prefix))
+        if not objects and prefix:
+            single = self.backend.head(prefix.rstrip("/"))
+            objects = [single] if single is not None else []
+        return objects
+
+    def _beside(self, prefix: str) -> list[ObjectInfo]:
+        """The objects next to the checkpoint (NeMo's ``-unfinished`` marker lies there)."""
+        parent = prefix.rstrip("/").rpartition("/")[0]
+        return [
+            o
+            for o in self.backend.list(parent + "/" if parent else "")
+            if o.key.count("/") == parent.count("/") + (1 if parent else 0)
+        ]
+
+    def _read_all(self, run: VerifyRun, objects: list[ObjectInfo]) -> tuple[list[ShardProblem], str | None]:
+        """Every byte of every object read once, its count compared with the listing's size."""
+        sizes = {o.key: o.size for o in objects}
+        digests, missing, failure = self.reads.digests(run, sorted(sizes), ChecksumAlgorithm.CRC32C, rooted=True)
+        problems = [
+            ShardProblem(k, "size", f"read {got} bytes, listing says {sizes[k]}")
+            for k, (got, _) in sorted(digests.items())
+            if got != sizes[k]
+        ]
+        return problems + _vanished(missing), failure
+
     # ----------------------------------------------------------------- torn or in progress
 
-    def _uncommitted(self, run: _Run, objects: Iterable[ObjectInfo]) -> _Found:
+    def _uncommitted(self, run: VerifyRun, objects: Iterable[ObjectInfo]) -> _Found:
         times = [o.modified_at for o in objects if o.modified_at is not None]
         objects = list(objects)
         if not objects:
@@ -348,84 +333,6 @@ class Verifier:
             shards=len(objects),
         )
 
-    # ----------------------------------------------------------------- parallel work
-
-    def _parallel(
-        self, run: _Run, keys: Sequence[str], work: Callable[[str], object]
-    ) -> tuple[dict[str, object], str | None]:
-        """``work(key)`` for every key on ``workers`` threads. Returns the results and, when some
-        keys were left undone (a storage error, the deadline), why."""
-        results: dict[str, object] = {}
-        errors: list[StorageError] = []
-        if not keys:
-            return results, None
-
-        def one(key: str) -> None:
-            try:
-                run.check()
-                results[key] = work(key)
-            except StorageError as exc:
-                errors.append(exc)
-                run.halt(f"storage error: {exc}")
-            except _Stopped:
-                pass
-
-        pool = cf.ThreadPoolExecutor(max_workers=min(self.workers, len(keys)), thread_name_prefix="ssv-verify")
-        try:
-            _, pending = cf.wait([pool.submit(one, k) for k in keys], timeout=run.remaining())
-            if pending:
-                run.halt("deadline passed")
-        finally:
-            pool.shutdown(wait=not run.stop.is_set(), cancel_futures=True)
-        if errors:
-            return results, f"storage error: {errors[0]}"
-        if run.stop.is_set():
-            return results, run.why_stopped
-        return results, None
-
-    def _stream(
-        self, run: _Run, keys: Sequence[str], algorithm: ChecksumAlgorithm, *, rooted: bool = False
-    ) -> tuple[dict[str, tuple[int, str]], list[str], str | None]:
-        """Digest every key once. Returns (digests, keys found missing, why some were left unread)."""
-        bucket = None
-        if self.bandwidth_bytes_s:
-            bucket = TokenBucket(
-                self.bandwidth_bytes_s,
-                burst_bytes=max(self.chunk_size, self.bandwidth_bytes_s / 4),
-                monotonic=self.monotonic,
-                wait=run.stop.wait,
-            )
-        missing: list[str] = []
-
-        def one(key: str) -> tuple[int, str] | None:
-            try:
-                return self._digest(run, key if rooted else run.prefix + key, algorithm, bucket)
-            except KeyError:
-                missing.append(key)
-                return None
-
-        got, failure = self._parallel(run, keys, one)
-        digests = {k: v for k, v in got.items() if isinstance(v, tuple)}
-        return digests, missing, failure
-
-    def _digest(self, run: _Run, key: str, algorithm: ChecksumAlgorithm, bucket: TokenBucket | None) -> tuple[int, str]:
-        for attempt in range(1, self.read_attempts + 1):
-            digest = Digest(algorithm)
-            try:
-                for chunk in self.backend.read(key, self.chunk_size):
-                    run.check()
-                    if bucket is not None:
-                        bucket.take(len(chunk))
-                    digest.update(chunk)
-                    with run.lock:
-                        run.bytes_read += len(chunk)
-                return digest.size, digest.value()
-            except StorageError as exc:
-                if not exc.transient or attempt == self.read_attempts or run.stop.is_set():
-                    raise
-                log.info("ckpt.read_retry", location=self.backend.location(key), attempt=attempt, error=str(exc))
-        raise AssertionError("unreachable")
-
 
 def _corrupt(problem: ShardProblem) -> _Found:
     return _Found(Outcome.CORRUPT, summarize([problem]), (problem,))
@@ -438,3 +345,18 @@ def _judge(problems: Sequence[ShardProblem], failure: str | None, shards: int, t
     if failure:
         return _Found(Outcome.UNVERIFIABLE, f"not every shard could be checked: {failure}", (), shards, total)
     return _Found(Outcome.VERIFIED, ok, (), shards, total)
+
+
+def _vanished(keys: Iterable[str]) -> list[ShardProblem]:
+    return [ShardProblem(k, "missing", "vanished between the listing and the read") for k in keys]
+
+
+def _merged(listing: Mapping[str, ObjectInfo], heads: Mapping[str, object]) -> dict[str, ObjectInfo]:
+    """The listing, updated by what the HEADs found (None: deleted since the listing)."""
+    merged = dict(listing)
+    for key, info in heads.items():
+        if info is None:
+            merged.pop(key, None)  # deleted since the listing: reported missing
+        elif isinstance(info, ObjectInfo):
+            merged[key] = ObjectInfo(key, info.size, info.checksums, info.version_id, info.modified_at)
+    return merged

@@ -1,0 +1,158 @@
+"""`slurm-supervisor daemon`: the supervisor itself (systemd: Type=notify). Wiring only: it builds
+the adapters from the configuration, hands them to the engine and runs the loop until a signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from supervisor.cli import context, wiring
+from supervisor.config import DaemonConfig
+
+if TYPE_CHECKING:
+    from supervisor.adapters.clock import SystemClock
+    from supervisor.adapters.ingest import IngestServer, ReportIngest
+    from supervisor.adapters.notify import WebhookNotifier
+    from supervisor.adapters.sqlite import SqliteStore
+    from supervisor.engine.daemon import Heartbeat
+    from supervisor.engine.reconcile import Engine, EngineSettings
+
+    Ingest = tuple[ReportIngest, IngestServer] | None
+    Paging = tuple[WebhookNotifier, Callable[[], None]] | None
+
+
+@click.command()
+@click.option(
+    "--config",
+    "daemon_config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Daemon configuration (same as the global --config).",
+)
+@click.option("--once", is_flag=True, help="Run one reconcile tick and exit.")
+@click.option(
+    "--crash-at", hidden=True, default=None, help="Fault injection for tests: BOUNDARY[:ACTION] — exit abruptly there."
+)
+@click.pass_context
+def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: str | None) -> None:
+    """Run the supervisor daemon (systemd: Type=notify)."""
+    if daemon_config:
+        ctx.ensure_object(dict)["config_path"] = daemon_config
+    from supervisor.adapters.lock import AlreadyRunning, StateDirLock
+    from supervisor.adapters.logging import configure_logging
+
+    cfg = context.config(ctx)
+    configure_logging(cfg.logging.level, cfg.logging.format)
+    clock = wiring.clock()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: clock.stop())
+    try:
+        with StateDirLock(cfg.daemon.state_dir):
+            _serve(cfg, clock, once=once, crash_at=crash_at)
+    except AlreadyRunning as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _serve(cfg: DaemonConfig, clock: SystemClock, *, once: bool, crash_at: str | None) -> None:
+    """Build the engine and its companions (ingest, pager), then tick until stopped."""
+    from supervisor.engine.daemon import Heartbeat
+
+    store = wiring.store(cfg)
+    ingest = wiring.ingest(cfg, clock)
+    heartbeat = Heartbeat()  # the loop's sign of life for the watchdog's own timer
+    settings = _start_ingest(cfg, ingest, wiring.engine_settings(cfg))
+    engine = _engine(cfg, store, clock, settings, heartbeat, ingest, crash_at)
+    paging = _start_paging(cfg, store, clock)
+    try:
+        _run(cfg, engine, heartbeat, paging, once=once)
+    finally:
+        if paging is not None:
+            paging[0].close()
+        if ingest is not None:
+            ingest[1].stop()
+
+
+def _start_ingest(cfg: DaemonConfig, ingest: Ingest, settings: EngineSettings) -> EngineSettings:
+    """Open the agents' endpoint, if configured; the settings then carry the URL agents report to."""
+    if ingest is None:
+        return settings
+    try:
+        ingest[1].start()
+    except OSError as exc:
+        raise click.ClickException(f"{exc}; set [ingest] port (or enabled = false)") from None
+    return replace(settings, ingest_url=wiring.advertised_url(cfg, ingest[1]))
+
+
+def _engine(
+    cfg: DaemonConfig,
+    store: SqliteStore,
+    clock: SystemClock,
+    settings: EngineSettings,
+    heartbeat: Heartbeat,
+    ingest: Ingest,
+    crash_at: str | None,
+) -> Engine:
+    from supervisor.adapters.tcp_probe import TcpProbe
+    from supervisor.engine.daemon import StampedScheduler
+    from supervisor.engine.reconcile import Engine
+
+    return Engine(
+        scheduler=StampedScheduler(wiring.scheduler(cfg), heartbeat),
+        store=store,
+        clock=clock,
+        settings=settings,
+        probe=TcpProbe(timeout=cfg.probe.timeout_s) if cfg.probe.enabled else None,
+        fencer=wiring.fencer(cfg),
+        crash_hook=_crash_hook(crash_at),
+        progress=wiring.progress(cfg),
+        checkpoints=wiring.checkpoints(clock),
+        health=ingest[0] if ingest else None,
+    )
+
+
+def _start_paging(cfg: DaemonConfig, store: SqliteStore, clock: SystemClock) -> Paging:
+    """The webhook pager, started, if ``[notify]`` names one."""
+    try:
+        paging = wiring.pager(cfg, store, clock)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if paging is not None:
+        paging[0].start()
+    return paging
+
+
+def _run(cfg: DaemonConfig, engine: Engine, heartbeat: Heartbeat, paging: Paging, *, once: bool) -> None:
+    """The reconcile loop, under systemd's watchdog."""
+    from supervisor.adapters.sdnotify import SystemdNotifier, WatchdogTimer
+    from supervisor.engine.daemon import Pacing, run_loop
+
+    notifier = SystemdNotifier()
+    with WatchdogTimer(notifier, heartbeat, cfg.daemon.stall_limit_s):
+        run_loop(
+            engine,
+            Pacing(cfg.daemon.poll_interval_s),
+            notifier,
+            max_ticks=1 if once else None,
+            after_tick=paging[1] if paging else None,
+            heartbeat=heartbeat,
+        )
+
+
+def _crash_hook(spec: str | None) -> Any:
+    if not spec:
+        return None
+    boundary, _, kind = spec.partition(":")
+
+    def hook(at: str, action: str) -> None:
+        if at == boundary and (not kind or kind == action):
+            sys.stderr.write(f"slurm-supervisor: injected crash at {at}:{action}\n")
+            sys.stderr.flush()
+            os._exit(137)
+
+    return hook
