@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from supervisor.domain.checkpoints import CheckpointRef, VerifyResult
 from supervisor.domain.cluster import NodeChange
 from supervisor.domain.health import NodeFinding
 from supervisor.domain.lemon import Fault
@@ -177,6 +178,32 @@ class ActiveFindings:
     findings: tuple[NodeFinding, ...]
 
 
+@dataclass(frozen=True)
+class CheckpointSeen:
+    """A checkpoint found in the run's storage (new, or changed: its commit marker appeared)."""
+
+    run: str
+    ref: CheckpointRef
+    at: float
+
+
+@dataclass(frozen=True)
+class CheckpointChecked:
+    """What a verification of a checkpoint found."""
+
+    run: str
+    result: VerifyResult
+
+
+@dataclass(frozen=True)
+class CheckpointDemoted:
+    """A checkpoint passed over from now on, and why (attempts kept failing to resume from it)."""
+
+    run: str
+    location: str
+    why: str
+
+
 Record = (
     AttemptStarted
     | AttemptEnded
@@ -192,6 +219,9 @@ Record = (
     | AttemptProgress
     | NodeMark
     | ActiveFindings
+    | CheckpointSeen
+    | CheckpointChecked
+    | CheckpointDemoted
 )
 
 

@@ -16,13 +16,14 @@ never resumes from a torn or unverified checkpoint.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
 
+from supervisor.domain.actions import CheckpointChecked, CheckpointSeen, Record
 from supervisor.domain.checkpoints import (
     CheckpointRef,
     Level,
@@ -43,6 +44,7 @@ RECENT = 64  # checkpoints looked at when choosing (the newest verified and its 
 
 StoreFactory = Callable[[RunSpec], CheckpointStore]
 ResumeWriter = Callable[[str, str], None]  # (path, JSON text): atomic write on a shared filesystem
+Writer = Callable[[Sequence[Record]], None]  # the engine's executor applying records
 
 _KIND = {
     Outcome.VERIFIED: EventKind.CHECKPOINT_VERIFIED,
@@ -77,16 +79,15 @@ class CheckpointWatch:
         self._pool = None if inline else ThreadPoolExecutor(workers, thread_name_prefix="ckpt-verify")
         self._write_resume = write_resume
         self._runs: dict[str, _RunState] = {}
-        self._events: list[Event] = []
+        self._write: Writer = _no_writer
 
-    def take_events(self) -> list[Event]:
-        """Logbook lines since the last call (verifications, passed-over checkpoints, warnings):
-        the engine's executor writes them; this watch writes only its checkpoint ledger."""
-        out, self._events = self._events, []
-        return out
+    def write_through(self, writer: Writer) -> None:
+        """What the watch learns (checkpoints seen, verified, passed over; logbook lines) is written
+        by the engine's executor, at once: the choice of a checkpoint reads it back."""
+        self._write = writer
 
     def _emit(self, event: Event) -> None:
-        self._events.append(event)
+        self._write([event])
 
     def close(self) -> None:
         if self._pool is not None:
@@ -153,7 +154,11 @@ class CheckpointWatch:
         if st.known.get(ref.location) == (ref.committed, ref.seen_at):
             return False
         st.known[ref.location] = (ref.committed, ref.seen_at)
-        return store.checkpoint_seen(run.name, ref, self._clock.now())
+        stored = store.checkpoint_state(run.name, ref.location)
+        if stored is not None and stored[0] == ref.committed and stored[1] >= ref.seen_at:
+            return False
+        self._write([CheckpointSeen(run.name, ref, self._clock.now())])
+        return True
 
     def _listing_failed(self, run: RunRecord, store: Store, exc: Exception) -> None:
         """Logged every time; written to the logbook once per kind of failure."""
@@ -181,7 +186,7 @@ class CheckpointWatch:
         st.pending.append((ref, level, self._submit(st.store.verify, ref, level)))
 
     def _record(self, run: RunRecord, st: _RunState, store: Store, ref: CheckpointRef, result: VerifyResult) -> None:
-        store.checkpoint_result(run.name, result)
+        self._write([CheckpointChecked(run.name, result)])
         log.info(
             "checkpoint_checked",
             run=run.name,
@@ -265,9 +270,7 @@ class CheckpointWatch:
         st = self._state(run)
         self._collect(run, st, store)
         self._verify_unchecked(run, st, store)
-        demoted = demote_failed_loads(run, store, RECENT, self._clock.now())
-        if demoted is not None:
-            self._emit(demoted)
+        self._write(demote_failed_loads(run, store, RECENT, self._clock.now()))
         plan = plan_for(run, store, RECENT, policy.resume_file)
         return self._write_resume_file(run, store, plan)
 
@@ -357,3 +360,7 @@ def _result_of(ref: CheckpointRef, level: Level, fut: Future[VerifyResult]) -> V
             f"verification failed: {type(exc).__name__}: {exc}",
             ref.guarantee,
         )
+
+
+def _no_writer(records: Sequence[Record]) -> None:
+    raise RuntimeError("CheckpointWatch writes through the engine's executor: call write_through() first")

@@ -24,6 +24,9 @@ from supervisor.domain.actions import (
     AttemptStarted,
     Cancel,
     ChangeNode,
+    CheckpointChecked,
+    CheckpointDemoted,
+    CheckpointSeen,
     Defer,
     Exclude,
     Fence,
@@ -129,6 +132,17 @@ class Executor:
             s.record_rollback(rec)
         elif isinstance(rec, ActiveFindings):
             s.keep_findings(rec.findings)
+        else:
+            self._apply_checkpoint_record(rec)
+
+    def _apply_checkpoint_record(self, rec: Record) -> None:
+        s = self.store
+        if isinstance(rec, CheckpointSeen):
+            s.checkpoint_seen(rec.run, rec.ref, rec.at)
+        elif isinstance(rec, CheckpointChecked):
+            s.checkpoint_result(rec.run, rec.result)
+        elif isinstance(rec, CheckpointDemoted):
+            s.demote_checkpoint(rec.run, rec.location, rec.why)
         else:  # pragma: no cover - a new record type without a handler is a programming error
             raise TypeError(f"no handler for record {rec!r}")
 

@@ -4,13 +4,14 @@ branches."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from supervisor.domain.actions import Record
 from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.health import NodeFinding
 from supervisor.domain.progress.hang import HangPace
-from supervisor.domain.records import Event, RunRecord
+from supervisor.domain.records import RunRecord
 from supervisor.domain.resume import ResumePlan
 from supervisor.engine.progress import SpikeNotice
 from supervisor.ports import Store
@@ -61,8 +62,8 @@ class NoCheckpoints:
     def resume_for(self, run: RunRecord, store: Store) -> ResumePlan | None:
         return None
 
-    def take_events(self) -> list[Event]:
-        return []
+    def write_through(self, writer: Callable[[Sequence[Record]], None]) -> None:
+        return None
 
 
 class NoHealthFeed:

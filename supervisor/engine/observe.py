@@ -99,8 +99,7 @@ class Observer:
             self.progress.take_notices(), runs, self.store, self.clock, lambda r: watch.refresh(r, self.store)
         )
         records += _slowdown_events(runs, self.progress, now)
-        self.checkpoints.update(runs, self.store)
-        records += self.checkpoints.take_events()
+        self.checkpoints.update(runs, self.store)  # writes what it finds through the executor
         nodes = self.nodes.observe(runs, snap, self.store, self.progress.take_findings(), now)
         records += nodes.records
         return Facts(tuple(records), {**nodes.stale, **dead}, hangs, nodes)

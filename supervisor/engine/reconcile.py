@@ -93,6 +93,7 @@ class Engine:
             scheduler=scheduler, store=store, clock=clock, fencer=fencer, resume_for=self._resume_for,
             ingest_url=settings.ingest_url, node_rights=settings.may_change_nodes, crash_hook=crash_hook,
         )  # fmt: skip
+        self.checkpoints.write_through(self.executor.apply)
         self._recheck_at: float | None = None  # a decision waits for evidence (or a page) until then
         self._urgent = True
         self._waiting: set[str] = set()  # runs that cannot be placed: nodes read every tick, no urgency
@@ -202,9 +203,7 @@ class Engine:
     def _resume_for(self, run: RunRecord) -> ResumePlan | None:
         """The resume plan for the run's next attempt, with the logbook lines choosing it left
         (checkpoints passed over, a resume file that could not be written) written first."""
-        plan = self.checkpoints.resume_for(run, self.store)
-        self.executor.apply(self.checkpoints.take_events())
-        return plan
+        return self.checkpoints.resume_for(run, self.store)
 
 
 def _event(run: RunRecord, kind: EventKind, message: str, key: str, now: float) -> Event:

@@ -11,9 +11,10 @@ from dataclasses import replace
 
 import structlog
 
+from supervisor.domain.actions import CheckpointDemoted, Record
 from supervisor.domain.checkpoints import Outcome, ResumeChoice, VerifyResult, choose_resume, effective_result
-from supervisor.domain.demotion import LoadFailureRule, failed_load_demotion
-from supervisor.domain.records import Event, EventKind, RunRecord
+from supervisor.domain.demotion import Demotion, LoadFailureRule, failed_load_demotion
+from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.resume import ResumePlan, RollbackRef, resume_plan
 from supervisor.domain.rollback import RollbackRecord, pending_rollback, skip_ranges
 from supervisor.engine.spikes import rollback_history
@@ -50,9 +51,9 @@ def choose(run: RunRecord, store: Store, recent: int, before_step: int | None = 
     return choose_resume(refs, results, before_step=before_step, allow_weak=policy.allow_adopted if policy else True)
 
 
-def demote_failed_loads(run: RunRecord, store: Store, recent: int, now: float) -> Event | None:
+def demote_failed_loads(run: RunRecord, store: Store, recent: int, now: float) -> list[Record]:
     """Pass over (demote, in the ledger) the checkpoint the newest attempts keep failing to resume
-    from; its logbook line is returned. The decision is ``domain.demotion``'s, over the attempts,
+    from: the records that say so (none when nothing is to be passed over). The decision is ``domain.demotion``'s, over the attempts,
     the plans they were handed and the steps they logged — all read back from the store, so a
     daemon restart changes nothing."""
     rule = LoadFailureRule()
@@ -62,10 +63,13 @@ def demote_failed_loads(run: RunRecord, store: Store, recent: int, now: float) -
     attempts = store.attempts(run.name, rule.attempts_to_read)
     demotion = failed_load_demotion(attempts, handed, steps, run.excluded, rule)
     if demotion is None:
-        return None
-    store.demote_checkpoint(run.name, demotion.location, demotion.why)
+        return []
     log.warning("checkpoint_demoted", run=run.name, location=demotion.location, why=demotion.why)
     a = attempts[-1]
+    return [CheckpointDemoted(run.name, demotion.location, demotion.why), _demoted_event(run, a, demotion, now)]
+
+
+def _demoted_event(run: RunRecord, a: AttemptRecord, demotion: Demotion, now: float) -> Event:
     return Event(
         run=run.name,
         kind=EventKind.WARNING,

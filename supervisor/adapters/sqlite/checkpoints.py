@@ -36,6 +36,13 @@ class SqliteCheckpoints(SqliteBase):
             )
             return True
 
+    def checkpoint_state(self, run: str, location: str) -> tuple[bool, float] | None:
+        """(committed, seen_at) as stored for the checkpoint; None when it was never seen."""
+        row = self._db.execute(
+            "SELECT committed, seen_at FROM checkpoints WHERE run = ? AND location = ?", (run, location)
+        ).fetchone()
+        return None if row is None else (bool(row["committed"]), float(row["seen_at"]))
+
     def checkpoint_result(self, run: str, result: VerifyResult) -> None:
         column = "full_result" if result.level is Level.FULL else "metadata_result"
         with self.transaction() as db:
