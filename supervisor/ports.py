@@ -138,6 +138,10 @@ class RunStore(Protocol):
         self, run: str, seq: int, last_step: int, step_time_s: float | None, hang_pace: HangPace | None = None
     ) -> None: ...
 
+    def attempt_load_failed(self, run: str, seq: int, why: str) -> None:
+        """The attempt's log shows its checkpoint load failed, and why."""
+        ...
+
     def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]: ...
 
     def run_token(self, run: str) -> str:

@@ -3,8 +3,9 @@
 * :class:`Pager` (no I/O) turns events into alerts: a run that gave up, a mass fault, no verified
   checkpoint for too long (``checkpoint_stale``), repeated rollbacks. Every incident has a dedup
   key; it is triggered once, and closed (``resolve``) by the event that ends it: a verified
-  checkpoint closes the stale-checkpoint page, a later attempt running closes a mass fault, the
-  run completing or being cancelled closes them all.
+  checkpoint closes the stale-checkpoint page, a later attempt running closes a mass fault (one
+  page per incident, not per attempt: keyed by the incident's event), the run completing or being
+  cancelled closes them all.
 * :class:`WebhookNotifier` delivers them: a bounded queue (the oldest alert is dropped, and
   counted, when it is full), a timeout per request, retries with backoff on timeouts, refused
   connections, 429 and 5xx. The URL (and PagerDuty's routing key) is a secret: it is read from a
@@ -35,7 +36,16 @@ from supervisor.ports import Store
 log = structlog.get_logger(__name__)
 
 PAGE_KINDS = frozenset(
-    {"gave_up", "mass_fault", "checkpoint_stale", "repeated_rollbacks", "rollback_blocked", "slowdown", "stuck"}
+    {
+        "gave_up",
+        "mass_fault",
+        "checkpoint_stale",
+        "repeated_rollbacks",
+        "rollback_blocked",
+        "slowdown",
+        "stuck",
+        "crash_loop",
+    }
 )
 FORMATS = ("slack", "pagerduty")
 _SEVERITY = {
@@ -46,6 +56,7 @@ _SEVERITY = {
     "rollback_blocked": "error",
     "slowdown": "warning",
     "stuck": "error",
+    "crash_loop": "error",
 }
 _ENDS = frozenset({EventKind.COMPLETED, EventKind.CANCELLED})
 
@@ -104,12 +115,7 @@ class Pager:
         if kind == "gave_up":
             return self._trigger(f"{e.run}:gave_up", "gave_up", e, f"run {e.run} gave up: {e.message}")
         if kind == "mass_fault":
-            return self._trigger(
-                f"{e.run}:mass_fault:{e.attempt}",
-                "mass_fault",
-                e,
-                f"run {e.run}: mass fault, a human decides: {e.message}",
-            )
+            return self._mass_fault(e)
         if kind == "checkpoint_stale":
             return self._trigger(f"{e.run}:checkpoint_stale", "checkpoint_stale", e, f"run {e.run}: {e.message}")
         if kind == "rollback":
@@ -123,6 +129,8 @@ class Pager:
                 e,
                 f"run {e.run}: a loss spike did not heal and was not rolled back: {e.message}",
             )
+        if kind == "crash_loop":
+            return self._trigger(f"{e.run}:crash_loop", "crash_loop", e, f"run {e.run}: {e.message}")
         if kind == "stuck":
             return self._trigger(f"{e.run}:stuck", "stuck", e, f"run {e.run} cannot be placed: {e.message}")
         if kind == "checkpoint_verified":
@@ -132,6 +140,14 @@ class Pager:
         if e.kind in _ENDS:
             return self._resolve(lambda a: a.run == e.run, e)
         return []
+
+    def _mass_fault(self, e: Event) -> list[Alert]:
+        """One page per incident: keyed by the incident's logbook event (``RUN:mass_fault:ATTEMPT``,
+        the attempt it began on); while a mass-fault page of the run is open, a further event joins it."""
+        if any(a.run == e.run and a.kind == "mass_fault" for a in self.open.values()):
+            return []
+        key = e.key if e.key.startswith(f"{e.run}:mass_fault:") else f"{e.run}:mass_fault:{e.attempt}"
+        return self._trigger(key, "mass_fault", e, f"run {e.run}: mass fault, a human decides: {e.message}")
 
     def _rollback(self, e: Event) -> list[Alert]:
         times = self._rollbacks.setdefault(e.run, deque())

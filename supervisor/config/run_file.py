@@ -17,6 +17,7 @@ from supervisor.domain.run import (
     DEFAULT_DO_NOT_RESTART,
     CheckpointPolicy,
     RestartMode,
+    RestartPacing,
     RunSpec,
     SparePolicy,
     SpikePolicy,
@@ -247,6 +248,44 @@ class RestartSection(Section):
         json_schema_extra=fix_hint("list exit codes from 1 to 255, e.g. do_not_restart_exit_codes = [93]"),
     )
     mode: RestartMode = RestartMode.RESUBMIT
+    # Restart pacing (domain.backoff): attempts that die soon after starting are restarted later
+    # and later; a crash loop pauses the run before each restart and pages.
+    fast_failure_s: FloatField = Field(
+        default=600.0,
+        gt=0,
+        json_schema_extra=fix_hint("set seconds above 0, e.g. 600 (an attempt that dies sooner failed fast)"),
+    )
+    backoff_base_s: FloatField = Field(
+        default=30.0, gt=0, json_schema_extra=fix_hint("set seconds above 0, e.g. 30 (the first delay; it doubles)")
+    )
+    backoff_max_s: FloatField = Field(
+        default=1800.0, gt=0, json_schema_extra=fix_hint("set seconds, at least backoff_base_s, e.g. 1800")
+    )
+    crash_loop_after: StrictInt = Field(
+        default=6, ge=1, json_schema_extra=fix_hint("set how many fast failures in a row are a crash loop, e.g. 6")
+    )
+    crash_loop_pause_s: FloatField = Field(
+        default=3600.0,
+        gt=0,
+        json_schema_extra=fix_hint("set seconds above 0, e.g. 3600 (the wait before each restart)"),
+    )
+
+    @field_validator("backoff_max_s")
+    @classmethod
+    def _max_not_below_base(cls, value: float, info: ValidationInfo) -> float:
+        base = info.data.get("backoff_base_s")
+        if base is not None and value < base:
+            raise ValueError(f"must be at least backoff_base_s ({base:g})")
+        return value
+
+    def pacing(self) -> RestartPacing:
+        return RestartPacing(
+            fast_failure_s=self.fast_failure_s,
+            base_s=self.backoff_base_s,
+            max_s=self.backoff_max_s,
+            crash_loop_after=self.crash_loop_after,
+            crash_loop_pause_s=self.crash_loop_pause_s,
+        )
 
 
 class CheckpointsSection(Section):
@@ -390,6 +429,7 @@ class RunFile(Section):
             max_restarts=restart.max_restarts,
             do_not_restart_exit_codes=frozenset(restart.do_not_restart_exit_codes),
             restart_mode=restart.mode,
+            pacing=restart.pacing(),
             checkpoints=self.checkpoints.to_policy() if self.checkpoints else None,
             spikes=self.spikes.to_policy(),
         )

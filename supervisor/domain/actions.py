@@ -162,6 +162,16 @@ class AttemptProgress:
 
 
 @dataclass(frozen=True)
+class AttemptLoadFailed:
+    """What the attempt's log shows of a failed checkpoint load (``why``: the error line, or a load
+    begun and never finished): the evidence checkpoint fallback reads back (``domain/demotion.py``)."""
+
+    run: str
+    seq: int
+    why: str
+
+
+@dataclass(frozen=True)
 class NodeMark:
     """What was last done to a node, as its verdict's ``action`` ("held-by-slurm": someone other
     than this supervisor took it out of service; it counts as returned once back)."""
@@ -217,6 +227,7 @@ Record = (
     | Fault
     | RollbackRecord
     | AttemptProgress
+    | AttemptLoadFailed
     | NodeMark
     | ActiveFindings
     | CheckpointSeen

@@ -1,10 +1,12 @@
 """Decisions on a running job: which of its nodes are faulty, how a fault is contained (fault
-records, the node kept out, DOWN/DRAIN within the blast radius), hangs, degraded nodes dropped at
+records, the node kept out, DOWN/DRAIN within the blast radius, one ``mass_fault`` per incident
+beyond it), hangs, degraded nodes dropped at
 a checkpoint boundary. Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from supervisor.domain.actions import (
@@ -161,41 +163,79 @@ def recover(
     return Decision(tuple(records), tuple(actions))
 
 
+# A mass fault on an attempt that has not yet run this long, while the run still keeps out nodes an
+# earlier mass fault left over the cap, continues that incident: no second logbook entry or page.
+INCIDENT_QUIET_S = 600.0
+
+
 def contain(
     run: RunRecord, a: AttemptRecord, bad: Mapping[str, str], obs: Observation, policy: Policy
 ) -> tuple[list[Record], list[Action]]:
-    """Fault records for each bad node, and the node changes that keep it out of the cluster."""
+    """Fault records for each bad node (it is kept out of the run), and the node changes that take
+    it out of service within the blast radius. Beyond the caps a node is kept out of the run but
+    not drained, and the incident is one ``mass_fault`` entry for a human."""
     records: list[Record] = []
     actions: list[Action] = []
     drains_left = policy.drains_left
-    held: list[str] = []
+    capped: list[str] = []
     for node, why in sorted(bad.items()):
-        if policy.may_change_nodes and drains_left <= 0 and not _handled(run, node, obs):
-            held.append(node)  # beyond the blast radius: suspect, neither drained nor kept out
-            evidence = {"node": node, "observed": why}
-            records.append(NodeVerdict(node, Verdict.SUSPECT, why, evidence, run.name, "blast-radius", obs.now))
+        if policy.may_change_nodes and drains_left <= 0 and _needs_change(run, node, obs):
+            capped.append(node)
+            records += _fault_records(run, a, node, why, obs, capped=True) + [_not_drained(run, a, node, obs)]
             continue
         records += _fault_records(run, a, node, why, obs)
         items, drains_left = _node_change(run, a, node, why, obs, policy, drains_left)
         actions += [x for x in items if isinstance(x, ChangeNode)]
         records += [x for x in items if not isinstance(x, ChangeNode)]
-    if held:
-        records.append(
-            _mass_fault(run, a, bad, sorted({x.node for x in actions if isinstance(x, ChangeNode)}), held, obs)
-        )
+    if capped and not _incident_continues(run, a, bad, obs):
+        drained = sorted({x.node for x in actions if isinstance(x, ChangeNode)})
+        records.append(_mass_fault(run, a, bad, drained, capped, obs))
     return records, actions
 
 
+def _needs_change(run: RunRecord, node: str, obs: Observation) -> bool:
+    """Taking the node out of service would take a drain: it is not already drained by someone
+    else, nor downed or drained by this run."""
+    info = obs.snapshot.nodes.get(node)
+    drained_elsewhere = (
+        info is not None and info.drained and info.responding and not marked_by_us(info.reason, run.name)
+    )
+    return not drained_elsewhere and not _handled(run, node, obs)
+
+
+def _not_drained(run: RunRecord, a: AttemptRecord, node: str, obs: Observation) -> Event:
+    msg = (
+        f"{node} excluded from run {run.name}; not drained: the blast-radius cap is reached "
+        "(daemon.max_drains_per_hour, max_drains_per_run_per_hour); it stays in service in Slurm for a human to judge"
+    )
+    return event_for(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:blast")
+
+
+def _incident_continues(run: RunRecord, a: AttemptRecord, bad: Mapping[str, str], obs: Observation) -> bool:
+    """The run keeps out nodes an earlier mass fault left in service (over the cap, not drained),
+    and this attempt has not run for ``INCIDENT_QUIET_S`` yet: the same incident goes on."""
+    started = a.started_at if a.started_at is not None else obs.now
+    if obs.now - started >= INCIDENT_QUIET_S:
+        return False
+    return any(
+        (info := obs.snapshot.nodes.get(n)) is not None and info.responding and not info.down and not info.drained
+        for n in run.excluded
+        if n not in bad
+    )
+
+
 def _mass_fault(
-    run: RunRecord, a: AttemptRecord, bad: Mapping[str, str], drained: list[str], held: list[str], obs: Observation
+    run: RunRecord, a: AttemptRecord, bad: Mapping[str, str], drained: list[str], capped: list[str], obs: Observation
 ) -> Event:
+    """One entry per incident, keyed by the attempt it began on (the page's dedup key too)."""
     msg = (
         f"mass fault: {len(bad)} nodes of {a.label} faulted at once; the blast-radius cap allowed "
-        f"{len(drained)} drain(s) ({fmt_nodes(tuple(drained))}); {len(held)} left suspect, not drained, "
-        f"for a human to judge: {fmt_nodes(tuple(held))}"
+        f"{len(drained)} drain(s) ({fmt_nodes(tuple(drained))}); {len(capped)} excluded from the run but "
+        f"not drained, for a human to judge: {fmt_nodes(tuple(capped))}; the run restarts without them"
     )
-    evidence = {"faulted": dict(sorted(bad.items())), "drained": drained, "suspect": held}
-    return event_for(run, a, EventKind.MASS_FAULT, msg, obs, evidence, "mass")
+    evidence = {"faulted": dict(sorted(bad.items())), "drained": drained, "excluded": capped}
+    event = event_for(run, a, EventKind.MASS_FAULT, msg, obs, evidence)
+    return replace(event, key=f"{run.name}:mass_fault:{a.seq}")
 
 
 def _handled(run: RunRecord, node: str, obs: Observation) -> bool:
@@ -217,7 +257,9 @@ def _recover_hang(
     return Decision(records, (Cancel(run.name, job.job_id, "hang: no training progress"),))
 
 
-def _fault_records(run: RunRecord, a: AttemptRecord, node: str, why: str, obs: Observation) -> list[Record]:
+def _fault_records(
+    run: RunRecord, a: AttemptRecord, node: str, why: str, obs: Observation, *, capped: bool = False
+) -> list[Record]:
     info = obs.snapshot.nodes.get(node)
     evidence = {
         "node": node,
@@ -232,7 +274,17 @@ def _fault_records(run: RunRecord, a: AttemptRecord, node: str, why: str, obs: O
         fault,
         Fault(node, obs.now, run.name, why, key=fault.key),  # what quarantine counts
         Exclude(run.name, node, why),
-        NodeVerdict(node, Verdict.BAD, why, evidence, run.name, "excluded", obs.now),
+        NodeVerdict(
+            node,
+            Verdict.BAD,
+            f"{why}; not drained: blast-radius cap reached",
+            evidence,
+            run.name,
+            "blast-radius",
+            obs.now,
+        )
+        if capped
+        else NodeVerdict(node, Verdict.BAD, why, evidence, run.name, "excluded", obs.now),
     ]
 
 
@@ -251,11 +303,6 @@ def _node_change(
     if not policy.may_change_nodes:
         msg = f"{node} excluded from run {run.name}; not drained: the supervisor has no node rights (may_change_nodes = false)"
         return [event_for(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:norights")], drains_left
-    if drains_left <= 0:
-        msg = (
-            f"{node} excluded from run {run.name}; not drained: blast-radius limit reached (daemon.max_drains_per_hour)"
-        )
-        return [event_for(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:blast")], drains_left
     kinds = (NodeChange.DRAIN,) if _alive(run, node, obs) else (NodeChange.DOWN, NodeChange.DRAIN)
     return [ChangeNode(run.name, node, c, node_reason(run.name, why)) for c in kinds], drains_left - 1
 

@@ -5,6 +5,7 @@ next job may go. Pure."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from supervisor.domain.actions import (
     Action,
@@ -19,6 +20,7 @@ from supervisor.domain.actions import (
     SetState,
     Submit,
 )
+from supervisor.domain.backoff import Backoff, restart_backoff
 from supervisor.domain.cluster import JobHold, JobInfo, JobState
 from supervisor.domain.faults import contain, faulty_nodes, recover
 from supervisor.domain.observation import (
@@ -220,9 +222,32 @@ def _restart(
         )
         records.append(event_for(run, a, EventKind.WARNING, msg, obs, {"nodes": dead}, "unfenced"))
     since = a.ended_at if a.ended_at is not None else obs.now
-    return Decision(tuple(records), tuple(actions)) + submit_next(
-        run, a, obs, policy, restart=True, reason=reason, since=since
-    )
+    fenced = Decision(tuple(records), tuple(actions))
+    backoff = restart_backoff(run.name, _history(run, a, job, obs), run.spec.pacing, run.excluded)
+    if backoff is not None and obs.now < backoff.until:
+        return fenced + _wait_to_restart(run, a, backoff, obs)
+    return fenced + submit_next(run, a, obs, policy, restart=True, reason=reason, since=since)
+
+
+def _history(run: RunRecord, a: AttemptRecord, job: JobInfo | None, obs: Observation) -> list[AttemptRecord]:
+    """The run's newest attempts, the one just replaced as it ended (its end may be recorded in
+    this very decision)."""
+    end_state = a.end_state or (job.state.value if job is not None else "VANISHED")
+    ended = replace(a, ended_at=a.ended_at or (job.end_time if job and job.end_time else obs.now), end_state=end_state)
+    return [h for h in obs.history.get(run.name, ()) if h.seq != a.seq] + [ended]
+
+
+def _wait_to_restart(run: RunRecord, a: AttemptRecord, backoff: Backoff, obs: Observation) -> Decision:
+    """Not yet: the logbook says how long and why (once per attempt); a crash loop pages once."""
+    evidence = {"delay_s": round(backoff.delay_s, 1), "until": backoff.until, "fast_failures": backoff.fast_failures}
+    message = f"next restart in {backoff.delay_s:.0f} s ({backoff.why})"
+    records: list[Record] = [event_for(run, a, EventKind.BACKOFF, message, obs, evidence)]
+    if backoff.crash_loop:
+        first = a.seq - backoff.fast_failures + 1  # the crash loop's first attempt: one page per loop
+        pause = f"crash loop: paused for {backoff.delay_s / 60:.0f} min before each restart ({backoff.why})"
+        key = f"{run.name}:crash_loop:{first}"
+        records.append(replace(event_for(run, a, EventKind.CRASH_LOOP, pause, obs, evidence), key=key))
+    return Decision(tuple(records), recheck_at=backoff.until, waiting=True)
 
 
 def _unreachable(obs: Observation, node: str) -> bool:

@@ -37,6 +37,7 @@ class Observation:
     # someone returned to service since
     returned: frozenset[str] = frozenset()
     agents: frozenset[str] = frozenset()  # nodes whose node agent reports (fresh heartbeat)
+    history: Mapping[str, tuple[AttemptRecord, ...]] = field(default_factory=dict)  # run -> newest attempts
 
     @property
     def now(self) -> float:

@@ -34,6 +34,7 @@ class AttemptRecord:
     last_step: int | None = None  # the newest training step its log showed
     step_time_s: float | None = None  # its step time, as the log showed it
     hang_pace: HangPace | None = None  # what the hang detector learned of its pace
+    load_failed: str | None = None  # why its log shows its checkpoint load failed (domain/progress/loads.py)
 
     @property
     def label(self) -> str:
@@ -112,6 +113,8 @@ class EventKind(StrEnum):
     WAITING_FOR_NODES = "waiting_for_nodes"  # the run cannot be placed: which nodes it waits for, and why
     STUCK = "stuck"  # ... and has waited past the threshold: page
     QUARANTINE_OVERRIDE = "quarantine_override"  # a quarantined node used because the run could not be placed
+    BACKOFF = "backoff"  # the next restart waits: attempts keep failing soon after they start
+    CRASH_LOOP = "crash_loop"  # ... so often that each restart waits the crash-loop pause: page
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,24 @@ class SpikePolicy:
 
 
 @dataclass(frozen=True)
+class RestartPacing:
+    """How restarts are spaced out after fast failures (``[restart]``; see ``domain.backoff``)."""
+
+    fast_failure_s: float = 600.0  # an attempt that ends within this long of starting failed fast
+    base_s: float = 30.0  # the delay after the first fast failure
+    max_s: float = 1800.0  # ... doubling up to this
+    jitter: float = 0.2  # ± this fraction of the delay
+    crash_loop_after: int = 6  # this many fast failures in a row are a crash loop
+    crash_loop_pause_s: float = 3600.0  # ... and each restart then waits this long
+
+    def __post_init__(self) -> None:
+        if not (0 < self.base_s <= self.max_s and 0 <= self.jitter < 1 and self.crash_loop_after >= 1):
+            raise ValueError(
+                "restart pacing: need 0 < backoff_base_s <= backoff_max_s, 0 <= jitter < 1, crash_loop_after >= 1"
+            )
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """What a person asked for. Paths are absolute by the time they reach the domain."""
 
@@ -120,6 +138,7 @@ class RunSpec:
     max_restarts: int = 10
     do_not_restart_exit_codes: frozenset[int] = frozenset(DEFAULT_DO_NOT_RESTART)
     restart_mode: RestartMode = RestartMode.RESUBMIT
+    pacing: RestartPacing = field(default_factory=RestartPacing)
     checkpoints: CheckpointPolicy | None = None
     spikes: SpikePolicy = field(default_factory=SpikePolicy)
 

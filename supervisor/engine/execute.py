@@ -19,6 +19,7 @@ from supervisor.domain.actions import (
     Action,
     ActiveFindings,
     AttemptEnded,
+    AttemptLoadFailed,
     AttemptProgress,
     AttemptRequeued,
     AttemptStarted,
@@ -111,6 +112,8 @@ class Executor:
             s.add_attempt(rec.run, rec.job_id, rec.restart_count, rec.at, rec.excluded)
         elif isinstance(rec, AttemptProgress):
             s.attempt_progress(rec.run, rec.seq, rec.last_step, rec.step_time_s, rec.hang_pace)
+        elif isinstance(rec, AttemptLoadFailed):
+            s.attempt_load_failed(rec.run, rec.seq, rec.why)
         else:
             self._apply_node_record(rec, now)
 

@@ -43,6 +43,9 @@ class NoProgress:
     def next_deadline(self, now: float) -> float | None:
         return None
 
+    def load_failure(self, job_id: int, restart_count: int) -> str | None:
+        return None
+
     def hang_pace(self, job_id: int, restart_count: int) -> HangPace | None:
         return None
 

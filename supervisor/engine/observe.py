@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from supervisor.domain.actions import AttemptProgress, Record
+from supervisor.domain.actions import AttemptLoadFailed, AttemptProgress, Record
 from supervisor.domain.cluster import ClusterSnapshot, JobState
 from supervisor.domain.lemon import Quarantine, QuarantineSettings, quarantined
 from supervisor.domain.observation import Observation
@@ -94,7 +94,7 @@ class Observer:
         progress = _progress_records(runs, self.progress)
         runs = _with_progress(runs, progress)
         watch = self.checkpoints
-        records: list[Record] = list(progress)
+        records: list[Record] = [*progress, *_load_failures(runs, self.progress)]
         records += spike_records(
             self.progress.take_notices(), runs, self.store, self.clock, lambda r: watch.refresh(r, self.store)
         )
@@ -118,6 +118,7 @@ class Observer:
             rollbacks=pending_rollbacks(runs, self.store),
             returned=facts.nodes.returned,
             agents=facts.nodes.agents,
+            history={r.name: tuple(self.store.attempts(r.name, r.spec.pacing.crash_loop_after + 1)) for r in runs},
         )
 
     def _quarantined(self) -> dict[str, Quarantine]:
@@ -137,6 +138,17 @@ def _progress_records(runs: list[RunRecord], progress: ProgressWatch | NoProgres
         if a is not None and step is not None and step != a.last_step:
             key = (a.job_id, a.restart_count)
             out.append(AttemptProgress(run.name, a.seq, step, progress.step_time(*key), progress.hang_pace(*key)))
+    return out
+
+
+def _load_failures(runs: list[RunRecord], progress: ProgressWatch | NoProgress) -> list[AttemptLoadFailed]:
+    """Each current attempt's log evidence of a failed checkpoint load, new since the last tick."""
+    out = []
+    for run in runs:
+        a = run.attempt
+        why = progress.load_failure(a.job_id, a.restart_count) if a is not None else None
+        if a is not None and why is not None and why != a.load_failed:
+            out.append(AttemptLoadFailed(run.name, a.seq, why))
     return out
 
 

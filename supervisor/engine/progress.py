@@ -18,6 +18,7 @@ from supervisor.domain.cluster import ClusterSnapshot, JobState
 from supervisor.domain.health import NodeFinding
 from supervisor.domain.progress import ProgressParser, ProgressRecord, parser_for
 from supervisor.domain.progress.hang import HangDetector, HangPace, HangSettings, HangVerdict
+from supervisor.domain.progress.loads import LoadWatch, load_segments
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.progress.pauses import ends_pause, pause_of
 from supervisor.domain.records import RunRecord
@@ -42,6 +43,7 @@ class _Watch:
     last_step: int | None = None
     records: int = 0
     recent: list[str] = field(default_factory=list)
+    load: LoadWatch = field(default_factory=LoadWatch)  # what the log said of its checkpoint load
     # (step, loss, grad_norm, lr) of the last records: the evidence around a spike
     series: deque[tuple[int, float | None, float | None, float | None]] = field(
         default_factory=lambda: deque(maxlen=SERIES_LEN)
@@ -78,12 +80,19 @@ class ProgressWatch:
         self._notices: list[SpikeNotice] = []
         self._last_steps: dict[tuple[int, int], int] = {}  # (job id, restart count) -> newest step logged
         self._step_times: dict[tuple[int, int], float] = {}  # ... -> its latest seconds per step
+        self._load_failures: dict[tuple[int, int], str] = {}  # ... -> why its log shows its load failed
         self._findings: list[NodeFinding] = []  # stragglers named from per-rank step times
         self._slowdowns: list[tuple[str, tuple[int, int], dict[str, Any]]] = []
 
     def last_step(self, job_id: int, restart_count: int) -> int | None:
         """The newest step an attempt logged (None: never followed, or nothing parsed)."""
         return self._last_steps.get((job_id, restart_count))
+
+    def load_failure(self, job_id: int, restart_count: int) -> str | None:
+        """Why the attempt's log shows its checkpoint load failed: a load error, or (once it ended)
+        a load that began and was followed by neither a step nor a finished load. None: no such
+        evidence (or never followed)."""
+        return self._load_failures.get((job_id, restart_count))
 
     def hang_pace(self, job_id: int, restart_count: int) -> HangPace | None:
         """What the hang detector learned of the attempt's pace (None: not followed now)."""
@@ -129,7 +138,7 @@ class ProgressWatch:
         for name in set(self._watches) - seen:
             watch = self._watches.pop(name)
             self._read(name, watch, now)  # the lines the attempt wrote before it ended: its last step
-            watch.source.close()
+            self._close(watch)
         return hangs
 
     def _hang_evidence(self, watch: _Watch, verdict: HangVerdict) -> dict[str, Any]:
@@ -168,7 +177,7 @@ class ProgressWatch:
             return None
         same_file = current is not None and current.path == path
         if current is not None:
-            current.source.close()
+            self._close(current)
         watch = _Watch(
             key,
             path,
@@ -205,7 +214,7 @@ class ProgressWatch:
         if lines:
             watch.recent = (watch.recent + [ln[:200] for ln in lines])[-3:]
             _note_pauses(watch.detector, lines)
-        for record in watch.parser.feed_all(lines):
+        for record in self._records(watch, lines):
             watch.records += 1
             if record.step is not None:
                 self._stepped(watch, record, now)
@@ -217,6 +226,36 @@ class ProgressWatch:
             if watch.spikes is not None:
                 for notice in watch.spikes.feed(record):
                     self._notices.append(SpikeNotice(run, watch.key, notice, tuple(watch.series)))
+
+    def _records(self, watch: _Watch, lines: list[str]) -> list[ProgressRecord]:
+        """The lines' records, noting what the lines say of the checkpoint load in order with the
+        steps (a step after the load began says it finished)."""
+        out: list[ProgressRecord] = []
+        for mark, segment in load_segments(lines):
+            if mark is not None:
+                watch.load.mark(mark, segment[0])
+                out += watch.parser.feed_all(segment[:1])  # a step on the mark's own line is not one after it
+                segment = segment[1:]
+            records = watch.parser.feed_all(segment)
+            if any(r.step is not None for r in records):
+                watch.load.stepped()
+            else:
+                watch.load.lines(segment)
+            out += records
+        self._note_load(watch, ended=False)
+        return out
+
+    def _close(self, watch: _Watch) -> None:
+        """The attempt ended (or was replaced): a load it began and never finished is evidence now."""
+        self._note_load(watch, ended=True)
+        watch.source.close()
+
+    def _note_load(self, watch: _Watch, *, ended: bool) -> None:
+        failure = watch.load.failure(ended=ended)
+        if failure is not None:
+            _bounded_put(self._load_failures, watch.key, failure)
+        else:
+            self._load_failures.pop(watch.key, None)
 
 
 def _note_pauses(detector: HangDetector, lines: list[str]) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from supervisor.domain.actions import Decision
-from supervisor.domain.blast import WINDOW_S, BlastRadius, drains_left
+from supervisor.domain.blast import WINDOW_S, BlastRadius, HookDrain, drains_left, hook_drained, track_hook_drains
 from supervisor.domain.health import HeartbeatSettings
 from supervisor.domain.lemon import QuarantineSettings
 from supervisor.domain.policy import Observation, Policy, decide
@@ -97,6 +97,7 @@ class Engine:
         self._recheck_at: float | None = None  # a decision waits for evidence (or a page) until then
         self._urgent = True
         self._waiting: set[str] = set()  # runs that cannot be placed: nodes read every tick, no urgency
+        self._hook_drains: dict[str, float] = {}  # node drained by a Slurm hook -> first seen so (blast radius)
 
     # ------------------------------------------------------------------ the tick
 
@@ -165,7 +166,7 @@ class Engine:
     def _reconcile_run(self, run: RunRecord, obs: Observation, result: TickResult) -> None:
         structlog.contextvars.bind_contextvars(run=run.name, job_id=run.attempt.job_id if run.attempt else None)
         try:
-            decision = decide(run, obs, self._policy(run))
+            decision = decide(run, obs, self._policy(run, obs))
             self._note(run, decision)
             result.decisions[run.name] = decision
             self.executor.apply(decision.records)
@@ -180,13 +181,16 @@ class Engine:
         finally:
             structlog.contextvars.unbind_contextvars("run", "job_id")
 
-    def _policy(self, run: RunRecord) -> Policy:
+    def _policy(self, run: RunRecord, obs: Observation) -> Policy:
         s = self.settings
         now = self.clock.now()
         caps = BlastRadius(s.max_drains_per_hour, s.max_drains_per_run_per_hour)
+        self._hook_drains = track_hook_drains(self._hook_drains, hook_drained(obs.snapshot.nodes.values()), now)
+        hooked = [HookDrain(n, at) for n, at in self._hook_drains.items()]
+        mine = run.attempt.nodes if run.attempt else ()
         return Policy(
             may_change_nodes=self.executor.node_rights,
-            drains_left=drains_left(self.store.node_changes(now - WINDOW_S), run.name, now, caps),
+            drains_left=drains_left(self.store.node_changes(now - WINDOW_S), run.name, now, caps, hooked, mine),
             fence=self.executor.fencer is not None,
             evidence_wait_s=s.evidence_wait_s if self._agents_report else 0.0,
             stuck_page_s=s.stuck_page_s,

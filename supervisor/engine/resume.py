@@ -13,7 +13,7 @@ import structlog
 
 from supervisor.domain.actions import CheckpointDemoted, Record
 from supervisor.domain.checkpoints import Outcome, ResumeChoice, VerifyResult, choose_resume, effective_result
-from supervisor.domain.demotion import Demotion, LoadFailureRule, failed_load_demotion
+from supervisor.domain.demotion import Demotion, Kept, LoadFailureRule, Standing, failed_load_demotion
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.resume import ResumePlan, RollbackRef, resume_plan
 from supervisor.domain.rollback import RollbackRecord, pending_rollback, skip_ranges
@@ -52,21 +52,33 @@ def choose(run: RunRecord, store: Store, recent: int, before_step: int | None = 
 
 
 def demote_failed_loads(run: RunRecord, store: Store, recent: int, now: float) -> list[Record]:
-    """Pass over (demote, in the ledger) the checkpoint the newest attempts keep failing to resume
-    from: the records that say so (none when nothing is to be passed over). The decision is ``domain.demotion``'s, over the attempts,
-    the plans they were handed and the steps they logged — all read back from the store, so a
-    daemon restart changes nothing."""
+    """Pass over (demote, in the ledger) the checkpoint the newest attempts keep failing to load:
+    the records that say so, or the logbook line saying why it is kept (none when the attempts do
+    not keep failing on one). The decision is ``domain.demotion``'s, over the attempts (the steps
+    and load failures their logs showed), the plans they were handed and the checkpoints on record
+    — all read back from the store, so a daemon restart changes nothing."""
     rule = LoadFailureRule()
     plans = store.resume_plans(run.name, rule.attempts_to_read)
     handed = {seq: plan.chosen.location for seq, plan in plans.items() if plan.chosen is not None}
-    steps = {ref.location: ref.step for ref, *_ in store.checkpoints(run.name, recent)}
     attempts = store.attempts(run.name, rule.attempts_to_read)
-    demotion = failed_load_demotion(attempts, handed, steps, run.excluded, rule)
-    if demotion is None:
+    decision = failed_load_demotion(attempts, handed, _standings(run, store, recent), run.excluded, rule)
+    if decision is None:
         return []
-    log.warning("checkpoint_demoted", run=run.name, location=demotion.location, why=demotion.why)
     a = attempts[-1]
-    return [CheckpointDemoted(run.name, demotion.location, demotion.why), _demoted_event(run, a, demotion, now)]
+    if isinstance(decision, Kept):
+        log.info("checkpoint_kept", run=run.name, location=decision.location, why=decision.why)
+        return [_kept_event(run, a, decision, now)]
+    log.warning("checkpoint_demoted", run=run.name, location=decision.location, why=decision.why)
+    return [CheckpointDemoted(run.name, decision.location, decision.why), _demoted_event(run, a, decision, now)]
+
+
+def _standings(run: RunRecord, store: Store, recent: int) -> list[Standing]:
+    out = []
+    for ref, meta, full, demoted in store.checkpoints(run.name, recent):
+        eff = effective_result(meta, full)
+        verified = eff is not None and eff.outcome is Outcome.VERIFIED
+        out.append(Standing(ref.location, ref.step, verified, passed_over=demoted is not None))
+    return out
 
 
 def _demoted_event(run: RunRecord, a: AttemptRecord, demotion: Demotion, now: float) -> Event:
@@ -78,7 +90,21 @@ def _demoted_event(run: RunRecord, a: AttemptRecord, demotion: Demotion, now: fl
         at=now,
         attempt=a.seq,
         job_id=a.job_id,
-        evidence={"location": demotion.location, "failures": list(demotion.streak)},
+        evidence={"location": demotion.location, "failures": list(demotion.streak)}
+        | ({"load_failed": demotion.evidence} if demotion.evidence is not None else {}),
+    )
+
+
+def _kept_event(run: RunRecord, a: AttemptRecord, kept: Kept, now: float) -> Event:
+    return Event(
+        run=run.name,
+        kind=EventKind.WARNING,
+        message=f"checkpoint {kept.location} kept: {kept.why}",
+        key=f"{run.name}:ckpt-kept:{kept.location}",
+        at=now,
+        attempt=a.seq,
+        job_id=a.job_id,
+        evidence={"location": kept.location, "failures": list(kept.streak), "passed_over": list(kept.unbacked)},
     )
 
 

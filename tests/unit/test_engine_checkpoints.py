@@ -250,3 +250,120 @@ def test_an_unwritable_resume_file_is_a_warning_and_the_job_still_gets_its_check
     assert env["SSV_RESUME_STEP"] == "100" and "SSV_RESUME_FILE" not in env
     warning = [e for e in w.events(EventKind.WARNING) if "resume file" in e.message]
     assert len(warning) == 1 and "ReadWritePaths" in warning[0].message
+
+
+# ---------------------------------------------------------------- fallback only on evidence of a failed load
+
+
+def _storm_world(tmp_path, steps=(100, 200, 300, 400, 500)) -> SimWorld:
+    spec = replace(SPEC, output="/logs/%x-%j.out", max_restarts=30)
+    w = SimWorld(
+        tmp_path, spec, watch_checkpoints=True, hang=HangSettings(floor_s=1800, cap_s=7200, startup_grace_s=7200)
+    )
+    w.until(w.running)
+    for step in steps:
+        w.ckpt.save(step)
+    w.ticks(12)
+    return w
+
+
+def _die(w: SimWorld, seq: int, lines: tuple[str, ...], after_s: float, *, restart_daemon: bool = False) -> str:
+    """The current attempt writes ``lines`` to its log, dies ``after_s`` after starting, and the next
+    attempt runs (restarts may be paced: virtual time passes); the step the dead attempt was handed."""
+    job = w.run().attempt.job_id
+    handed = w.submitted_env()["SSV_RESUME_STEP"]
+    w.until(lambda: f"/logs/llm-{job}.out" in w.logs, limit=5)
+    for line in lines:
+        w.logs[f"/logs/llm-{job}.out"].append(line)
+    w.ticks(2)
+    w.clock.wait(after_s - (w.clock.now() - w.run().attempt.started_at))
+    w.ticks(1)
+    w.cluster.finish_job(job, exit_code=1)
+    if restart_daemon:
+        w.new_engine()
+    w.until(lambda: w.running(seq + 1), limit=400, interval=15.0)
+    return handed
+
+
+def _passed_over(w: SimWorld) -> list:
+    return [e for e in w.events(EventKind.WARNING) if " passed over: " in e.message]
+
+
+UNRELATED = (  # a bad module load and a broken data mount: nothing to do with the checkpoint
+    "/var/spool/slurmd/job00042/slurm_script: line 12: module: command not found",
+    "Lmod has detected the following error: Unable to load module because of error: cuda/12.4",
+    "FileNotFoundError: [Errno 2] No such file or directory: '/lustre/data/tokens_text_document.bin'",
+)
+
+
+def test_attempts_dying_at_start_for_another_reason_fall_back_one_checkpoint_at_most(tmp_path):
+    """Every attempt dies 20 s after starting for a reason that is not the checkpoint's (issue 21:
+    the old rule walked back from 500 to 100, two attempts a checkpoint). Without evidence that
+    loading failed the run falls back once (500 -> 400), then keeps 400 and says why."""
+    w = _storm_world(tmp_path)
+    handed = [_die(w, seq, UNRELATED, 20.0) for seq in range(11)]  # attempt 0 started from scratch
+    assert handed[:3] == ["", "500", "500"] and set(handed[3:]) == {"400"}
+    assert w.submitted_env()["SSV_RESUME_STEP"] == "400"
+    passed = _passed_over(w)
+    assert len(passed) == 1 and "step_000500" in passed[0].message
+    assert "no evidence that loading it failed" in passed[0].message
+    kept = [e for e in w.events(EventKind.WARNING) if "kept:" in e.message]
+    assert len(kept) == 1 and "step_000400" in kept[0].message and "does not fall back further" in kept[0].message
+
+
+MEGATRON_LOAD_ERROR = (
+    " loading checkpoint from /ckpt/llm at iteration {step}",
+    "Traceback (most recent call last):",
+    "RuntimeError: Error(s) in loading state_dict for GPTModel:",
+    "\tsize mismatch for embedding.word_embeddings.weight: copying a param with shape torch.Size([50304, 4096])",
+)
+
+
+@pytest.mark.parametrize("restart_daemon", [False, True])
+def test_a_checkpoint_that_fails_to_load_is_passed_over_with_the_error_as_why(tmp_path, restart_daemon):
+    """Each attempt logs a load error after a long load (30 min: past the "soon after starting"
+    window the old rule required, so it never passed these over): the checkpoint is passed over,
+    then the next one too (evidence allows more than one step back), the error named as why —
+    whether or not the daemon restarted in between (the evidence is in the store)."""
+    w = _storm_world(tmp_path)
+    handed = [_die(w, 0, (), 20.0)]  # attempt 0 started from scratch
+    for seq in range(1, 5):
+        step = w.submitted_env()["SSV_RESUME_STEP"]
+        lines = tuple(line.format(step=step) for line in MEGATRON_LOAD_ERROR)
+        handed.append(_die(w, seq, lines, 1800.0, restart_daemon=restart_daemon))
+    assert handed == ["", "500", "500", "400", "400"]
+    assert w.submitted_env()["SSV_RESUME_STEP"] == "300"
+    passed = _passed_over(w)
+    assert [("step_000500" in e.message, "step_000400" in e.message) for e in passed] == [(True, False), (False, True)]
+    for e in passed:
+        assert "loading it failed" in e.message and "Error(s) in loading state_dict" in e.message
+        assert "Error(s) in loading state_dict" in e.evidence["load_failed"]
+
+
+def test_a_load_that_began_and_never_reached_a_step_is_evidence(tmp_path):
+    """The attempts say a load began (JSONL event) and die before any step or a finished load:
+    evidence enough to fall back more than one checkpoint."""
+    w = _storm_world(tmp_path)
+    start = ('{"ssv": 1, "event": "checkpoint_load_start"}',)
+    handed = [_die(w, seq, start if seq else (), 20.0) for seq in range(5)]
+    assert handed == ["", "500", "500", "400", "400"]
+    assert w.submitted_env()["SSV_RESUME_STEP"] == "300"
+    passed = _passed_over(w)
+    assert len(passed) == 2 and all("logged no step and no finished load" in e.message for e in passed)
+
+
+def test_a_load_that_finished_is_no_evidence(tmp_path):
+    """The load began and finished (Megatron's "successfully loaded"); the attempts then die of
+    something else before their first step: no evidence, one step back at most."""
+    w = _storm_world(tmp_path)
+    _die(w, 0, (), 20.0)  # attempt 0 started from scratch
+    for seq in range(1, 7):
+        step = w.submitted_env()["SSV_RESUME_STEP"]
+        lines = (
+            f" loading checkpoint from /ckpt/llm at iteration {step}",
+            f" successfully loaded checkpoint from /ckpt/llm [ t 0, p 0 ] at iteration {step}",
+            "FileNotFoundError: [Errno 2] No such file or directory: '/lustre/data/tokens_text_document.bin'",
+        )
+        _die(w, seq, lines, 20.0)
+    assert w.submitted_env()["SSV_RESUME_STEP"] == "400"
+    assert len(_passed_over(w)) == 1

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 from sim_world import SimWorld
 
+from supervisor.adapters.notify import Pager
 from supervisor.domain.cluster import NodeChange
 from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity
 from supervisor.domain.lemon import QuarantineSettings
@@ -134,21 +135,93 @@ def test_every_agent_silent_is_not_a_node_fault(tmp_path):
     assert w.running(0) and not w.events(EventKind.FAULT)
 
 
-def test_half_the_nodes_faulting_at_once_drains_exactly_the_cap_and_raises_one_mass_fault(tmp_path):
-    spec = replace(SPEC, nodes=8, spare_nodes=(), spare_policy=SparePolicy.PARTITION_IDLE)
-    w = world(tmp_path, specs=(spec,), nodes=8, settings=EngineSettings(max_drains_per_run_per_hour=2))
-    w.until(w.running)
-    nodes = w.run().attempt.nodes[:4]
-    for n in nodes:
+def mass_fault_world(tmp_path, nodes=12, **settings) -> SimWorld:
+    """An 8-node run on a 12-node partition (4 idle nodes to restart on), 2 drains per run per hour."""
+    spec = replace(SPEC, nodes=8, spare_nodes=(), spare_policy=SparePolicy.PARTITION_IDLE, max_restarts=10)
+    caps = EngineSettings(max_drains_per_run_per_hour=2, **settings)
+    return world(tmp_path, specs=(spec,), nodes=nodes, settings=caps)
+
+
+def fault_half(w: SimWorld) -> list[str]:
+    faulted = list(w.run().attempt.nodes[:4])
+    for n in faulted:
         w.health.report(n, Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
-    for _ in range(20):
-        w.tick()
+    return faulted
+
+
+def test_half_the_nodes_faulting_at_once_drains_the_cap_excludes_the_rest_and_restarts_once(tmp_path):
+    w = mass_fault_world(tmp_path)
+    w.until(w.running)
+    faulted = fault_half(w)
+    start = w.clock.now()
+    while w.clock.now() < start + 600:  # the first 10 minutes
+        w.tick(2.0)
     drained = [n for n in w.cluster.node_names if w.cluster.node_info(n).drained]
-    assert len(drained) == 2
+    assert len(drained) == 2 and set(drained) <= set(faulted)
+    over_cap = set(faulted) - set(drained)
+    r = w.run()
+    assert w.running(1) and r.restarts_spent == 1  # one restart, not the whole budget in seconds
+    assert over_cap <= set(r.excluded) and not over_cap & set(w.job().nodes)
+    assert all(not w.cluster.node_info(n).drained for n in over_cap)  # kept out, not drained
+    verdicts = {v.node: v for v in w.store.verdicts()}
+    assert {verdicts[n].action for n in over_cap} == {"blast-radius"}
+    assert all(verdicts[n].verdict is Verdict.BAD and "not drained" in verdicts[n].reason for n in over_cap)
     mass = w.events(EventKind.MASS_FAULT)
-    assert len(mass) == 1 and set(mass[0].evidence["suspect"]) == set(nodes) - set(drained)
-    suspects = {v.node for v in w.store.verdicts() if v.verdict is Verdict.SUSPECT}
-    assert suspects == set(nodes) - set(drained)
+    assert len(mass) == 1 and set(mass[0].evidence["excluded"]) == over_cap
+    alerts = Pager().feed(w.store.events("llm"))
+    assert [(a.kind, a.action) for a in alerts if a.kind == "mass_fault"] == [
+        ("mass_fault", "trigger"),
+        ("mass_fault", "resolve"),  # the restarted attempt runs
+    ]
+
+
+def test_a_second_wave_right_after_the_restart_is_the_same_incident_and_pages_once(tmp_path):
+    w = mass_fault_world(tmp_path, nodes=20)
+    w.until(w.running)
+    fault_half(w)
+    w.until(lambda: w.running(1))
+    fault_half(w)  # half of the new attempt's nodes, a minute later: the same incident
+    w.until(lambda: w.running(2))
+    for _ in range(60):
+        w.tick(2.0)
+    assert w.running(2) and w.run().restarts_spent == 2
+    assert len(w.events(EventKind.MASS_FAULT)) == 1
+    pages = [a for a in Pager().feed(w.store.events("llm")) if a.kind == "mass_fault" and a.action == "trigger"]
+    assert len(pages) == 1
+    # ... and a mass fault after the restarted attempt has run for a while is a new incident
+    for _ in range(400):
+        w.tick(2.0)
+    fault_half(w)
+    w.until(lambda: w.running(3))
+    assert len(w.events(EventKind.MASS_FAULT)) == 2
+
+
+def test_too_few_nodes_left_after_a_mass_fault_the_run_waits_and_says_why(tmp_path):
+    w = mass_fault_world(tmp_path, nodes=8)
+    w.until(w.running)
+    faulted = fault_half(w)
+    for _ in range(300):
+        w.tick(2.0)
+    r = w.run()
+    assert r.restarts_spent <= 1 and not w.running()
+    waits = w.events(EventKind.WAITING_FOR_NODES)
+    assert waits and all(n in waits[-1].evidence["waiting_for"] for n in faulted)
+    assert len(w.events(EventKind.MASS_FAULT)) == 1
+
+
+def test_nodes_a_healthcheck_hook_drained_count_toward_the_cap(tmp_path):
+    w = mass_fault_world(tmp_path, max_drains_per_hour=2)
+    w.until(w.running)
+    spare = [n for n in w.cluster.node_names if n not in w.run().attempt.nodes][0]
+    w.cluster.set_node_state(spare, NodeChange.DRAIN, "slurm-supervisor healthcheck: XID 79 [rule xid-79@1]")
+    w.tick()
+    victims = list(w.run().attempt.nodes[:2])
+    for n in victims:
+        w.health.report(n, Severity.FATAL, "XID 48: double-bit ECC error", "xid-48@1")
+    w.until(lambda: w.running(1))
+    ours = [n for n in w.cluster.node_names if "run llm" in w.cluster.node_info(n).reason]
+    assert len(ours) == 1  # the cluster-wide cap (2 per hour here) had one drain left
+    assert len(w.events(EventKind.MASS_FAULT)) == 1
 
 
 def test_a_node_that_faults_in_two_runs_is_quarantined_for_every_run_until_cleared(tmp_path):

@@ -209,6 +209,19 @@ def test_mass_fault_closes_when_a_later_attempt_runs_and_kinds_can_be_chosen():
         PagerSettings(kinds=frozenset({"nonsense"}))
 
 
+def test_a_mass_fault_pages_once_per_incident_keyed_by_the_incidents_event():
+    pager = Pager()
+    first = Event("r", EventKind.MASS_FAULT, "4 nodes at once", "r:mass_fault:3", T0, 3, 13)
+    again = Event("r", EventKind.MASS_FAULT, "2 more nodes", "r:mass_fault:4", T0 + 5, 4, 14)
+    (t,) = pager.feed([first, again])  # a second event while the page is open joins it
+    assert (t.action, t.dedup_key) == ("trigger", "r:mass_fault:3")
+    (r,) = pager.feed([Event("r", EventKind.STARTED, "running", "s5", T0 + 60, 5, 15)])
+    assert (r.action, r.dedup_key) == ("resolve", "r:mass_fault:3")
+    assert pager.feed([again]) == []  # the same event again pages nothing
+    later = Event("r", EventKind.MASS_FAULT, "a new incident", "r:mass_fault:9", T0 + 86400, 9, 19)
+    assert [(a.action, a.dedup_key) for a in pager.feed([later])] == [("trigger", "r:mass_fault:9")]
+
+
 def test_secret_files_and_bad_settings_get_clear_errors(tmp_path):
     f = tmp_path / "url"
     f.write_text(f"https://hooks.example/{SECRET}\n")

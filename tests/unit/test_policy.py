@@ -14,8 +14,9 @@ from supervisor.domain.actions import (
     Submit,
 )
 from supervisor.domain.cluster import ClusterSnapshot, JobHold, JobInfo, JobState, NodeChange, NodeInfo, NodeState
+from supervisor.domain.lemon import Fault
 from supervisor.domain.policy import Observation, Policy, decide
-from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
+from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import RestartMode, RunSpec, RunState, SparePolicy
 
 SPEC = RunSpec(
@@ -105,6 +106,41 @@ def test_blast_radius_stops_draining():
     assert any("blast-radius" in e.message for e in kinds(d, Event))
 
 
+def test_over_the_cap_a_node_is_excluded_not_drained_and_the_incident_is_one_mass_fault():
+    job = replace(RUNNING_JOB, nodes=("n1", "n2"))
+    d = decide(run(attempt=A0), Observation(snap([job], n1="NR", n2="NR")), Policy(drains_left=1))
+    assert {x.node for x in kinds(d, Exclude)} == {"n1", "n2"}  # both kept out of the next job
+    assert {x.node for x in kinds(d, Fault)} == {"n1", "n2"}  # both count for quarantine
+    over = [v for v in kinds(d, NodeVerdict) if v.node == "n2"]
+    assert [(v.verdict, v.action) for v in over] == [(Verdict.BAD, "blast-radius")]
+    assert "not drained" in over[0].reason
+    (mass,) = [e for e in kinds(d, Event) if e.kind is EventKind.MASS_FAULT]
+    assert mass.key == "llm:mass_fault:0" and mass.evidence["excluded"] == ["n2"] and mass.evidence["drained"] == ["n1"]
+    assert kinds(d, Cancel)
+
+
+def test_a_mass_fault_on_a_young_attempt_while_the_last_ones_nodes_are_kept_out_continues_the_incident():
+    a1 = replace(A0, seq=1, job_id=8, nodes=("n1", "n2"), started_at=90.0)  # 10 s before the snapshot
+    job = replace(RUNNING_JOB, job_id=8, nodes=("n1", "n2"))
+    earlier = {"n3": "XID 79 (over the cap in attempt 0)"}  # in service in Slurm, kept out of the run
+    d = decide(run(attempt=a1, excluded=earlier), Observation(snap([job], n1="NR", n2="NR")), Policy(drains_left=0))
+    assert {x.node for x in kinds(d, Exclude)} == {"n1", "n2"} and not kinds(d, ChangeNode)
+    assert not [e for e in kinds(d, Event) if e.kind is EventKind.MASS_FAULT]
+    old = replace(a1, started_at=100.0 - 601)  # it ran for a while: a new incident
+    d = decide(run(attempt=old, excluded=earlier), Observation(snap([job], n1="NR", n2="NR")), Policy(drains_left=0))
+    assert [e.key for e in kinds(d, Event) if e.kind is EventKind.MASS_FAULT] == ["llm:mass_fault:1"]
+
+
+def test_a_node_already_drained_by_a_hook_takes_no_drain_and_is_not_over_the_cap():
+    job = replace(RUNNING_JOB, nodes=("n1", "n2"))
+    s = snap([job], n2="ALLOC")
+    hooked = NodeInfo("n1", NodeState.IDLE, frozenset({"DRAIN"}), "slurm-supervisor healthcheck: XID 79", ("main",))
+    s = replace(s, nodes={**s.nodes, "n1": hooked})
+    d = decide(run(attempt=A0), Observation(s, dead={"n1": "connection refused"}), Policy(drains_left=0))
+    assert {x.node for x in kinds(d, Exclude)} == {"n1"} and not kinds(d, ChangeNode)
+    assert not [e for e in kinds(d, Event) if e.kind is EventKind.MASS_FAULT]
+
+
 def test_healthy_running_job_asks_for_nothing():
     d = decide(run(attempt=A0), Observation(snap([RUNNING_JOB], n1="ALLOC", n2="ALLOC")), Policy())
     assert d.actions == () and d.records == ()
@@ -136,9 +172,12 @@ def test_plain_failure_goes_to_recovery_then_restart():
     job = replace(RUNNING_JOB, state=JobState.FAILED, exit_code=1)
     d = decide(run(attempt=A0), Observation(snap([job])), Policy())
     assert any(isinstance(s, SetState) and s.state is RunState.RECOVERING for s in d.records)
-    ended = replace(A0, ended_at=100.0)
+    ended = replace(A0, ended_at=20.0 + 3600.0)  # after a healthy stretch: restarted at once
     d2 = decide(run(RunState.RECOVERING, ended), Observation(snap([job])), Policy())
     assert kinds(d2, Submit)[0].restart
+    soon = replace(A0, ended_at=100.0)  # 80 s after it started: a fast failure, the restart waits
+    d3 = decide(run(RunState.RECOVERING, soon), Observation(snap([job])), Policy())
+    assert kinds(d3, Submit) == [] and d3.recheck_at is not None and d3.recheck_at > 100.0
 
 
 def test_completed_and_externally_cancelled_are_final():

@@ -12,7 +12,16 @@ from typing import Any
 from supervisor.adapters.sqlite.base import SqliteBase
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import AttemptRecord, RunRecord
-from supervisor.domain.run import CheckpointPolicy, RestartMode, RunSpec, RunState, SparePolicy, SpikePolicy, transition
+from supervisor.domain.run import (
+    CheckpointPolicy,
+    RestartMode,
+    RestartPacing,
+    RunSpec,
+    RunState,
+    SparePolicy,
+    SpikePolicy,
+    transition,
+)
 from supervisor.ports import PermanentError
 
 
@@ -147,6 +156,11 @@ class SqliteRuns(SqliteBase):
             (last_step, step_time_s, pace, run, seq),
         )
 
+    def attempt_load_failed(self, run: str, seq: int, why: str) -> None:
+        """Why the attempt's log shows its checkpoint load failed (read back by checkpoint
+        fallback, after a daemon restart too)."""
+        self._db.execute("UPDATE attempts SET load_failed = ? WHERE run = ? AND seq = ?", (why, run, seq))
+
     def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]:
         """The run's attempts in order; only the newest ``last`` when given."""
         rows = self._db.execute(
@@ -191,6 +205,7 @@ def _attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
         last_step=r["last_step"],
         step_time_s=r["step_time_s"],
         hang_pace=HangPace.from_json(json.loads(r["hang_pace"])) if r["hang_pace"] else None,
+        load_failed=r["load_failed"],
     )
 
 
@@ -212,5 +227,6 @@ def _spec_from_json(d: dict[str, Any]) -> RunSpec:
             "do_not_restart_exit_codes": frozenset(d["do_not_restart_exit_codes"]),
             "checkpoints": CheckpointPolicy(**d["checkpoints"]) if d.get("checkpoints") else None,
             "spikes": SpikePolicy(**d["spikes"]) if d.get("spikes") else SpikePolicy(),
+            "pacing": RestartPacing(**d["pacing"]) if d.get("pacing") else RestartPacing(),
         }
     )

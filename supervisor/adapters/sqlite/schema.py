@@ -207,6 +207,10 @@ MIGRATIONS: tuple[str, ...] = (
         finding TEXT NOT NULL
     );
     """,
+    # 8: why an attempt's log shows its checkpoint load failed (checkpoint fallback's evidence)
+    """
+    ALTER TABLE attempts ADD COLUMN load_failed TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
