@@ -5,7 +5,7 @@ a checkpoint boundary. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -82,7 +82,7 @@ def decide_running(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observat
         return Decision(tuple(records)) + _recover_hang(run, a, job, obs.hangs[run.name], obs)
     if run.state is RunState.RECOVERING:
         # A fault was recorded earlier; finish stopping this incarnation.
-        return Decision(tuple(records), stop_job(run, job, "finishing recovery started earlier"))
+        return Decision(tuple(records), stop_job(run, job, "finishing recovery started earlier", obs))
     records += _degraded(run, a, job, obs)
     return Decision(tuple(records)) + _at_checkpoint_boundary(run, a, job, obs, policy)
 
@@ -144,7 +144,7 @@ def _at_checkpoint_boundary(
         if policy.may_change_nodes and drains_left > 0 and not marked_by_us(_reason_of(obs, node), run.name):
             actions.append(ChangeNode(run.name, node, NodeChange.DRAIN, node_reason(run.name, run.deferred[node][1])))
             drains_left -= 1
-    return Decision(tuple(records), tuple(actions) + stop_job(run, job, why))
+    return Decision(tuple(records), tuple(actions) + stop_job(run, job, why, obs, actions))
 
 
 def _reason_of(obs: Observation, node: str) -> str:
@@ -159,7 +159,7 @@ def recover(
     records.append(
         SetState(run.name, RunState.RECOVERING, reason="; ".join(f"{n}: {w}" for n, w in sorted(bad.items())))
     )
-    actions += stop_job(run, job, f"node fault on {fmt_nodes(tuple(bad))}")
+    actions += stop_job(run, job, f"node fault on {fmt_nodes(tuple(bad))}", obs, actions)
     return Decision(tuple(records), tuple(actions))
 
 
@@ -321,7 +321,17 @@ def _alive(run: RunRecord, node: str, obs: Observation) -> bool:
     )
 
 
-def stop_job(run: RunRecord, job: JobInfo, reason: str) -> tuple[Action, ...]:
+def stop_job(
+    run: RunRecord, job: JobInfo, reason: str, obs: Observation, actions: Sequence[Action] = ()
+) -> tuple[Action, ...]:
+    """Stop the broken incarnation. In requeue mode Slurm requeues the job by itself once one of
+    its nodes is DOWN — when this decision downs one, or one is down already. Otherwise (no node
+    rights, a node only drained, over the blast radius, a checkpoint boundary) nothing would stop
+    the job: it is cancelled, and the run is resubmitted as in resubmit mode."""
     if run.spec.restart_mode is RestartMode.REQUEUE and job.state is not JobState.SUSPENDED:
-        return ()  # Slurm requeues the job once its node is DOWN; nothing to cancel
+        downing = any(
+            isinstance(x, ChangeNode) and x.change is NodeChange.DOWN and x.node in job.nodes for x in actions
+        )
+        if downing or any((info := obs.snapshot.nodes.get(n)) is not None and info.down for n in job.nodes):
+            return ()
     return (Cancel(run.name, job.job_id, reason),)

@@ -17,7 +17,7 @@ from supervisor.domain.cluster import NodeChange
 from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity
 from supervisor.domain.lemon import QuarantineSettings
 from supervisor.domain.records import EventKind, Verdict
-from supervisor.domain.run import RunSpec, SparePolicy
+from supervisor.domain.run import RestartMode, RunSpec, SparePolicy
 from supervisor.engine.reconcile import EngineSettings
 from supervisor.sim.clock import VirtualClock
 
@@ -284,3 +284,17 @@ def test_a_finding_on_an_idle_node_is_held_across_a_daemon_restart(tmp_path, res
     w.cluster.crash_node(w.run().attempt.nodes[0])  # the restart can only go to the idle node
     w.ticks(30)
     assert idle in w.run().excluded, "the held finding keeps the run off the broken node"
+
+
+def test_requeue_mode_without_node_rights_stops_the_job_and_restarts_without_the_node(tmp_path):
+    """Requeue mode relies on Slurm requeueing a job whose node is DOWN. Without node rights the
+    supervisor cannot down the node: it cancels the job instead and resubmits without the node
+    (before, the run stayed RECOVERING while the job kept running on the broken node)."""
+    spec = replace(SPEC, restart_mode=RestartMode.REQUEUE)
+    w = world(tmp_path, specs=(spec,), node_rights=False)
+    w.until(w.running)
+    victim = w.run().attempt.nodes[1]
+    w.health.report(victim, Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
+    w.until(lambda: w.running(1), limit=60)
+    assert victim in w.run().excluded and victim not in w.job().nodes
+    assert w.cluster.count_calls("cancel") == 1
