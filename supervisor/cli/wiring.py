@@ -52,6 +52,7 @@ def engine_settings(cfg: DaemonConfig) -> EngineSettings:
         finding_ttl_s=h.finding_ttl_s,
         quarantine=QuarantineSettings(q.faults, q.window_h * 3600, q.base_h * 3600, q.max_h * 3600, q.when_short),
         stuck_page_s=cfg.daemon.stuck_page_after_s,
+        outage_logged_after_s=2 * cfg.daemon.poll_interval_s,
     )
 
 

@@ -11,6 +11,7 @@ from supervisor.domain.actions import (
     Action,
     AttemptEnded,
     AttemptRequeued,
+    AttemptStarted,
     Cancel,
     Decision,
     Fence,
@@ -131,7 +132,7 @@ def decide_finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observa
 
 
 def _ended_records(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) -> list[Record]:
-    records: list[Record] = []
+    records: list[Record] = _started_unseen(run, a, job, obs)
     if a.ended_at is None:
         reason = job.state_reason or job.state.value
         records.append(AttemptEnded(run.name, a.seq, job.end_time or obs.now, job.state.value, reason, job.exit_code))
@@ -144,6 +145,16 @@ def _ended_records(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observat
         evidence = {"state": job.state.value, "exit_code": job.exit_code, "nodes": list(job.nodes)}
         records.append(event_for(run, a, EventKind.STOPPED, f"{a.label} {how}", obs, evidence, str(job.job_id)))
     return records
+
+
+def _started_unseen(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) -> list[Record]:
+    """An attempt that started and ended between two polls: its start, from Slurm's start time
+    (the logbook and goodput book its run time as run time, not as queue time)."""
+    if a.started_at is not None or job.start_time is None:
+        return []
+    message = f"{a.label} ran on {fmt_nodes(job.nodes)} (started and ended between two polls)"
+    started = event_for(run, a, EventKind.STARTED, message, obs, {"nodes": list(job.nodes), "seen_running": False})
+    return [AttemptStarted(run.name, a.seq, job.nodes, job.start_time), replace(started, at=job.start_time)]
 
 
 def _cancelled(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:

@@ -114,6 +114,7 @@ class EventKind(StrEnum):
     STUCK = "stuck"  # ... and has waited past the threshold: page
     QUARANTINE_OVERRIDE = "quarantine_override"  # a quarantined node used because the run could not be placed
     BACKOFF = "backoff"  # the next restart waits: attempts keep failing soon after they start
+    CONTROLLER_OUTAGE = "controller_outage"  # Slurm's controller did not answer for a while (from, to)
     CRASH_LOOP = "crash_loop"  # ... so often that each restart waits the crash-loop pause: page
 
 

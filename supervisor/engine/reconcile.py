@@ -7,7 +7,7 @@ fresh snapshot before anything new is decided, and every record is idempotent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 
@@ -51,6 +51,8 @@ class EngineSettings:
     evidence_wait_s: float = 12.0
     # A run that cannot be placed (too few nodes in service that it may use) pages after this long.
     stuck_page_s: float = 1800.0
+    # Slurm's controller silent for longer than this is one entry in each active run's logbook.
+    outage_logged_after_s: float = 10.0
 
 
 @dataclass
@@ -97,6 +99,7 @@ class Engine:
         self._recheck_at: float | None = None  # a decision waits for evidence (or a page) until then
         self._urgent = True
         self._waiting: set[str] = set()  # runs that cannot be placed: nodes read every tick, no urgency
+        self._outage: tuple[float, str] | None = None  # Slurm silent since, and its last error
         self._hook_drains: dict[str, float] = {}  # node drained by a Slurm hook -> first seen so (blast radius)
 
     # ------------------------------------------------------------------ the tick
@@ -106,10 +109,12 @@ class Engine:
             snap = self.observer.snapshot(nodes_needed=self._urgent or bool(self._waiting) or self._in_motion())
         except TransientError as exc:
             log.warning("slurm_unreachable", error=str(exc), retry_in=exc.delay)
+            self._outage = self._outage or (self.clock.now(), str(exc))
             return TickResult(ok=False, error=str(exc), retry_in=exc.delay)
         except PermanentError as exc:  # an answer we cannot read: observe nothing, act on nothing
             log.error("slurm_snapshot_unreadable", error=str(exc))
             return TickResult(ok=False, error=str(exc), retry_in=30.0)
+        self._outage_over()
         result = TickResult(ok=True)
         try:
             blocked, result.acted = self.executor.settle_open_intents(snap)
@@ -144,6 +149,28 @@ class Engine:
             message = f"daemon re-adopted the run ({run.state}, {job})"
             self.executor.apply([_event(run, EventKind.ADOPTED, message, f"{run.name}:adopted:{now:.6f}", now)])
         return runs
+
+    def _outage_over(self) -> None:
+        """Slurm answers again: an outage longer than ``outage_logged_after_s`` is one entry in
+        every active run's logbook — on-call sees why nothing happened meanwhile."""
+        if self._outage is None:
+            return
+        (since, error), self._outage = self._outage, None
+        now = self.clock.now()
+        if now - since <= self.settings.outage_logged_after_s:
+            return
+        message = (
+            f"Slurm's controller did not answer for {now - since:.0f} s (since {since:.0f}); nothing was "
+            f"observed or decided meanwhile; last error: {error[:300]}"
+        )
+        evidence = {"since": since, "until": now, "error": error[:300]}
+        events = [
+            replace(
+                _event(r, EventKind.CONTROLLER_OUTAGE, message, f"{r.name}:outage:{since:.0f}", now), evidence=evidence
+            )
+            for r in self.store.runs(active_only=True)
+        ]
+        self.executor.apply(events)
 
     def _in_motion(self) -> bool:
         if self.store.open_actions():

@@ -6,6 +6,13 @@ slow node), a loss curve with occasional spikes, and a Megatron iteration line e
 ``log_every`` steps. Every ``checkpoint_steps`` steps it saves (``save_s``, blocking) into the
 ``SimCheckpointStore``. An attempt ends when its job ends, or hangs (no more lines).
 
+Two scripted troubles, off by default, make attempts exit non-zero by themselves (the ``World``
+ends the job at ``Attempt.exit_at``): ``doomed_from_s`` — every attempt starting from then on dies
+``doomed_after_s`` after it starts, its log ending with ``doomed_line`` (a cause unrelated to
+checkpoints: a missing module, a broken mount); ``unloadable_steps`` — an attempt resuming from one
+of these saves logs Megatron's ``loading checkpoint from ... at iteration N`` and then a load error
+(``unloadable_line``), and exits ``unloadable_after_s`` after it starts.
+
 Lines are generated lazily (possibly ahead of the clock, so the simulator can see when the next
 line matters) and handed to the engine only once their virtual time has come, through an
 in-memory ``LogSource`` given to the real ``ProgressWatch`` by the ``LogOpener`` port. Ground truth
@@ -44,12 +51,34 @@ class TrainerSettings:
     # again. None by default (the planning runs have none).
     diverge_at: tuple[int, ...] = ()
     diverge_lines: int = 30
+    # Every attempt starting at or after ``doomed_from_s`` (seconds after the simulation's start)
+    # writes ``doomed_line`` and exits non-zero ``doomed_after_s`` after it starts, whatever it
+    # resumes from: a failure unrelated to checkpoints. None: off.
+    doomed_from_s: float | None = None
+    doomed_after_s: float = 20.0
+    doomed_line: str = "ModuleNotFoundError: No module named 'apex'"
+    # Saves at these steps fail to load: an attempt resuming from one writes Megatron's
+    # "loading checkpoint from ... at iteration N", then ``unloadable_line``, and exits non-zero
+    # ``unloadable_after_s`` after it starts.
+    unloadable_steps: tuple[int, ...] = ()
+    unloadable_after_s: float = 30.0
+    unloadable_line: str = "RuntimeError: Error(s) in loading state_dict for GPTModel:"
 
     def __post_init__(self) -> None:
-        for name in ("step_s", "save_s", "restore_s", "startup_s", "crash_at_start_s"):
+        for name in (
+            "step_s",
+            "save_s",
+            "restore_s",
+            "startup_s",
+            "crash_at_start_s",
+            "doomed_after_s",
+            "unloadable_after_s",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0) or (name == "step_s" and value <= 0):
                 raise ValueError(f"trainer {name} must be a non-negative number of seconds (got {value!r})")
+        if self.doomed_from_s is not None and not (math.isfinite(self.doomed_from_s) and self.doomed_from_s >= 0):
+            raise ValueError(f"trainer doomed_from_s must be None or non-negative seconds (got {self.doomed_from_s!r})")
         if self.log_every < 1 or self.checkpoint_steps < self.log_every:
             raise ValueError(f"need 1 <= log_every ({self.log_every}) <= checkpoint_steps ({self.checkpoint_steps})")
 
@@ -81,6 +110,10 @@ class Attempt:
     last_line: tuple[float, int] | None = None  # the newest generated line (time, step)
     last_read: tuple[float, int] | None = None  # the newest line handed to the engine
     pending_dur: float | None = None  # the drawn duration of the log interval in progress
+    exit_at: float | None = None  # its processes exit non-zero by themselves then (doomed, unloadable)
+    notes: deque[tuple[float, str]] = field(
+        default_factory=deque
+    )  # (time, text): lines other than steps, not yet generated
 
     @property
     def active(self) -> bool:
@@ -88,7 +121,9 @@ class Attempt:
 
     @property
     def stopped_at(self) -> float | None:
-        return self.frozen_at if self.frozen_at is not None else self.ended_at
+        """When it stopped computing: frozen, exited by itself or ended, whichever came first."""
+        times = [t for t in (self.frozen_at, self.exit_at, self.ended_at) if t is not None]
+        return min(times) if times else None
 
 
 class SimTrainer:
@@ -113,6 +148,7 @@ class SimTrainer:
         self.attempts: list[Attempt] = []
         self._by_path: dict[str, Attempt] = {}
         self._diverging: dict[int, int] = {}  # divergence onset step -> the attempt (id) living it
+        self.origin = clock.now()  # the simulation's start: ``doomed_from_s`` counts from it
 
     # -- attempts -------------------------------------------------------------------------------
 
@@ -138,9 +174,30 @@ class SimTrainer:
         a.next_save = (a.step // s.checkpoint_steps + 1) * s.checkpoint_steps
         if a.resume_torn:
             a.frozen_at = a.computing_at  # the load fails: nothing is trained
+        self._script_exit(a)
         self.attempts.append(a)
         self._by_path[path] = a
         return a
+
+    def _script_exit(self, a: Attempt) -> None:
+        """A doomed attempt, or one resuming from an unloadable save: its last lines and exit time."""
+        s = self.settings
+        if s.doomed_from_s is not None and a.started_at >= self.origin + s.doomed_from_s:
+            a.exit_at = a.started_at + s.doomed_after_s
+            a.notes.extend(
+                [(max(a.started_at, a.exit_at - 1.0), "Traceback (most recent call last):"), (a.exit_at, s.doomed_line)]
+            )
+        elif a.resume_step in s.unloadable_steps and self.store.get(a.resume_step) is not None:
+            a.exit_at = a.started_at + s.unloadable_after_s
+            began = a.started_at + min(s.startup_s, s.unloadable_after_s / 2)
+            where = self.store.location(a.resume_step)
+            a.notes.extend(
+                [
+                    (began, f" loading checkpoint from {where} at iteration {a.resume_step}"),
+                    (max(began, a.exit_at - 1.0), "Traceback (most recent call last):"),
+                    (a.exit_at, s.unloadable_line),
+                ]
+            )
 
     def _resume_point(self, env: dict[str, str]) -> SimSave | None:
         """The supervisor's choice (``SSV_RESUME_STEP``) when it gave one, else the trainer's own:
@@ -252,7 +309,8 @@ class SimTrainer:
                 a.pending_dur = s.line_s * a.slow * max(0.5, 1.0 + a.rng.gauss(0.0, s.step_noise))
             t = a.cursor + a.pending_dur
             if t > limit:
-                return
+                break
+            self._notes_until(a, t)
             a.step += s.log_every
             a.cursor = t
             a.lines.append((t, a.step, self._line(a, a.pending_dur)))
@@ -264,10 +322,20 @@ class SimTrainer:
                 self.store.begin_save(a.step, t, t + s.save_s)
                 a.cursor = t + s.save_s
                 a.next_save += s.checkpoint_steps
+        self._notes_until(a, limit)
+
+    @staticmethod
+    def _notes_until(a: Attempt, at: float) -> None:
+        """The attempt's other lines written by ``at`` join its log, in time order with the steps."""
+        while a.notes and a.notes[0][0] <= at:
+            t, text = a.notes.popleft()
+            a.lines.append((t, a.step, text))
 
     def _truncate(self, a: Attempt, at: float) -> None:
         while a.lines and a.lines[-1][0] > at:
             a.lines.pop()
+        while a.notes and a.notes[-1][0] > at:
+            a.notes.pop()
         a.line_times = [t for t in a.line_times if t <= at]
         if a.last_line is not None and a.last_line[0] > at:
             a.last_line = (a.lines[-1][0], a.lines[-1][1]) if a.lines else a.last_read

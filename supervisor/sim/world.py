@@ -118,6 +118,8 @@ class World:
         elif a.resume_torn:
             self.torn_restarts += 1
             self._later(a, a.computing_at, self._exit)
+        if a.exit_at is not None:  # doomed, or resuming from an unloadable save (TrainerSettings)
+            self._later(a, a.exit_at, self._exit)
 
     def _later(self, a: Attempt, when: float, fn: Callable[[Attempt], None]) -> None:
         self._timers.setdefault(a.key, []).append(self.clock.call_at(when, fn, a))
