@@ -126,18 +126,13 @@ def _at_checkpoint_boundary(
         return Decision()
     why = f"checkpoint boundary: dropping degraded {fmt_nodes(tuple(nodes))}"
     evidence = {"nodes": {n: run.deferred[n][1] for n in nodes}, "checkpoint_at": ckpt, "planned": True}
-    records: list[Record] = [
-        event_for(
-            run,
-            a,
-            EventKind.FAULT,
-            f"{a.label}: {why} ({'; '.join(run.deferred[n][1] for n in nodes)})",
-            obs,
-            evidence,
-            "boundary",
-        ),
-        SetState(run.name, RunState.RECOVERING, reason=why),
-    ]
+    fault = event_for(
+        run, a, EventKind.FAULT, f"{a.label}: {why} ({'; '.join(run.deferred[n][1] for n in nodes)})", obs, evidence,
+        "boundary",
+    )  # fmt: skip
+    # Each degraded node dropped (a straggler, a throttling GPU) is a fault quarantine counts.
+    faults = [Fault(n, obs.now, run.name, run.deferred[n][1], key=f"{fault.key}:{n}", source="degraded") for n in nodes]
+    records: list[Record] = [fault, *faults, SetState(run.name, RunState.RECOVERING, reason=why)]
     actions: list[Action] = []
     drains_left = policy.drains_left
     for node in nodes:

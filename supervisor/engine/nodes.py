@@ -16,6 +16,7 @@ import structlog
 from supervisor.domain.actions import ActiveFindings, NodeMark, Record
 from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity, stale_heartbeats, worst
+from supervisor.domain.lemon import Fault
 from supervisor.domain.observation import REASON_PREFIX
 from supervisor.domain.records import NodeVerdict, RunRecord, Verdict
 from supervisor.ports import HealthFeed, Store
@@ -74,7 +75,7 @@ class NodeWatch:
             if cur is None or found.severity.rank >= cur.severity.rank or now - cur.at > self.finding_ttl_s:
                 self._findings[node] = found
                 if node not in running:  # else the run's decision records it, with the run's context
-                    out.append(_verdict_of(found))
+                    out += _outside_runs(found)
         ttl = self.finding_ttl_s
         self._findings = {n: f for n, f in self._findings.items() if now - f.at <= ttl and not _acted_on(snap, n)}
         return out
@@ -127,6 +128,16 @@ def running_nodes(runs: Iterable[RunRecord], snap: ClusterSnapshot) -> set[str]:
         if job is not None and not job.state.finished:
             nodes.update(job.nodes)
     return nodes
+
+
+def _outside_runs(found: NodeFinding) -> list[Record]:
+    """A finding on a node no run uses (an idle node's prolog, health check or agent): the node's
+    verdict, and for a fatal one a fault quarantine counts like one found in a run."""
+    out: list[Record] = [_verdict_of(found)]
+    if found.severity is Severity.FATAL:
+        key = f"{found.node}:finding:{found.rule}:{found.at:.0f}"
+        out.append(Fault(found.node, found.at, found.run or "-", found.reason, key=key, source=found.source))
+    return out
 
 
 def _verdict_of(found: NodeFinding) -> NodeVerdict:

@@ -15,7 +15,7 @@ from sim_world import SimWorld
 from supervisor.adapters.notify import Pager
 from supervisor.domain.cluster import NodeChange
 from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity
-from supervisor.domain.lemon import QuarantineSettings
+from supervisor.domain.lemon import QuarantineSettings, quarantined
 from supervisor.domain.records import EventKind, Verdict
 from supervisor.domain.run import RestartMode, RunSpec, SparePolicy
 from supervisor.engine.reconcile import EngineSettings
@@ -298,3 +298,17 @@ def test_requeue_mode_without_node_rights_stops_the_job_and_restarts_without_the
     w.until(lambda: w.running(1), limit=60)
     assert victim in w.run().excluded and victim not in w.job().nodes
     assert w.cluster.count_calls("cancel") == 1
+
+
+def test_quarantine_counts_findings_on_idle_nodes_and_degraded_nodes_dropped(tmp_path):
+    """Every node-level fault counts: a fatal finding on a node no run uses (an idle node's health
+    check, prolog or agent), and a degraded node dropped at a checkpoint boundary."""
+    spec = replace(SPEC, nodes=2, spare_nodes=(), spare_policy=SparePolicy.PARTITION_IDLE)
+    w = world(tmp_path, specs=(spec,), nodes=4, settings=EngineSettings(quarantine=QuarantineSettings(faults=1)))
+    w.until(w.running)
+    idle = next(n for n in w.cluster.node_names if n not in w.run().attempt.nodes)
+    w.health.report(idle, Severity.FATAL, "healthcheck: GPU 0 missing", "gpu-missing@1")
+    w.ticks(2)
+    faults = w.store.node_faults(0.0)
+    assert [f.node for f in faults] == [idle] and faults[0].source != "fault"
+    assert idle in quarantined(faults, {}, w.clock.now(), QuarantineSettings(faults=1))

@@ -81,6 +81,8 @@ def test_a_5pct_straggler_is_named_and_dropped_at_the_next_checkpoint_with_the_s
     assert victim not in w.cluster.inspect().jobs[run.attempt.job_id].nodes
     info = w.cluster.node_info(victim)
     assert info.drained and not info.down and "straggler" in info.reason
+    # the straggler dropped at the boundary is a fault quarantine counts (issue 21 item 7)
+    assert [(f.node, f.source) for f in w.store.node_faults(0.0)] == [(victim, "degraded")]
     slowdown = [e for e in events if e.kind is EventKind.SLOWDOWN]
     assert len(slowdown) == 1 and victim in slowdown[0].message
     assert slowdown[0].evidence["drop"] >= 0.03
