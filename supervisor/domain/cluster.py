@@ -185,7 +185,9 @@ class ClusterSnapshot:
     nodes: Mapping[str, NodeInfo] = field(default_factory=dict)
 
     def partition_nodes(self, partition: str) -> list[NodeInfo]:
-        return [n for n in self.nodes.values() if partition in n.partitions]
+        """The nodes of ``partition`` — or of any of them, for a list like sbatch's ``-p a,b``."""
+        wanted = {p.strip() for p in partition.split(",") if p.strip()}
+        return [n for n in self.nodes.values() if wanted & set(n.partitions)]
 
     def jobs_with_comment(self, comment: str) -> list[JobInfo]:
         return [j for j in self.jobs.values() if j.comment == comment]

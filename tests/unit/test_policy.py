@@ -70,6 +70,21 @@ def test_spare_is_allowed_when_the_partition_runs_short():
     assert submit.exclude == ("n1",) and submit.restart
 
 
+def test_spares_work_for_a_spec_over_several_partitions():
+    """``partition = "a,b"`` (sbatch -p a,b): the named spare is kept out while the partitions have
+    idle nodes, and let in when they run short — before, no node matched "a,b" and spares never
+    worked (issue 21, item 9)."""
+    two = {n: replace(info, partitions=("a",) if n in ("n1", "n2") else ("b",)) for n, info in nodes().items()}
+    spec = replace(SPEC, partition="a,b")
+    first = decide(run(RunState.REGISTERED, spec=spec), Observation(ClusterSnapshot(100.0, {}, two)), Policy())
+    assert kinds(first, Submit)[0].exclude == ("n4",)
+    short = dict(two, n3=replace(two["n3"], state=NodeState.ALLOCATED))
+    r = run(RunState.RECOVERING, A0, excluded={"n1": "dead"}, spec=spec)
+    finished = replace(RUNNING_JOB, state=JobState.CANCELLED)
+    d = decide(r, Observation(ClusterSnapshot(100.0, {7: finished}, short)), Policy())
+    assert kinds(d, Submit)[0].exclude == ("n1",)
+
+
 def test_dead_node_is_downed_with_reason_and_job_stopped():
     d = decide(run(attempt=A0), Observation(snap([RUNNING_JOB], n1="NR", n2="ALLOC")), Policy())
     down, drain = kinds(d, ChangeNode)
