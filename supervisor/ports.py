@@ -160,6 +160,8 @@ class IntentJournal(Protocol):
 
     def action_done(self, run: str, kind: str, params: Mapping[str, Any]) -> bool: ...
 
+    def refused_submissions(self, run: str, since: float) -> list[tuple[float, str]]: ...
+
 
 class Logbook(Protocol):
     """The logbook: for people. No decision reads an event's evidence back."""
@@ -233,6 +235,13 @@ class RollbackLedger(Protocol):
 
 class Store(RunStore, IntentJournal, Logbook, NodeMemory, CheckpointLedger, RollbackLedger, Protocol):
     """Everything the daemon remembers (SQLite in production, one class implementing every part)."""
+
+
+class SubmitCheck(Protocol):
+    """Asks the scheduler whether it would accept a job, without submitting it (``sbatch
+    --test-only``): PermanentError with its words when it would not."""
+
+    def test_submit(self, request: SubmitRequest) -> None: ...
 
 
 class Fencer(Protocol):

@@ -257,6 +257,11 @@ class SlurmCli:
             raise PermanentError(f"unexpected squeue/sinfo JSON: {exc}") from exc
         return ClusterSnapshot(taken_at=taken_at, jobs=jobs, nodes=nodes)
 
+    def test_submit(self, request: SubmitRequest) -> None:
+        """``sbatch --test-only``: Slurm checks the job (partition, GRES, node count, limits)
+        without submitting it; PermanentError with Slurm's words when it would refuse it."""
+        self._run([*sbatch_argv(request)[:-1], "--test-only", request.script], job_env=request.env)
+
     def submit(self, request: SubmitRequest) -> int:
         job_id = parse_sbatch_output(self._run(sbatch_argv(request), job_env=request.env))
         log.debug("slurm.submitted", job_id=job_id, run=request.run, comment=request.comment)

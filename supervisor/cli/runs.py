@@ -10,9 +10,11 @@ import click
 
 from supervisor.cli import context, render, wiring
 from supervisor.config import ConfigError, DaemonConfig, check_partition, load_run_spec
+from supervisor.domain.actions import Submit
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import RunSpec
-from supervisor.ports import PortError
+from supervisor.engine.intents import submit_request
+from supervisor.ports import PermanentError, PortError, SubmitCheck
 
 
 @click.command()
@@ -32,8 +34,10 @@ def _checked_spec(cfg: DaemonConfig, spec_path: str, no_slurm_check: bool) -> Ru
     try:
         spec = load_run_spec(spec_path)
         if not no_slurm_check:
-            snap = wiring.scheduler(cfg).snapshot()
+            slurm = wiring.scheduler(cfg)
+            snap = slurm.snapshot()
             check_partition(spec, {p for n in snap.nodes.values() for p in n.partitions})
+            _slurm_would_accept(slurm, spec)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except PortError as exc:
@@ -42,6 +46,19 @@ def _checked_spec(cfg: DaemonConfig, spec_path: str, no_slurm_check: bool) -> Ru
             "Fix: check that slurmctld is up, or pass --no-slurm-check"
         ) from None
     return spec
+
+
+def _slurm_would_accept(slurm: SubmitCheck, spec: RunSpec) -> None:
+    """``sbatch --test-only`` with the job the daemon would submit: what Slurm refuses (a GRES the
+    cluster lacks, too many nodes, a limit) is refused here, in Slurm's words, not retried later."""
+    request = submit_request(spec, Submit(spec.name, (), restart=False, reason="check"), "slurm-supervisor:check", 0)
+    try:
+        slurm.test_submit(request)
+    except PermanentError as exc:
+        raise click.ClickException(
+            f"run {spec.name}: Slurm would refuse its job: {exc}. Fix: change the spec's [run] (partition, "
+            "nodes, sbatch_args) or ask the cluster's admins; --no-slurm-check skips this check"
+        ) from None
 
 
 def _register(cfg: DaemonConfig, spec: RunSpec, spec_path: str) -> None:

@@ -65,12 +65,31 @@ def submit_next(
     """Submit the run's next job where it can be placed. When Slurm would refuse every exclude
     list (nodes in service that must stay out leave the partition too small), nothing is
     submitted: the run waits, says for which nodes, and is looked at again every tick."""
+    refused = obs.refused.get(run.name, ())
+    if len(refused) >= 2:
+        return _blocked(run, refused[-1][1], obs)
+    if refused and obs.now < refused[-1][0] + REFUSAL_RETRY_S:  # once more, after a minute
+        return Decision(recheck_at=refused[-1][0] + REFUSAL_RETRY_S, waiting=True)
     placement = place(run, obs.snapshot, obs.quarantined, policy.when_short)
     notes = placement_notes(run, a, placement, since, obs.now, policy.stuck_page_s, waiting=not placement.submittable)
     if not placement.submittable:
         return Decision(notes.events, (), notes.recheck_at, waiting=True)
     submit = Submit(run.name, placement.exclude, restart=restart, reason=reason)
     return Decision(notes.events, (submit,), notes.recheck_at)
+
+
+REFUSAL_RETRY_S = 60.0  # after Slurm refuses a submission for good: one more try after this long
+
+
+def _blocked(run: RunRecord, error: str, obs: Observation) -> Decision:
+    """Slurm refused the submission twice, a minute apart (an error that is not the controller
+    being unreachable; once could be a partition being reconfigured): the run is blocked — it
+    ends, pages once, and the logbook names Slurm's error and the fix. Never a loop of sbatch."""
+    why = (
+        f"blocked: Slurm refuses the run's job ({error}); not retrying. Fix the spec (or the cluster) and submit "
+        "it under a new name; `slurm-supervisor submit` checks a spec against Slurm first"
+    )
+    return set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
 
 
 def _held_after_our_prolog(run: RunRecord, job: JobInfo) -> bool:

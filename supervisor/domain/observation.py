@@ -38,6 +38,8 @@ class Observation:
     returned: frozenset[str] = frozenset()
     agents: frozenset[str] = frozenset()  # nodes whose node agent reports (fresh heartbeat)
     history: Mapping[str, tuple[AttemptRecord, ...]] = field(default_factory=dict)  # run -> newest attempts
+    # run -> (when, error) of submissions Slurm refused for good since its current attempt began
+    refused: Mapping[str, tuple[tuple[float, str], ...]] = field(default_factory=dict)
 
     @property
     def now(self) -> float:

@@ -119,6 +119,7 @@ class Observer:
             returned=facts.nodes.returned,
             agents=facts.nodes.agents,
             history={r.name: tuple(self.store.attempts(r.name, r.spec.pacing.crash_loop_after + 1)) for r in runs},
+            refused={r.name: tuple(self.store.refused_submissions(r.name, _since_current(r))) for r in runs},
         )
 
     def _quarantined(self) -> dict[str, Quarantine]:
@@ -178,3 +179,9 @@ def _slowdown_events(runs: list[RunRecord], progress: ProgressWatch | NoProgress
         key_ = f"{name}:{a.seq}:slowdown"
         out.append(Event(name, EventKind.SLOWDOWN, message, key_, now, a.seq, a.job_id, evidence=evidence))
     return out
+
+
+def _since_current(run: RunRecord) -> float:
+    """Since when refusals count: the current attempt's submission (a refusal of its successor
+    comes after it), or the run's registration."""
+    return run.attempt.submitted_at if run.attempt is not None else run.created_at

@@ -82,6 +82,11 @@ class SimCluster:
             snap = self.inspect()
             return snap if include_nodes else ClusterSnapshot(snap.taken_at, snap.jobs, {})
 
+    def test_submit(self, request: SubmitRequest) -> None:
+        """Like ``sbatch --test-only``: refuse what ``submit`` would refuse, submit nothing."""
+        with self._call("test_submit", request):
+            self._check_submit(request)
+
     def submit(self, request: SubmitRequest) -> int:
         with self._call("submit", request):
             self._check_submit(request)

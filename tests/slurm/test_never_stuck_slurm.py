@@ -51,3 +51,29 @@ def test_a_run_without_spares_runs_again_once_its_node_is_back(slurm_cluster, tm
     waited = next(e for e in book if e["kind"] == "waiting_for_nodes")
     assert victim in waited["message"] and f"needs {nodes} nodes" in waited["message"]
     assert not [e for e in book if e["kind"] == "warning" and "not available" in e["message"]], book
+
+
+def test_a_spec_slurm_refuses_is_refused_at_submit_and_never_retried_in_a_loop(slurm_cluster, tmp_path):
+    """Issue 21 item 11: a GRES the cluster does not have. `submit` asks Slurm first (sbatch
+    --test-only) and refuses it in Slurm's words; registered anyway (--no-slurm-check), the daemon
+    tries twice, a minute apart, then blocks the run and pages once."""
+    from supervisor.adapters.sqlite import SqliteStore
+
+    spec = write_run(tmp_path, "llm", nodes=1, partition=slurm_cluster.partition, script_body="srun sleep 600\n")
+    text = spec.read_text().replace("nodes = 1\n", 'nodes = 1\nsbatch_args = ["--gres=gpu:8"]\n')
+    spec.write_text(text)
+    sup = SupervisorProcess(slurm_cluster, tmp_path)
+    refused = sup.cli("submit", str(spec), check=False)
+    assert refused.returncode == 1 and "Slurm would refuse" in refused.stderr and "gres" in refused.stderr.lower()
+    assert sup.cli("submit", "--no-slurm-check", str(spec)).returncode == 0
+    sup.start()
+    try:
+        _wait_for(lambda: sup.status("llm")["state"] == "failed", 120.0, "the run blocked")
+        time.sleep(3.0)  # nothing more may happen
+    finally:
+        sup.stop()
+    submits = [a for a in SqliteStore(sup.state_dir).actions("llm") if a["kind"] == "submit"]
+    assert len(submits) == 2 and all(a["status"] == "failed" for a in submits)
+    book = sup.logbook("llm")
+    gave_up = [e for e in book if e["kind"] == "gave_up"]
+    assert len(gave_up) == 1 and "blocked: Slurm refuses" in gave_up[0]["message"]

@@ -102,3 +102,15 @@ def test_restarts_after_a_node_fault_are_not_delayed(tmp_path):
     w.cluster.crash_node(w.job().nodes[0])
     waited = w.until(lambda: w.running(1), limit=60)
     assert waited <= 20.0 and not w.events(EventKind.BACKOFF)
+
+
+def test_a_submission_slurm_refuses_for_good_is_tried_twice_then_the_run_is_blocked_and_pages_once(tmp_path):
+    """Issue 21 item 11: a spec Slurm refuses (here a partition it does not have) is not retried
+    about twice a second forever: once more after a minute, then the run is blocked and pages."""
+    w = SimWorld(tmp_path, replace(SPEC, partition="nosuch"), nodes=3, interval=0.5)
+    w.ticks(600)  # five minutes of urgent ticks
+    assert w.cluster.count_calls("submit", include_failed=True) == 2
+    run = w.run()
+    assert run.state.value == "failed" and "blocked: Slurm refuses" in run.end_reason and "nosuch" in run.end_reason
+    alerts = Pager().feed(w.store.events("llm"))
+    assert [a.kind for a in alerts if a.action == "trigger"] == ["gave_up"]

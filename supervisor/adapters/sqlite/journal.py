@@ -34,6 +34,15 @@ class SqliteJournal(SqliteBase):
             sql, args = "SELECT * FROM actions WHERE run = ? ORDER BY id", (run,)
         return [_action_row(r) for r in self._db.execute(sql, args).fetchall()]
 
+    def refused_submissions(self, run: str, since: float) -> list[tuple[float, str]]:
+        """(when, Slurm's error) of the run's submissions that failed for good since ``since``."""
+        rows = self._db.execute(
+            "SELECT completed_at, result FROM actions WHERE run = ? AND kind = 'submit' AND status = 'failed'"
+            " AND completed_at >= ? ORDER BY id",
+            (run, since),
+        ).fetchall()
+        return [(float(r["completed_at"]), str(json.loads(r["result"] or "{}").get("error", ""))) for r in rows]
+
     def action_done(self, run: str, kind: str, params: Mapping[str, Any]) -> bool:
         row = self._db.execute(
             "SELECT 1 FROM actions WHERE run = ? AND kind = ? AND params = ? AND status = 'done' LIMIT 1",
