@@ -88,3 +88,64 @@ def test_an_unhealed_spike_rolls_back_to_a_verified_checkpoint_before_it(slurm_c
     restarted = [e for e in book if e["kind"] == "restarted"][0]
     assert "rollback to step 250" in restarted["message"] and "skipping iterations 251-380" in restarted["message"]
     assert [e for e in book if e["kind"] == "spike"]
+
+
+TRAINER_TWICE = (
+    TRAINER.replace(
+        'if attempt != "0":\n    time.sleep(3600)',
+        'if attempt not in ("0", "1"):\n    time.sleep(3600)\nfirst = int(os.environ.get("SSV_RESUME_STEP") or 0) + 10\n'
+        'spike_at = 330 if attempt == "0" else 600',
+    )
+    .replace("for step in range(10, 2001, 10):", "for step in range(first, 2001, 10):")
+    .replace("if step >= 330:", "if step >= spike_at:")
+    .replace(
+        "    if step % 50 == 0:",
+        "    if step % 50 == 0 and not os.path.exists(os.path.join(root, 'step_%06d' % step)):",
+    )
+)
+
+
+def test_a_second_spike_near_the_first_rolls_back_with_a_lower_learning_rate(slurm_cluster, tmp_path):
+    """Issue 21 item 10, on real Slurm: the attempt resumed after the first rollback spikes again
+    within [spikes] near_steps of the first onset; the second rollback escalates and the next
+    attempt is handed SSV_LR_SCALE (0.5 by default) with both skip ranges."""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    marks = tmp_path / "marks.txt"
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(TRAINER_TWICE)
+    spec = write_run(
+        tmp_path,
+        "llm",
+        nodes=2,
+        partition=slurm_cluster.partition,
+        spares=slurm_cluster.nodes[-1],
+        script_body=f'exec "{sys.executable}" "{trainer}"\n',
+        env={"MARKS": str(marks), "CKPT_ROOT": str(root)},
+    )
+    with spec.open("a") as f:
+        f.write(
+            f'[checkpoints]\nroot = "{root}"\nscan_interval_s = 1\nfull_verify = false\n'
+            "[spikes]\nheal_window_steps = 40\nmin_steps_before = 50\nskip_batches = 60\n"
+        )
+    sup = SupervisorProcess(slurm_cluster, tmp_path)
+    sup.start()
+    try:
+        sup.cli("submit", str(spec))
+        sup.wait_running("llm", attempt=2, timeout=240, interval=0.2)
+        deadline = time.monotonic() + 30
+        while "start attempt=2" not in (marks.read_text() if marks.exists() else ""):
+            assert time.monotonic() < deadline, marks.read_text()
+            time.sleep(0.2)
+    finally:
+        sup.stop()
+    starts = [line for line in marks.read_text().splitlines() if line.startswith("start")]
+    book = sup.logbook("llm")
+    rollbacks = [e["evidence"] for e in book if e["kind"] == "rollback"]
+    assert [r["onset_step"] for r in rollbacks] == [330, 600], rollbacks
+    assert rollbacks[1]["escalation"] == 1 and rollbacks[1]["lr_scale"] == 0.5, rollbacks[1]
+    assert starts[1] == "start attempt=1 step=250 skip=251-380 lr=None", starts
+    third = starts[2]
+    assert third.startswith("start attempt=2 step=550 skip=251-380,551-") and third.endswith("lr=0.5"), starts
+    restarted = [e for e in book if e["kind"] == "restarted"][-1]
+    assert "LR ×0.5" in restarted["message"], restarted["message"]
