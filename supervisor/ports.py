@@ -135,7 +135,13 @@ class RunStore(Protocol):
     ) -> None: ...
 
     def attempt_progress(
-        self, run: str, seq: int, last_step: int, step_time_s: float | None, hang_pace: HangPace | None = None
+        self,
+        run: str,
+        seq: int,
+        last_step: int,
+        step_time_s: float | None,
+        hang_pace: HangPace | None = None,
+        save_s: float | None = None,
     ) -> None: ...
 
     def attempt_load_failed(self, run: str, seq: int, why: str) -> None:

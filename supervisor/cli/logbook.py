@@ -236,7 +236,7 @@ def logbook_goodput(
     now = max(wiring.clock().now(), last_record(attempts, events))
     filt = _event_filter(since, until, (), (), now)
     g = goodput(run, attempts, events, now=now, start=filt.since, end=filt.until)
-    advice = g.advice(save_s if save_s is not None else measured_save_s(events))
+    advice = g.advice(save_s if save_s is not None else measured_save_s(events, attempts))
     parts = windows(run, attempts, events, now=now, width_s=window_h * 3600) if window_h else []
     if as_json:
         click.echo(json.dumps(render.goodput_dict(g, advice, parts), indent=2))

@@ -159,6 +159,7 @@ class AttemptProgress:
     last_step: int
     step_time_s: float | None = None
     hang_pace: HangPace | None = None
+    save_s: float | None = None  # the median time its checkpoint saves stalled its log
 
 
 @dataclass(frozen=True)

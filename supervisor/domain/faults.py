@@ -256,7 +256,7 @@ def _fault_records(
     run: RunRecord, a: AttemptRecord, node: str, why: str, obs: Observation, *, capped: bool = False
 ) -> list[Record]:
     info = obs.snapshot.nodes.get(node)
-    evidence = {
+    evidence: dict[str, Any] = {
         "node": node,
         "observed": why,
         "slurm_state": info.state.value if info else None,
@@ -264,6 +264,9 @@ def _fault_records(
         "slurm_reason": info.reason if info else None,
         "probe": obs.dead.get(node),
     }
+    detection = _detection_s(node, obs)
+    if detection is not None:
+        evidence["detection_s"] = detection
     fault = event_for(run, a, EventKind.FAULT, f"{a.label}: fault on {node}: {why}", obs, evidence, node)
     return [
         fault,
@@ -300,6 +303,13 @@ def _node_change(
         return [event_for(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:norights")], drains_left
     kinds = (NodeChange.DRAIN,) if _alive(run, node, obs) else (NodeChange.DOWN, NodeChange.DRAIN)
     return [ChangeNode(run.name, node, c, node_reason(run.name, why)) for c in kinds], drains_left - 1
+
+
+def _detection_s(node: str, obs: Observation) -> float | None:
+    """From the first sign of the fault to this decision: the finding's time when an agent or a
+    hook reported it (None when only Slurm's state or the probe says so: no onset on record)."""
+    found = obs.findings.get(node)
+    return round(max(0.0, obs.now - found.at), 1) if found is not None else None
 
 
 def _alive(run: RunRecord, node: str, obs: Observation) -> bool:

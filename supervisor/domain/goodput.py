@@ -135,9 +135,11 @@ def checkpoint_advice(mtbi_s: float | None, save_s: float | None) -> CheckpointA
     return CheckpointAdvice(tau, save_s, mtbi_s, f"Young: sqrt(2 x {save_s:.0f} s x {mtbi_s:.0f} s)")
 
 
-def measured_save_s(events: Iterable[Event]) -> float | None:
-    """The median checkpoint save time on record (evidence ``save_s``/``write_s``), or None."""
-    values = sorted(float(e.evidence[k]) for e in events for k in SAVE_KEYS if _number(e.evidence.get(k)))
+def measured_save_s(events: Iterable[Event], attempts: Iterable[AttemptRecord] = ()) -> float | None:
+    """The median checkpoint save time on record (evidence ``save_s``/``write_s``, and what each
+    attempt's log showed, so a run still in its first attempt has one too), or None."""
+    values = [float(e.evidence[k]) for e in events for k in SAVE_KEYS if _number(e.evidence.get(k))]
+    values = sorted(values or [a.save_s for a in attempts if a.save_s is not None])
     if not values:
         return None
     mid = len(values) // 2

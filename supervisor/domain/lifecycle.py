@@ -201,7 +201,12 @@ def _died(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, poli
         # Restarting before that would put the run back on the broken node: wait that long.
         return Decision(recheck_at=ended + policy.evidence_wait_s)
     why = f"job {job.job_id} ended {job.state.value}" + (f" with exit code {job.exit_code}" if job.exit_code else "")
-    evidence = {"state": job.state.value, "exit_code": job.exit_code, "state_reason": job.state_reason}
+    evidence = {
+        "state": job.state.value,
+        "exit_code": job.exit_code,
+        "state_reason": job.state_reason,
+        "detection_s": round(max(0.0, obs.now - ended), 1),  # from Slurm's end time to this decision
+    }
     fault = event_for(run, a, EventKind.FAULT, why, obs, evidence)
     return Decision((fault, SetState(run.name, RunState.RECOVERING, reason=why)))
 

@@ -34,6 +34,7 @@ class AttemptRecord:
     last_step: int | None = None  # the newest training step its log showed
     step_time_s: float | None = None  # its step time, as the log showed it
     hang_pace: HangPace | None = None  # what the hang detector learned of its pace
+    save_s: float | None = None  # the median time its checkpoint saves stalled its log (read times)
     load_failed: str | None = None  # why its log shows its checkpoint load failed (domain/progress/loads.py)
 
     @property

@@ -111,7 +111,7 @@ class Executor:
         elif isinstance(rec, AttemptRequeued):
             s.add_attempt(rec.run, rec.job_id, rec.restart_count, rec.at, rec.excluded)
         elif isinstance(rec, AttemptProgress):
-            s.attempt_progress(rec.run, rec.seq, rec.last_step, rec.step_time_s, rec.hang_pace)
+            s.attempt_progress(rec.run, rec.seq, rec.last_step, rec.step_time_s, rec.hang_pace, rec.save_s)
         elif isinstance(rec, AttemptLoadFailed):
             s.attempt_load_failed(rec.run, rec.seq, rec.why)
         else:
@@ -256,6 +256,7 @@ class Executor:
         if replaced is not None:  # what the replaced attempt had reached (lost work, for people)
             evidence["last_step"] = replaced.last_step
             evidence["step_time_s"] = replaced.step_time_s
+            evidence["save_s"] = replaced.save_s  # Young/Daly's save cost, as this attempt's log showed it
         message = f"{new.label}: {verb} job {new.job_id}{excl} ({action.reason}){resume}"
         key = f"{run.name}:{new.seq}:{kind.value}:"
         self.apply([Event(run.name, kind, message, key, now, new.seq, new.job_id, evidence=evidence)])

@@ -49,6 +49,9 @@ class NoProgress:
     def hang_pace(self, job_id: int, restart_count: int) -> HangPace | None:
         return None
 
+    def save_s(self, job_id: int, restart_count: int) -> float | None:
+        return None
+
 
 class NoCheckpoints:
     """No checkpoint storage is watched: no verdicts, and no resume plan for new attempts."""

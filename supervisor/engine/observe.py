@@ -138,7 +138,8 @@ def _progress_records(runs: list[RunRecord], progress: ProgressWatch | NoProgres
         step = progress.last_step(a.job_id, a.restart_count) if a is not None else None
         if a is not None and step is not None and step != a.last_step:
             key = (a.job_id, a.restart_count)
-            out.append(AttemptProgress(run.name, a.seq, step, progress.step_time(*key), progress.hang_pace(*key)))
+            pace, save = progress.hang_pace(*key), progress.save_s(*key)
+            out.append(AttemptProgress(run.name, a.seq, step, progress.step_time(*key), pace, save))
     return out
 
 

@@ -7,6 +7,7 @@ is followed from the file's end, so the old attempt's steps are not taken for ne
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -44,6 +45,8 @@ class _Watch:
     records: int = 0
     recent: list[str] = field(default_factory=list)
     load: LoadWatch = field(default_factory=LoadWatch)  # what the log said of its checkpoint load
+    save_started: float | None = None  # when the read that brought a save's start line came
+    saves: deque[float] = field(default_factory=lambda: deque(maxlen=32))  # measured save stalls (s)
     # (step, loss, grad_norm, lr) of the last records: the evidence around a spike
     series: deque[tuple[int, float | None, float | None, float | None]] = field(
         default_factory=lambda: deque(maxlen=SERIES_LEN)
@@ -93,6 +96,12 @@ class ProgressWatch:
         a load that began and was followed by neither a step nor a finished load. None: no such
         evidence (or never followed)."""
         return self._load_failures.get((job_id, restart_count))
+
+    def save_s(self, job_id: int, restart_count: int) -> float | None:
+        """The median time the attempt's checkpoint saves stalled its log (between the reads that
+        brought the save's start and end lines: a poll's resolution); None: none measured."""
+        watch = next((w for w in self._watches.values() if w.key == (job_id, restart_count)), None)
+        return statistics.median(watch.saves) if watch is not None and watch.saves else None
 
     def hang_pace(self, job_id: int, restart_count: int) -> HangPace | None:
         """What the hang detector learned of the attempt's pace (None: not followed now)."""
@@ -213,7 +222,7 @@ class ProgressWatch:
             return
         if lines:
             watch.recent = (watch.recent + [ln[:200] for ln in lines])[-3:]
-            _note_pauses(watch.detector, lines)
+            _note_pauses(watch, lines, now)
         for record in self._records(watch, lines):
             watch.records += 1
             if record.step is not None:
@@ -258,13 +267,19 @@ class ProgressWatch:
             self._load_failures.pop(watch.key, None)
 
 
-def _note_pauses(detector: HangDetector, lines: list[str]) -> None:
-    """A save or an evaluation the log announces stalls it without a hang."""
+def _note_pauses(watch: _Watch, lines: list[str], now: float) -> None:
+    """A save or an evaluation the log announces stalls it without a hang; a save's stall is
+    measured between the reads that brought its start and end lines (its cost, for Young/Daly)."""
     for line in lines:
         if ends_pause(line):
-            detector.unpause()
+            watch.detector.unpause()
+            if watch.save_started is not None and now > watch.save_started:
+                watch.saves.append(now - watch.save_started)
+            watch.save_started = None
         elif (what := pause_of(line)) is not None:
-            detector.pause(what)
+            watch.detector.pause(what)
+            if what == "a checkpoint save" and watch.save_started is None:
+                watch.save_started = now
 
 
 def _bounded_put(memory: dict[tuple[int, int], Any], key: tuple[int, int], value: Any) -> None:

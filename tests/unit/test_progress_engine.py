@@ -130,3 +130,35 @@ def test_a_restarted_daemon_judges_a_hang_on_the_pace_it_already_learned(tmp_pat
     fault = w.events(EventKind.FAULT)[0]
     assert "hang" in fault.message and "learned step interval" in fault.message
     assert fault.at - hung_at <= 3 * 10.0 + 2.0
+
+
+def test_the_save_cost_is_measured_from_the_log_and_feeds_the_checkpoint_advice(tmp_path):
+    """Issue 21 item 6: a save announced in the log (Megatron's "saving checkpoint" ... "successfully
+    saved") stalls it; the stall, measured between the reads, is the attempt's save cost, handed on
+    with its replacement's restart and used by `logbook goodput` for Young/Daly."""
+    from supervisor.domain.goodput import goodput, measured_save_s
+
+    settings = HangSettings(multiple=3, floor_s=60, cap_s=600, startup_grace_s=900)
+    w = SimWorld(tmp_path, SPEC, probe=False, hang=settings)
+    w.until(lambda: w.running(0))
+    path = f"/logs/llm-{w.run().attempt.job_id}.out"
+    w.until(lambda: path in w.logs, limit=5)
+    for step in range(1, 11):
+        w.logs[path].append(megatron(step))
+        w.tick(5.0)
+    w.logs[path].append("saving checkpoint at iteration      10 to /ckpt")
+    w.ticks(6, 5.0)  # a 30 s synchronous save
+    w.logs[path].append("  successfully saved checkpoint from iteration      10 to /ckpt")
+    w.logs[path].append(megatron(11))
+    w.ticks(2, 5.0)
+    assert w.run().attempt.save_s == 30.0
+    w.cluster.finish_job(w.run().attempt.job_id, exit_code=1)
+    w.until(lambda: w.running(1), limit=200)
+    restarted = w.events(EventKind.RESTARTED)[0]
+    assert restarted.evidence["save_s"] == 30.0
+    events, attempts = w.store.events("llm"), w.store.attempts("llm")
+    assert measured_save_s(events, attempts) == 30.0
+    fault = [e for e in events if e.kind is EventKind.FAULT][0]
+    assert fault.evidence["detection_s"] >= 0.0  # from Slurm's end time to the decision
+    advice = goodput("llm", attempts, events, now=w.clock.now()).advice(measured_save_s(events, attempts))
+    assert advice.save_s == 30.0

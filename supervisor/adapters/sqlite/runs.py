@@ -144,7 +144,13 @@ class SqliteRuns(SqliteBase):
         )
 
     def attempt_progress(
-        self, run: str, seq: int, last_step: int, step_time_s: float | None, hang_pace: HangPace | None = None
+        self,
+        run: str,
+        seq: int,
+        last_step: int,
+        step_time_s: float | None,
+        hang_pace: HangPace | None = None,
+        save_s: float | None = None,
     ) -> None:
         """What the attempt's log showed last: its newest step and step time, and the pace the hang
         detector learned (read back after a daemon restart, e.g. to tell whether a resumed
@@ -152,8 +158,8 @@ class SqliteRuns(SqliteBase):
         pace = json.dumps(hang_pace.to_json()) if hang_pace is not None else None
         self._db.execute(
             "UPDATE attempts SET last_step = ?, step_time_s = COALESCE(?, step_time_s),"
-            " hang_pace = COALESCE(?, hang_pace) WHERE run = ? AND seq = ?",
-            (last_step, step_time_s, pace, run, seq),
+            " hang_pace = COALESCE(?, hang_pace), save_s = COALESCE(?, save_s) WHERE run = ? AND seq = ?",
+            (last_step, step_time_s, pace, save_s, run, seq),
         )
 
     def attempt_load_failed(self, run: str, seq: int, why: str) -> None:
@@ -206,6 +212,7 @@ def _attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
         step_time_s=r["step_time_s"],
         hang_pace=HangPace.from_json(json.loads(r["hang_pace"])) if r["hang_pace"] else None,
         load_failed=r["load_failed"],
+        save_s=r["save_s"],
     )
 
 

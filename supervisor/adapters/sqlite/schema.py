@@ -211,6 +211,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN load_failed TEXT;
     """,
+    # 9: how long the attempt's checkpoint saves stalled its log (Young/Daly's save cost)
+    """
+    ALTER TABLE attempts ADD COLUMN save_s REAL;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
