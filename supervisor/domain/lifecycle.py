@@ -258,10 +258,34 @@ def _restart(
         records.append(event_for(run, a, EventKind.WARNING, msg, obs, {"nodes": dead}, "unfenced"))
     since = a.ended_at if a.ended_at is not None else obs.now
     fenced = Decision(tuple(records), tuple(actions))
+    # Nodes of the ended attempt found faulty since it ended (an agent's XID after the job died,
+    # the rest of a storm): kept out now, not found again on the next attempt.
+    newly = {n: why for n, why in faulty_nodes(run, a.nodes, obs).items() if n not in run.excluded}
+    if newly:
+        more, drains = contain(run, a, newly, obs, policy)
+        fenced = fenced + Decision(tuple(more), tuple(drains))
+        run = replace(run, excluded={**run.excluded, **newly})
+    if policy.storm and obs.now < since + STORM_SETTLE_S:
+        return fenced + _settle(run, a, since, obs)
     backoff = restart_backoff(run.name, _history(run, a, job, obs), run.spec.pacing, run.excluded)
     if backoff is not None and obs.now < backoff.until:
         return fenced + _wait_to_restart(run, a, backoff, obs)
     return fenced + submit_next(run, a, obs, policy, restart=True, reason=reason, since=since)
+
+
+STORM_SETTLE_S = 120.0  # in a storm (the blast radius spent), wait this long for the rest to show
+
+
+def _settle(run: RunRecord, a: AttemptRecord, since: float, obs: Observation) -> Decision:
+    """More nodes faulted than the blast radius allows within the hour: a storm. Restarting at once
+    would land on nodes about to fail; wait a little for the rest of the storm to show."""
+    until = since + STORM_SETTLE_S
+    message = (
+        f"next restart in {until - obs.now:.0f} s: the blast radius is spent (a storm); waiting for the "
+        "rest of the faulting nodes to show before placing the run again"
+    )
+    event = event_for(run, a, EventKind.BACKOFF, message, obs, {"until": until, "storm": True}, "storm")
+    return Decision((event,), recheck_at=until, waiting=True)
 
 
 def _history(run: RunRecord, a: AttemptRecord, job: JobInfo | None, obs: Observation) -> list[AttemptRecord]:

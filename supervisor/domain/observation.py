@@ -54,6 +54,7 @@ class Policy:
     evidence_wait_s: float = 0.0  # after an unexplained job death, wait this long for node agents' evidence
     stuck_page_s: float = 1800.0  # a run that cannot be placed pages after waiting this long
     when_short: str = "use-least-bad"  # [quarantine] when_short: quarantined nodes for a run short of nodes
+    storm: bool = False  # the blast radius is spent: more nodes faulted within the hour than it allows
 
 
 def node_reason(run: str, why: str) -> str:

@@ -66,7 +66,10 @@ class NodeWatch:
         """Keep each node's worst degraded or fatal finding for a while; a finding on a node that no
         run uses is remembered as the node's verdict."""
         out: list[Record] = []
-        running = running_nodes(runs, snap)
+        # a node of a run's current attempt (running, or just ended: the finding often comes after
+        # the XID killed the job) is the run's decision's to record, with the run's context —
+        # counted once toward quarantine, not also as an idle node's fault
+        running = running_nodes(runs, snap) | {n for r in runs if r.attempt is not None for n in r.attempt.nodes}
         for node, found in worst(new).items() if new else ():
             if found.severity is Severity.WATCH:
                 log.info("node_watch", node=node, reason=found.reason, rule=found.rule)

@@ -215,13 +215,15 @@ class Engine:
         self._hook_drains = track_hook_drains(self._hook_drains, hook_drained(obs.snapshot.nodes.values()), now)
         hooked = [HookDrain(n, at) for n, at in self._hook_drains.items()]
         mine = run.attempt.nodes if run.attempt else ()
+        left = drains_left(self.store.node_changes(now - WINDOW_S), run.name, now, caps, hooked, mine)
         return Policy(
             may_change_nodes=self.executor.node_rights,
-            drains_left=drains_left(self.store.node_changes(now - WINDOW_S), run.name, now, caps, hooked, mine),
+            drains_left=left,
             fence=self.executor.fencer is not None,
             evidence_wait_s=s.evidence_wait_s if self._agents_report else 0.0,
             stuck_page_s=s.stuck_page_s,
             when_short=s.quarantine.when_short,
+            storm=left == 0 and min(caps.per_hour, caps.per_run_per_hour) > 0,  # spent, not merely zero
         )
 
     def _note(self, run: RunRecord, decision: Decision) -> None:

@@ -189,6 +189,7 @@ class SimTrainer:
             )
         elif a.resume_step in s.unloadable_steps and self.store.get(a.resume_step) is not None:
             a.exit_at = a.started_at + s.unloadable_after_s
+            a.computing_at = a.cursor = max(a.computing_at, a.exit_at)  # the load fails: nothing is trained
             began = a.started_at + min(s.startup_s, s.unloadable_after_s / 2)
             where = self.store.location(a.resume_step)
             a.notes.extend(
@@ -310,7 +311,7 @@ class SimTrainer:
             t = a.cursor + a.pending_dur
             if t > limit:
                 break
-            self._notes_until(a, t)
+            self._notes_until(a, t, before=True)
             a.step += s.log_every
             a.cursor = t
             a.lines.append((t, a.step, self._line(a, a.pending_dur)))
@@ -325,9 +326,10 @@ class SimTrainer:
         self._notes_until(a, limit)
 
     @staticmethod
-    def _notes_until(a: Attempt, at: float) -> None:
-        """The attempt's other lines written by ``at`` join its log, in time order with the steps."""
-        while a.notes and a.notes[0][0] <= at:
+    def _notes_until(a: Attempt, at: float, before: bool = False) -> None:
+        """The attempt's other lines written by ``at`` (``before``: earlier than ``at``) join its log,
+        in time order with the steps."""
+        while a.notes and (a.notes[0][0] < at or (not before and a.notes[0][0] == at)):
             t, text = a.notes.popleft()
             a.lines.append((t, a.step, text))
 

@@ -312,3 +312,22 @@ def test_quarantine_counts_findings_on_idle_nodes_and_degraded_nodes_dropped(tmp
     faults = w.store.node_faults(0.0)
     assert [f.node for f in faults] == [idle] and faults[0].source != "fault"
     assert idle in quarantined(faults, {}, w.clock.now(), QuarantineSettings(faults=1))
+
+
+def test_a_storm_that_trickles_in_is_waited_out_not_restarted_into(tmp_path):
+    """Faults arriving in waves over a minute (a storm): once the blast radius is spent the restart
+    waits a little for the rest of the storm to show, and nodes found faulty after their job ended
+    are kept out before the next placement — a couple of restarts, not one per wave."""
+    w = mass_fault_world(tmp_path, nodes=20)
+    w.until(w.running)
+    first = list(w.run().attempt.nodes)
+    start = w.clock.now()
+    waves = {0: first[:4], 20: first[4:6], 40: first[6:7]}
+    while w.clock.now() < start + 600:
+        for offset in [o for o in waves if w.clock.now() >= start + o]:
+            for n in waves.pop(offset):
+                w.health.report(n, Severity.FATAL, "XID 79: GPU has fallen off the bus", "xid-79@1")
+        w.tick(2.0)
+    assert w.run().restarts_spent <= 2
+    assert w.running() and not set(first[:7]) & set(w.job().nodes)
+    assert [e for e in w.events(EventKind.BACKOFF) if e.evidence.get("storm")]
