@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any
 
 import hostlist  # type: ignore[import-untyped]
@@ -13,6 +10,7 @@ from pydantic import AfterValidator, Field, StrictInt, StrictStr, ValidationInfo
 
 from supervisor.config._shared import FloatField, Section, absolute, base_dir, missing_path_fix, not_empty
 from supervisor.config.errors import fail, fix_hint
+from supervisor.config.sbatch_options import check_sbatch_arg, check_script_pinning
 from supervisor.domain.run import (
     DEFAULT_DO_NOT_RESTART,
     CheckpointPolicy,
@@ -22,106 +20,6 @@ from supervisor.domain.run import (
     SparePolicy,
     SpikePolicy,
 )
-
-# --------------------------------------------------------------------------- sbatch options the supervisor owns
-
-
-@dataclass(frozen=True)
-class OwnedOption:
-    longs: tuple[str, ...]
-    shorts: str
-    why: str
-    fix: str
-
-
-PINNING = OwnedOption(
-    ("nodelist", "nodefile"),
-    "wF",
-    "pins the job to named nodes, so a restart could never move off a failed node (pinning breaks requeue)",
-    "remove it; select node types with --constraint, and name stand-in nodes under [spares]",
-)
-OWNED_OPTIONS = (
-    OwnedOption(("nodes",), "N", "sets the node count, which the supervisor owns", "remove it and set run.nodes"),
-    OwnedOption(
-        ("partition",), "p", "sets the partition, which the supervisor owns", "remove it and set run.partition"
-    ),
-    OwnedOption(
-        ("exclude",),
-        "x",
-        "the supervisor builds --exclude from the nodes it found faulty and would overwrite yours",
-        "remove it; to keep a node out of every job, drain it in Slurm",
-    ),
-    OwnedOption(
-        ("job-name",),
-        "J",
-        "the supervisor names each job after run.name so it can find its jobs again",
-        "remove it and set run.name",
-    ),
-    OwnedOption(
-        ("comment",),
-        "",
-        "the supervisor tags its jobs with --comment to re-adopt them after a daemon restart",
-        "remove it",
-    ),
-    OwnedOption(
-        ("requeue", "no-requeue"),
-        "",
-        "the supervisor chooses requeue or resubmit from restart.mode",
-        'remove it and set restart.mode = "requeue" or "resubmit"',
-    ),
-    PINNING,
-)
-# sbatch options sharing a prefix with an owned one: such an abbreviation is ambiguous to sbatch
-# itself (it refuses it), so it is not ours to reject.
-_NEIGHBOURS = ("exclusive", "no-kill")
-
-
-def owned_option(arg: str, owned: Sequence[OwnedOption] = OWNED_OPTIONS) -> OwnedOption | None:
-    """The owned option that ``arg`` sets, if any. sbatch accepts unique prefixes of long names."""
-    if arg.startswith("--"):
-        name = arg[2:].split("=", 1)[0]
-        return next((o for o in owned if _abbreviates(name, o.longs)), None)
-    if len(arg) >= 2 and arg[0] == "-":
-        return next((o for o in owned if arg[1] in o.shorts), None)
-    return None
-
-
-def _abbreviates(name: str, longs: tuple[str, ...]) -> bool:
-    if name in longs:
-        return True
-    prefix_of_ours = len(name) >= 3 and any(o.startswith(name) for o in longs)
-    return prefix_of_ours and not any(n.startswith(name) for n in _NEIGHBOURS)
-
-
-def _check_sbatch_arg(arg: str) -> str:
-    option = owned_option(arg)
-    if option is not None:
-        raise fail(option.why, option.fix)
-    return arg
-
-
-def sbatch_directives(script: Path) -> list[tuple[int, str]]:
-    """The script's ``#SBATCH`` lines and their numbers; sbatch stops at the first command."""
-    found: list[tuple[int, str]] = []
-    with script.open(encoding="utf-8", errors="replace") as lines:
-        for number, line in enumerate(lines, start=1):
-            text = line.strip()
-            if text.startswith("#SBATCH"):
-                found.append((number, text))
-            elif text and not text.startswith("#"):
-                break
-    return found
-
-
-def _check_script_pinning(script: Path) -> None:
-    """``--exclude`` and friends on the command line beat the script's; pinning does not."""
-    for number, line in sbatch_directives(script):
-        if any(owned_option(word, (PINNING,)) for word in line.split()[1:]):
-            raise fail(
-                f'line {number} of the script, "{line}", {PINNING.why}',
-                f"delete that line from {script.name}; select node types with --constraint instead",
-            )
-
 
 # --------------------------------------------------------------------------- sections
 
@@ -143,7 +41,7 @@ class RunSection(Section):
         json_schema_extra=fix_hint('name a Slurm partition, e.g. partition = "gpu" (sinfo -s lists them)'),
     )
     nodes: StrictInt = Field(ge=1, json_schema_extra=fix_hint("set the number of nodes the job needs, e.g. nodes = 16"))
-    sbatch_args: tuple[Annotated[StrictStr, AfterValidator(_check_sbatch_arg)], ...] = Field(
+    sbatch_args: tuple[Annotated[StrictStr, AfterValidator(check_sbatch_arg)], ...] = Field(
         default=(), json_schema_extra=fix_hint('write an array of strings, e.g. ["--time=48:00:00"]')
     )
     env: dict[StrictStr, StrictStr] = Field(
@@ -166,7 +64,7 @@ class RunSection(Section):
         if not path.is_file():
             raise fail(f"{path} is not a file", "point script at the batch script itself")
         try:
-            _check_script_pinning(path)
+            check_script_pinning(path)
         except OSError as error:
             raise fail(f"cannot read {path} ({error.strerror})", "let the supervisor's user read it") from None
         return str(path)
