@@ -270,7 +270,7 @@ class Executor:
             )
         if action.change is NodeChange.DRAIN:
             message = f"{action.node} downed and drained in Slurm: {action.reason}"
-            event = _event(run, EventKind.NODE_DRAINED, message, f"{run.name}:node_drained:{action.node}", now)
+            event = run_event(run, EventKind.NODE_DRAINED, message, f"{run.name}:node_drained:{action.node}", now)
             self.apply([replace(event, evidence={"node": action.node, "reason": action.reason})])
 
     def _fail(self, run: RunRecord, intent: int, action: Action, exc: PortError) -> None:
@@ -280,7 +280,7 @@ class Executor:
         what = f"could not {action.kind.value.replace('_', ' ')}"
         if isinstance(action, ChangeNode):
             what = f"{action.node} excluded from the run; could not set it {action.change.value}"
-        event = _event(run, kind, f"{what}: {exc}", f"{run.name}:failed-intent:{intent}", now)
+        event = run_event(run, kind, f"{what}: {exc}", f"{run.name}:failed-intent:{intent}", now)
         with self.store.transaction():
             self.store.complete_action(intent, "failed", {"error": str(exc)}, now)
             self.apply([replace(event, evidence=params_of(action))])
@@ -320,17 +320,18 @@ def _done_events(run: RunRecord, action: Action, now: float) -> list[Record]:
     seq = a.seq if a else None
     if isinstance(action, Cancel) and run.state is RunState.RECOVERING:
         key = f"{run.name}:{seq}:stopped:{action.job_id}"
-        return [_event(run, EventKind.STOPPED, f"stopped job {action.job_id}: {action.reason}", key, now)]
+        return [run_event(run, EventKind.STOPPED, f"stopped job {action.job_id}: {action.reason}", key, now)]
     if isinstance(action, Release):
         key = f"{run.name}:{seq}:released:{now:.3f}"
-        return [_event(run, EventKind.RELEASED, f"released job {action.job_id}: {action.reason}", key, now)]
+        return [run_event(run, EventKind.RELEASED, f"released job {action.job_id}: {action.reason}", key, now)]
     if isinstance(action, Fence):
         key = f"{run.name}:{seq}:fenced:{action.node}"
-        return [_event(run, EventKind.FENCED, f"fenced {action.node} (site fence command)", key, now)]
+        return [run_event(run, EventKind.FENCED, f"fenced {action.node} (site fence command)", key, now)]
     return []
 
 
-def _event(run: RunRecord, kind: EventKind, message: str, key: str, now: float) -> Event:
+def run_event(run: RunRecord, kind: EventKind, message: str, key: str, now: float) -> Event:
+    """A logbook line about the run's current attempt (the engine's own lines, outside decisions)."""
     a = run.attempt
     return Event(
         run=run.name,

@@ -16,11 +16,11 @@ from supervisor.domain.blast import WINDOW_S, BlastRadius, HookDrain, drains_lef
 from supervisor.domain.health import HeartbeatSettings
 from supervisor.domain.lemon import QuarantineSettings
 from supervisor.domain.policy import Observation, Policy, decide
-from supervisor.domain.records import Event, EventKind, RunRecord
+from supervisor.domain.records import EventKind, RunRecord
 from supervisor.domain.resume import ResumePlan
 from supervisor.domain.run import IllegalTransition, RunState
 from supervisor.engine.checkpoints import CheckpointWatch
-from supervisor.engine.execute import CrashHook, Executor
+from supervisor.engine.execute import CrashHook, Executor, run_event
 from supervisor.engine.nodes import NodeWatch, forget_returned
 from supervisor.engine.nulls import NoCheckpoints, NoHealthFeed, NoProgress
 from supervisor.engine.observe import Observer
@@ -147,7 +147,7 @@ class Engine:
         for run in runs:
             job = f"job {run.attempt.job_id}" if run.attempt else "no job yet"
             message = f"daemon re-adopted the run ({run.state}, {job})"
-            self.executor.apply([_event(run, EventKind.ADOPTED, message, f"{run.name}:adopted:{now:.6f}", now)])
+            self.executor.apply([run_event(run, EventKind.ADOPTED, message, f"{run.name}:adopted:{now:.6f}", now)])
         return runs
 
     def _outage_over(self) -> None:
@@ -166,7 +166,8 @@ class Engine:
         evidence = {"since": since, "until": now, "error": error[:300]}
         events = [
             replace(
-                _event(r, EventKind.CONTROLLER_OUTAGE, message, f"{r.name}:outage:{since:.0f}", now), evidence=evidence
+                run_event(r, EventKind.CONTROLLER_OUTAGE, message, f"{r.name}:outage:{since:.0f}", now),
+                evidence=evidence,
             )
             for r in self.store.runs(active_only=True)
         ]
@@ -204,7 +205,7 @@ class Engine:
             log.error("run_reconcile_failed", error=str(exc), error_type=type(exc).__name__)
             now = self.clock.now()
             message = f"the supervisor could not act on this run: {exc}"
-            self.executor.apply([_event(run, EventKind.WARNING, message, f"{run.name}:reconcile-failed:{exc}", now)])
+            self.executor.apply([run_event(run, EventKind.WARNING, message, f"{run.name}:reconcile-failed:{exc}", now)])
         finally:
             structlog.contextvars.unbind_contextvars("run", "job_id")
 
@@ -237,16 +238,3 @@ class Engine:
         """The resume plan for the run's next attempt, with the logbook lines choosing it left
         (checkpoints passed over, a resume file that could not be written) written first."""
         return self.checkpoints.resume_for(run, self.store)
-
-
-def _event(run: RunRecord, kind: EventKind, message: str, key: str, now: float) -> Event:
-    a = run.attempt
-    return Event(
-        run=run.name,
-        kind=kind,
-        message=message,
-        key=key,
-        at=now,
-        attempt=a.seq if a else None,
-        job_id=a.job_id if a else None,
-    )

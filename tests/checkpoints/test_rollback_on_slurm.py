@@ -47,12 +47,14 @@ time.sleep(3600)
 """
 
 
-def test_an_unhealed_spike_rolls_back_to_a_verified_checkpoint_before_it(slurm_cluster, tmp_path):
+def run_until_attempt(slurm_cluster, tmp_path, trainer_text: str, attempt: int, timeout: float):
+    """The real daemon supervising the synthetic trainer on real Slurm, POSIX checkpoints, until
+    ``attempt`` has started; returns (the supervisor process, the trainer's marks file)."""
     root = tmp_path / "ckpt"
     root.mkdir()
     marks = tmp_path / "marks.txt"
     trainer = tmp_path / "trainer.py"
-    trainer.write_text(TRAINER)
+    trainer.write_text(trainer_text)
     spec = write_run(
         tmp_path,
         "llm",
@@ -71,13 +73,18 @@ def test_an_unhealed_spike_rolls_back_to_a_verified_checkpoint_before_it(slurm_c
     sup.start()
     try:
         sup.cli("submit", str(spec))
-        sup.wait_running("llm", attempt=1, timeout=120, interval=0.2)
+        sup.wait_running("llm", attempt=attempt, timeout=timeout, interval=0.2)
         deadline = time.monotonic() + 30
-        while "start attempt=1" not in (marks.read_text() if marks.exists() else ""):
+        while f"start attempt={attempt}" not in (marks.read_text() if marks.exists() else ""):
             assert time.monotonic() < deadline, marks.read_text()
             time.sleep(0.2)
     finally:
         sup.stop()
+    return sup, marks
+
+
+def test_an_unhealed_spike_rolls_back_to_a_verified_checkpoint_before_it(slurm_cluster, tmp_path):
+    sup, marks = run_until_attempt(slurm_cluster, tmp_path, TRAINER, attempt=1, timeout=120)
     second = next(line for line in marks.read_text().splitlines() if line.startswith("start attempt=1"))
     book = sup.logbook("llm")
     rollback = next(e for e in book if e["kind"] == "rollback")
@@ -109,36 +116,7 @@ def test_a_second_spike_near_the_first_rolls_back_with_a_lower_learning_rate(slu
     """Issue 21 item 10, on real Slurm: the attempt resumed after the first rollback spikes again
     within [spikes] near_steps of the first onset; the second rollback escalates and the next
     attempt is handed SSV_LR_SCALE (0.5 by default) with both skip ranges."""
-    root = tmp_path / "ckpt"
-    root.mkdir()
-    marks = tmp_path / "marks.txt"
-    trainer = tmp_path / "trainer.py"
-    trainer.write_text(TRAINER_TWICE)
-    spec = write_run(
-        tmp_path,
-        "llm",
-        nodes=2,
-        partition=slurm_cluster.partition,
-        spares=slurm_cluster.nodes[-1],
-        script_body=f'exec "{sys.executable}" "{trainer}"\n',
-        env={"MARKS": str(marks), "CKPT_ROOT": str(root)},
-    )
-    with spec.open("a") as f:
-        f.write(
-            f'[checkpoints]\nroot = "{root}"\nscan_interval_s = 1\nfull_verify = false\n'
-            "[spikes]\nheal_window_steps = 40\nmin_steps_before = 50\nskip_batches = 60\n"
-        )
-    sup = SupervisorProcess(slurm_cluster, tmp_path)
-    sup.start()
-    try:
-        sup.cli("submit", str(spec))
-        sup.wait_running("llm", attempt=2, timeout=240, interval=0.2)
-        deadline = time.monotonic() + 30
-        while "start attempt=2" not in (marks.read_text() if marks.exists() else ""):
-            assert time.monotonic() < deadline, marks.read_text()
-            time.sleep(0.2)
-    finally:
-        sup.stop()
+    sup, marks = run_until_attempt(slurm_cluster, tmp_path, TRAINER_TWICE, attempt=2, timeout=240)
     starts = [line for line in marks.read_text().splitlines() if line.startswith("start")]
     book = sup.logbook("llm")
     rollbacks = [e["evidence"] for e in book if e["kind"] == "rollback"]
