@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable
 
 from supervisor.adapters.html_logbook import logbook_page
-from supervisor.adapters.ingest import IngestServer, Request, Response
+from supervisor.adapters.http_server import Request, Response
+from supervisor.adapters.ingest import IngestServer
 from supervisor.adapters.metrics import metrics_page
 from supervisor.ports import Store
 

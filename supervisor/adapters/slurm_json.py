@@ -215,6 +215,8 @@ def parse_job(job: Mapping[str, Any]) -> JobInfo:
         start_time=None if state is JobState.PENDING else timestamp(job.get("start_time")),
         end_time=timestamp(job.get("end_time")) if ended else None,
         state_description=description,
+        user_id=number(job.get("user_id")),
+        stdout=text(job.get("standard_output")),
     )
 
 

@@ -101,6 +101,10 @@ class JobInfo:
     # Slurm's free-text detail for the reason, e.g. "launch failed requeued held" while
     # state_reason says JobHeldUser (what ``hold`` is read from). Empty when Slurm gives none.
     state_description: str = ""
+    # Who owns the job (numeric UID; None when Slurm did not say) and where its standard output
+    # goes as Slurm resolved it (``%j`` and friends expanded by Slurm 22.05+; "" when not given).
+    user_id: int | None = None
+    stdout: str = ""
 
     @property
     def held(self) -> bool:
