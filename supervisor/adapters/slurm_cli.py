@@ -20,6 +20,7 @@ from typing import Any
 import hostlist
 import structlog
 
+from supervisor.adapters.slurm_config import parse_show_config, show_config_argv
 from supervisor.adapters.slurm_json import (
     ParseError,
     document_errors,
@@ -286,6 +287,10 @@ class SlurmCli:
 
     def set_excluded(self, job_id: int, nodes: Sequence[str]) -> None:
         self._run(exclude_argv(job_id, nodes))
+
+    def show_config(self) -> dict[str, str]:
+        """Slurm's running configuration (``scontrol show config``), parsed."""
+        return parse_show_config(self._run(show_config_argv()))
 
     def set_node_state(self, node: str, change: NodeChange, reason: str) -> None:
         self._run(node_state_argv(node, change, reason))

@@ -102,11 +102,12 @@ def _engine(
     from supervisor.engine.daemon import StampedScheduler
     from supervisor.engine.reconcile import Engine
 
+    scheduler = wiring.scheduler(cfg)
     return Engine(
-        scheduler=StampedScheduler(wiring.scheduler(cfg), heartbeat),
+        scheduler=StampedScheduler(scheduler, heartbeat),
         store=store,
         clock=clock,
-        settings=settings,
+        settings=wiring.from_slurm_config(scheduler, settings),
         probe=TcpProbe(timeout=cfg.probe.timeout_s) if cfg.probe.enabled else None,
         fencer=wiring.fencer(cfg),
         crash_hook=_crash_hook(crash_at),

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.fence import CommandFencer
@@ -14,6 +17,7 @@ from supervisor.adapters.logtail import LogTail
 from supervisor.adapters.notify import Pager, PagerSettings, WebhookNotifier, notify_new_events, read_secret
 from supervisor.adapters.pages import mount_pages
 from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.slurm_config import kill_wait_s
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.tokens import TokenBook
 from supervisor.config import DaemonConfig
@@ -26,7 +30,9 @@ from supervisor.domain.run import RunSpec
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.reconcile import EngineSettings
-from supervisor.ports import CheckpointStore
+from supervisor.ports import CheckpointStore, PortError
+
+log = structlog.get_logger(__name__)
 
 
 def scheduler(cfg: DaemonConfig) -> SlurmCli:
@@ -35,6 +41,17 @@ def scheduler(cfg: DaemonConfig) -> SlurmCli:
         slurm_conf=str(cfg.slurm.slurm_conf) if cfg.slurm.slurm_conf else None,
         timeout=cfg.slurm.command_timeout_s,
     )
+
+
+def from_slurm_config(scheduler: SlurmCli, settings: EngineSettings) -> EngineSettings:
+    """What decisions need from Slurm's own configuration, read once at start (KillWait); Slurm's
+    defaults, said in the log, when the controller cannot answer."""
+    try:
+        config = scheduler.show_config()
+    except PortError as exc:
+        log.warning("slurm_config_unread", error=str(exc), kill_wait_s=settings.kill_wait_s)
+        return settings
+    return replace(settings, kill_wait_s=kill_wait_s(config))
 
 
 def store(cfg: DaemonConfig) -> SqliteStore:

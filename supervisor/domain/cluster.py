@@ -177,7 +177,9 @@ class NodeInfo:
 
     @property
     def idle(self) -> bool:
-        return self.schedulable and self.state is NodeState.IDLE
+        """Takes a job now: in service, IDLE, and not still completing an ended job (Slurm starts
+        nothing there until the completion is done — tens of seconds after a node of the job hung)."""
+        return self.schedulable and self.state is NodeState.IDLE and "COMPLETING" not in self.flags
 
 
 @dataclass(frozen=True)

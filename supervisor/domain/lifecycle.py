@@ -129,9 +129,12 @@ def decide_requeued(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observa
     return Decision(tuple(records), tuple(actions))
 
 
-def decide_finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
-    """The job ended: record how, then restart, finish the run, or find out why it ended."""
-    done = Decision(tuple(_ended_records(run, a, job, obs)))
+def decide_finished(
+    run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy, how: str | None = None
+) -> Decision:
+    """The job ended (``how``: what is left of it when Slurm is still completing it): record how,
+    then restart, finish the run, or find out why it ended."""
+    done = Decision(tuple(_ended_records(run, a, job, obs, how)))
     if run.state is RunState.RECOVERING:
         rollback = obs.rollbacks.get(run.name)
         why = (
@@ -139,6 +142,7 @@ def decide_finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observa
             if rollback
             else "replacing the incarnation stopped after a fault"
         )
+        why = f"{why}; {how}" if how else why
         return done + _restart(run, a, job, obs, policy, why)
     if job.state is JobState.COMPLETED and (job.exit_code or 0) == 0:
         return done + set_terminal(run, RunState.COMPLETED, EventKind.COMPLETED, f"job {job.job_id} completed", obs)
@@ -150,16 +154,16 @@ def decide_finished(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observa
     return done + _died(run, a, job, obs, policy)
 
 
-def _ended_records(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) -> list[Record]:
+def _ended_records(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, how: str | None) -> list[Record]:
     records: list[Record] = _started_unseen(run, a, job, obs)
     if a.ended_at is None:
         reason = job.state_reason or job.state.value
         records.append(AttemptEnded(run.name, a.seq, job.end_time or obs.now, job.state.value, reason, job.exit_code))
     if run.state is RunState.RECOVERING:
         how = (
-            f"is left only on fenced-off {fmt_nodes(job.nodes)} (Slurm still completing it there)"
-            if job.completing
-            else f"ended {job.state.value} after the fault"
+            f"ended {job.state.value} after the fault"
+            if how is None
+            else f"is gone but for what Slurm completes: {how}"
         )
         evidence = {"state": job.state.value, "exit_code": job.exit_code, "nodes": list(job.nodes)}
         records.append(event_for(run, a, EventKind.STOPPED, f"{a.label} {how}", obs, evidence, str(job.job_id)))

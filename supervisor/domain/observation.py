@@ -55,6 +55,7 @@ class Policy:
     stuck_page_s: float = 1800.0  # a run that cannot be placed pages after waiting this long
     when_short: str = "use-least-bad"  # [quarantine] when_short: quarantined nodes for a run short of nodes
     storm: bool = False  # the blast radius is spent: more nodes faulted within the hour than it allows
+    kill_wait_s: float = 30.0  # Slurm's KillWait: SIGTERM to SIGKILL of a job's processes on a node
 
 
 def node_reason(run: str, why: str) -> str:

@@ -20,7 +20,8 @@ from supervisor.domain.actions import (
     Record,
     Unexclude,
 )
-from supervisor.domain.cluster import JobInfo, JobState, NodeChange
+from supervisor.domain.cluster import JobState, NodeChange
+from supervisor.domain.completing import decide_completing
 from supervisor.domain.faults import decide_running
 from supervisor.domain.lifecycle import (
     decide_cancel,
@@ -123,19 +124,6 @@ def _decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
         return decide_running(run, attempt, job, obs, policy)
     if job.state.finished and not job.completing:
         return decide_finished(run, attempt, job, obs, policy)
-    if run.state is RunState.RECOVERING and _only_fenced_nodes_left(run, job, obs):
-        return decide_finished(run, attempt, job, obs, policy)
-    return Decision()  # COMPLETING or an unknown state: wait for the next snapshot
-
-
-def _only_fenced_nodes_left(run: RunRecord, job: JobInfo, obs: Observation) -> bool:
-    """Slurm is still completing the job, but only on nodes this run downed: nothing of the old
-    incarnation can run anywhere else, and those nodes take no new job (a hung slurmd keeps a job
-    COMPLETING for tens of seconds while slurmctld's RPCs to it time out)."""
-    if not job.completing or not job.nodes:
-        return False
-    for name in job.nodes:
-        info = obs.snapshot.nodes.get(name)
-        if name not in run.excluded or info is None or not info.down or not marked_by_us(info.reason, run.name):
-            return False
-    return True
+    if job.completing:
+        return decide_completing(run, attempt, job, obs, policy)
+    return Decision()  # an unknown state: wait for the next snapshot

@@ -53,6 +53,9 @@ class EngineSettings:
     stuck_page_s: float = 1800.0
     # Slurm's controller silent for longer than this is one entry in each active run's logbook.
     outage_logged_after_s: float = 10.0
+    # Slurm's KillWait (read from its configuration at start): how long a process Slurm is killing
+    # on a responding node may live on, so how long a restart waits on a job still completing.
+    kill_wait_s: float = 30.0
 
 
 @dataclass
@@ -225,6 +228,7 @@ class Engine:
             stuck_page_s=s.stuck_page_s,
             when_short=s.quarantine.when_short,
             storm=left == 0 and min(caps.per_hour, caps.per_run_per_hour) > 0,  # spent, not merely zero
+            kill_wait_s=s.kill_wait_s,
         )
 
     def _note(self, run: RunRecord, decision: Decision) -> None:

@@ -320,3 +320,63 @@ def test_completing_only_on_fenced_nodes_counts_as_gone():
     still_on_n2 = replace(completing, nodes=("n1", "n2"))
     d = decide(r, Observation(ClusterSnapshot(100.0, {7: still_on_n2}, n)), Policy())
     assert kinds(d, Submit) == []
+
+
+def _killed_on_failed_node(now: float = 100.0):
+    """Slurm declared n1 (the batch host) DOWN and killed the job; it lingers COMPLETING on the
+    healthy n2 (its step teardown waits on the hung node), as seen on Slurm 22.05."""
+    n = nodes(n1="DOWN")
+    n["n1"] = replace(n["n1"], flags=frozenset({"NOT_RESPONDING"}))
+    n["n2"] = replace(n["n2"], flags=frozenset({"COMPLETING"}))
+    job = replace(
+        RUNNING_JOB,
+        state=JobState.COMPLETING,
+        flags=frozenset({"COMPLETING"}),
+        nodes=("n2",),
+        state_reason="NodeDown",
+        end_time=now + 31536000.0,  # Slurm's placeholder while completing: a year ahead
+    )
+    return ClusterSnapshot(now, {7: job}, n)
+
+
+def test_a_job_slurm_killed_on_a_failed_node_is_a_fault_while_it_still_completes():
+    """Issue 21 item 12: the fault is recorded the tick Slurm shows the job killed for a DOWN node,
+    not when Slurm has finished completing it elsewhere (tens of seconds later on a real Slurm)."""
+    d = decide(run(attempt=A0), Observation(_killed_on_failed_node()), Policy())
+    faults = [e for e in kinds(d, Event) if e.kind is EventKind.FAULT]
+    assert faults and "n1" in faults[0].message
+    assert any(isinstance(s, SetState) and s.state is RunState.RECOVERING for s in d.records)
+    assert any(isinstance(x, Exclude) and x.node == "n1" for x in d.records)
+    (ended,) = kinds(d, AttemptEnded)
+    assert ended.at == 100.0 and ended.end_state == "NODE_FAIL"  # when it stopped computing
+    assert kinds(d, Cancel) == []  # Slurm is already killing it
+
+
+def test_a_job_completing_by_itself_is_still_waited_for():
+    n = nodes()
+    n["n1"] = replace(n["n1"], flags=frozenset({"COMPLETING"}))
+    job = replace(RUNNING_JOB, state=JobState.COMPLETING, flags=frozenset({"COMPLETING"}))
+    d = decide(run(attempt=A0), Observation(ClusterSnapshot(100.0, {7: job}, n)), Policy())
+    assert d.records == () and d.actions == ()
+
+
+def test_the_restart_waits_for_slurms_kill_wait_on_a_responding_node_not_for_completion():
+    """A healthy node still completing the old job: its processes were sent SIGTERM, then SIGKILL
+    after KillWait, so past that bound (plus a margin) nothing of the old incarnation runs there;
+    the restart goes then and the logbook says what it waited for."""
+    stopped = replace(A0, ended_at=100.0, end_state="NODE_FAIL")
+    r = run(RunState.RECOVERING, stopped, excluded={"n1": "Slurm reports the node DOWN"})
+    early = decide(r, Observation(_killed_on_failed_node(104.0)), Policy(kill_wait_s=5.0))
+    assert kinds(early, Submit) == [] and early.recheck_at is not None and early.recheck_at <= 108.0
+    later = decide(r, Observation(_killed_on_failed_node(108.0)), Policy(kill_wait_s=5.0))
+    (submit,) = kinds(later, Submit)
+    assert submit.exclude == ("n1",)  # n2 still completes the old job: the spare n4 is let in
+    assert "n2" in submit.reason and "KillWait (5 s)" in submit.reason  # the logbook's restarted line
+
+
+def test_in_requeue_mode_slurm_requeues_after_completing_so_the_run_waits():
+    spec = replace(SPEC, restart_mode=RestartMode.REQUEUE)
+    stopped = replace(A0, ended_at=100.0, end_state="NODE_FAIL")
+    r = run(RunState.RECOVERING, stopped, excluded={"n1": "down"}, spec=spec)
+    d = decide(r, Observation(_killed_on_failed_node(200.0)), Policy(kill_wait_s=5.0))
+    assert kinds(d, Submit) == []
