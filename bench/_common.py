@@ -204,7 +204,22 @@ def start_daemon(config: Path, cluster: LocalSlurm, log_path: Path, *, user: str
             env=client_env(cluster),
             start_new_session=True,
         )
+    _wait_api(config, proc)
     return DaemonProc(proc, log_path)
+
+
+def _wait_api(config: Path, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Until the daemon's local API accepts connections (the CLI's changes go through it) or it exits."""
+    import time
+
+    from supervisor.api.client import ApiClient
+    from supervisor.config import load_daemon_config
+
+    cfg = load_daemon_config(config)
+    client = ApiClient(cfg.api.socket_path(cfg.daemon.state_dir))
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and not client.reachable() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def supervisor_cli(

@@ -6,8 +6,12 @@ CPU. Load generators run in other processes (pinned to the other CPUs when there
 with many keep-alive connections, one request in flight per connection — as a fleet of agents
 would — every request one batch carrying one fresh 8-GPU report of one of ``--nodes`` nodes
 (sequence numbers increase, so every report is judged, none skipped as a duplicate); 1 in 200
-reports carries an XID or a remap pending, so rules fire. Throughput = reports the ingest
-accepted in the measured window / window; latency = request sent → answer read, at the client.
+reports carries an XID or a remap pending, so rules fire. Each connection comes from a loopback
+address of its own, as each agent from its node (the server caps connections per address). The
+ingest knows the run's job holds all ``--nodes`` nodes (``publish_job_nodes``), as after a tick.
+Throughput = reports the ingest accepted in the measured window / window; latency = request sent →
+answer read, at the client. ``--server uvicorn|aiohttp`` (with ``--loop``) serves the same
+``ReportIngest`` from ``bench/_servers.py`` instead (ADR 0003; ``pip install uvicorn aiohttp uvloop``).
 
 Last line JSON: ``reports_per_s``, ``p99_ms`` (and ``p50_ms``, ``goal_reports_per_s``, ``payload_bytes``,
 ``server_cpu_busy`` — the server thread's CPU share in the window — and
@@ -116,8 +120,9 @@ def generate(port: int, conns: int, duration: float, node_base: int, nodes: int,
         state[sock][0] = time.perf_counter()
         sock.sendall(req)
 
-    for _ in range(conns):
-        s = socket.create_connection(("127.0.0.1", port))
+    for c in range(conns):  # each connection from an address of its own, as agents on their nodes
+        here = node_base + c
+        s = socket.create_connection(("127.0.0.1", port), source_address=(f"127.1.{here >> 8}.{here & 255 or 1}", 0))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         state[s] = [0.0, b""]
         sel.register(s, selectors.EVENT_READ)
@@ -147,12 +152,28 @@ def generate(port: int, conns: int, duration: float, node_base: int, nodes: int,
 
 
 # ---------------------------------------------------------------------------- the benchmark
+def make_server(kind: str, loop: str, ingest: object):  # noqa: ANN201
+    from supervisor.adapters.ingest import IngestServer
+
+    if kind == "hand":
+        return IngestServer(ingest, port=0)  # type: ignore[arg-type]
+    from bench._servers import SERVERS
+    from supervisor.adapters.http_server import Router
+    from supervisor.adapters.ingest import REPORTS_PREFIX
+
+    router = Router()
+    router.mount(REPORTS_PREFIX, ingest.handle)  # type: ignore[attr-defined]
+    return SERVERS[kind](router, loop=loop)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=10.0, help="measured seconds (after 2 s of warm-up)")
     ap.add_argument("--generators", type=int, default=2)
     ap.add_argument("--conns", type=int, default=32, help="keep-alive connections per generator")
     ap.add_argument("--nodes", type=int, default=2048, help="distinct nodes across all generators")
+    ap.add_argument("--server", choices=("hand", "uvicorn", "aiohttp"), default="hand", help="see ADR 0003")
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="uvloop", help="uvicorn's and aiohttp's loop")
     ap.add_argument("--generate", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.generate:
@@ -169,13 +190,14 @@ def main() -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
     from supervisor.adapters.clock import SystemClock
-    from supervisor.adapters.ingest import IngestServer, ReportIngest
+    from supervisor.adapters.ingest import ReportIngest
     from supervisor.domain.gpu_health import HealthRules
 
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[0]})  # the server: one core
     ingest = ReportIngest({RUN: TOKEN}, HealthRules(), SystemClock())
-    server = IngestServer(ingest, port=0)
+    ingest.publish_job_nodes({RUN: frozenset(f"gpu{n:05d}" for n in range(args.nodes))})  # the run's job
+    server = make_server(args.server, args.loop, ingest)
     server.start()
     warm, total = 2.0, args.duration + 2.0
     per = args.nodes // args.generators

@@ -13,7 +13,8 @@ simulated checkpoints) with the real engine, store and logbook; figures read bac
     on record; then a software fault kills it and every later attempt dies 20 s after starting with
     ``ModuleNotFoundError: No module named 'apex'`` (``TrainerSettings.doomed_from_s``), for one
     hour. ``checkpoints_walked_back_unrelated``: checkpoints passed over (the ledger's demoted rows;
-    issue goal 0 — the rule implemented allows one step back without evidence of a failed load);
+    goal 0: each attempt's log shows it died before any load began, which says the checkpoint is
+    not to blame — the one step back allowed without evidence is not taken);
     ``budget_left_after_1h_crashloop``: 1 - restarts in that hour / a budget of 20 (goal >= 0.5).
 (c) **a checkpoint that really fails to load** — the same run; a software fault kills it when the
     newest checkpoint is step 1500, which fails to load (``TrainerSettings.unloadable_steps``: the

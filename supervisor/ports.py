@@ -13,9 +13,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from supervisor.domain.blast import NodeChangeRecord
 from supervisor.domain.checkpoints import CheckpointRef, Level, Manifest, VerifyResult
-from supervisor.domain.cluster import ClusterSnapshot, NodeChange, NodeInfo, SubmitRequest
+from supervisor.domain.cluster import ClusterSnapshot, JobInfo, NodeChange, NodeInfo, SubmitRequest
 from supervisor.domain.health import NodeFinding
-from supervisor.domain.lemon import Fault
+from supervisor.domain.lemon import Fault, Quarantine
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.resume import ResumePlan
@@ -41,6 +41,15 @@ class PermanentError(PortError):
 
 class PermissionDenied(PermanentError):
     """The supervisor's user lacks the right (e.g. node state changes without SlurmUser/root)."""
+
+
+class CapReached(PermanentError):
+    """The node guard's cluster-wide blast-radius cap is spent: the node is kept out of the run but
+    not drained. ``frees_at``: when the oldest counted drain leaves the guard's window."""
+
+    def __init__(self, message: str, *, frees_at: float) -> None:
+        super().__init__(message)
+        self.frees_at = frees_at
 
 
 @runtime_checkable
@@ -84,6 +93,21 @@ class Scheduler(Protocol):
 
     def set_node_state(self, node: str, change: NodeChange, reason: str) -> None:
         """Drain, down or resume a node. Raises PermissionDenied without node rights."""
+        ...
+
+
+class NodeGuard(Protocol):
+    """The node guard (docs/guard.md), the only holder of node rights when a site runs one: it checks
+    each change against Slurm and the caller's kernel identity, applies the cluster-wide cap, writes
+    the reason itself, and remembers every instance's faults (the shared quarantine)."""
+
+    def set_node_state(self, node: str, change: NodeChange, run: str, reason: str) -> None:
+        """Drain or down ``node`` for ``run``. CapReached over the cluster-wide cap, PermanentError
+        when refused, TransientError when the guard does not answer."""
+        ...
+
+    def quarantined(self) -> Mapping[str, Quarantine]:
+        """The nodes the guard's shared memory keeps out of every run now."""
         ...
 
 
@@ -144,8 +168,9 @@ class RunStore(Protocol):
         save_s: float | None = None,
     ) -> None: ...
 
-    def attempt_load_failed(self, run: str, seq: int, why: str) -> None:
-        """The attempt's log shows its checkpoint load failed, and why."""
+    def attempt_load_failed(self, run: str, seq: int, why: str, *, before_load: bool = False) -> None:
+        """The attempt's log shows its checkpoint load failed (``before_load``: it died before any
+        load began), and why."""
         ...
 
     def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]: ...
@@ -241,6 +266,17 @@ class RollbackLedger(Protocol):
 
 class Store(RunStore, IntentJournal, Logbook, NodeMemory, CheckpointLedger, RollbackLedger, Protocol):
     """Everything the daemon remembers (SQLite in production, one class implementing every part)."""
+
+
+class Accounting(Protocol):
+    """Slurm's job accounting (slurmdbd, read with ``sacct``): what became of jobs the controller
+    has forgotten — squeue drops a finished job MinJobAge (300 s by default) after it ended."""
+
+    def job_records(self, job_ids: Iterable[int]) -> Mapping[int, JobInfo]:
+        """Each job's latest record (its outcome once it ended; ``restart_count`` counts the
+        incarnations before it); jobs accounting has no record of are left out. Raises
+        TransientError when accounting cannot be reached."""
+        ...
 
 
 class SubmitCheck(Protocol):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from html import escape
 
-_INLINE = re.compile(r"`([^`]+)`|\*\*([^*]+)\*\*")
+_INLINE = re.compile(r"(?<!\\)`([^`]+)`|(?<!\\)\*\*([^*]+)\*\*")  # not where a backslash escapes the mark
+_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")  # Markdown's backslash escape: the punctuation itself
 _HEADING = re.compile(r"^(#{1,6}) (.*)$")
 _ITEM = re.compile(r"^( *)- (.*)$")
 
@@ -23,10 +24,10 @@ def inline(text: str) -> str:
     """Text with its `code` and **bold** spans as HTML; everything else escaped."""
     out, pos = [], 0
     for m in _INLINE.finditer(text):
-        out.append(escape(text[pos : m.start()]))
+        out.append(escape(_ESCAPED.sub(r"\1", text[pos : m.start()])))
         out.append(f"<code>{escape(m.group(1))}</code>" if m.group(1) is not None else f"<b>{escape(m.group(2))}</b>")
         pos = m.end()
-    return "".join(out) + escape(text[pos:])
+    return "".join(out) + escape(_ESCAPED.sub(r"\1", text[pos:]))
 
 
 class _Page:
@@ -59,7 +60,7 @@ class _Page:
         return "".join(self.out).replace("</blockquote><blockquote>", "<br>")
 
     def _table_row(self, line: str) -> None:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]  # not at an escaped \|
         if not all(set(c) <= {"-", ":"} for c in cells):  # not the |---|---| rule under the head
             self.table.append(cells)
 

@@ -32,15 +32,23 @@ indistinguishable from an append; keep polls frequent relative to how fast a job
 ``position`` (device, inode, offset) can be stored and passed back to a new ``LogTail`` to resume
 after a daemon restart: the offset is honoured only when the file at the path is still the same
 file and not shorter than the offset.
+
+The path comes from a run (its spec, or what Slurm reports for its job) and is read as the
+daemon's user, so it is opened the way ``run_files.open_run_file`` opens a run's files: a link, a
+FIFO, a device, or a file in the daemon's own folders (``protected``) is refused with
+``RunFileRefused`` (an ``OSError``), and nothing blocks.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from supervisor.adapters.run_files import open_run_file
 
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024  # read per call
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024  # longest line kept whole
@@ -68,6 +76,7 @@ class LogTail:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         position: TailPosition | None = None,
         start_at_end: bool = False,
+        protected: Sequence[str] | None = None,
     ) -> None:
         if max_line_bytes < 1:
             raise ValueError("max_line_bytes must be at least 1")
@@ -82,6 +91,7 @@ class LogTail:
         self._after_cr = False  # the last byte seen ended a line with \r: a \n next belongs to it
         self._resume = position
         self._start_at_end = start_at_end
+        self._protected = protected  # the daemon's folders (None: run_files.daemon_dirs())
         self.cut_lines = 0  # lines longer than max_line_bytes, cut
         self.truncations = 0  # times the file was found shorter than the offset
         self.reopenings = 0  # times the path was found to name another file (rotation)
@@ -135,7 +145,7 @@ class LogTail:
     def _open(self) -> bool:
         """Open the file at the path; whether one is open now."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = open_run_file(self.path, self._protected)
         except OSError as exc:
             if exc.errno in _MISSING:
                 return False

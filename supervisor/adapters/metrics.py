@@ -1,21 +1,28 @@
-"""Prometheus metrics from the store: computed at scrape time, so they are never out of step with
-the logbook and a daemon restart loses nothing.
+"""Prometheus metrics from the store, so they are never out of step with the logbook and a daemon
+restart loses nothing.
 
-``metrics_page(store, now)`` is the handler the daemon mounts on ``/metrics`` (status, headers,
-body). Metric names (all prefixed ``slurm_supervisor_``) are documented in docs/observability.md;
+``StoreCollector`` reads the store when it is collected. Its cost does not grow with the whole
+history: a run that has ended (a terminal state and its end on record) is read once and its
+figures kept until its newest event changes; only active runs are read again. The daemon does not
+collect per scrape either: ``supervisor.adapters.pages`` answers ``GET /metrics`` from a copy
+rendered at most once per engine tick, in the page renderer's child process.
+
+``metrics_page(store, now)`` (status, headers, body) and ``metrics_text`` collect once. Metric names
+(all prefixed ``slurm_supervisor_``) are documented in docs/observability.md;
 deploy/prometheus/alerts.yml and deploy/grafana/slurm-supervisor.json use them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from supervisor.domain.chronicle import last_record
 from supervisor.domain.goodput import KINDS, Goodput, goodput
-from supervisor.domain.records import AttemptRecord, Event, RunRecord, Verdict
+from supervisor.domain.records import Event, EventKind, RunRecord, Verdict
 from supervisor.domain.run import RunState
 from supervisor.ports import Store
 
@@ -23,24 +30,62 @@ P = "slurm_supervisor_"
 DETECTION_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 RECOVERY_BUCKETS = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0)
 VERIFIED = "checkpoint_verified"
+ALL_KINDS = tuple(EventKind)
+_ENDS = frozenset({EventKind.COMPLETED, EventKind.GAVE_UP, EventKind.CANCELLED})
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """What the metrics need of one run, read from its attempts and events."""
+
+    run: RunRecord
+    account: Goodput | None  # None before the first attempt
+    events: dict[str, int]  # logbook events by kind
+    newest_verified: float | None  # when the newest verified checkpoint was first verified
+    first_start: float | None  # when the first attempt started
+    ended: bool  # its end is on record: the figures no longer change with the clock
+
+
+def run_figures(store: Store, run: RunRecord, now: float) -> RunFigures:
+    attempts, events = store.attempts(run.name), store.events(run.name)
+    account = goodput(run.name, attempts, events, now=max(now, last_record(attempts, events))) if attempts else None
+    counts: dict[str, int] = {}
+    for e in events:
+        counts[e.kind.value] = counts.get(e.kind.value, 0) + 1
+    started = [a.started_at for a in attempts if a.started_at is not None]
+    ended = run.state.terminal and any(e.kind in _ENDS for e in events)
+    return RunFigures(run, account, counts, _newest_verified(events), min(started, default=None), ended)
 
 
 class StoreCollector:
-    """A prometheus_client collector over a Store; ``now`` is a clock's ``now``."""
+    """A prometheus_client collector over a Store; ``now`` is a clock's ``now``. Keep one to reuse
+    the figures of runs that have ended."""
 
     def __init__(self, store: Store, now: Callable[[], float]) -> None:
         self.store = store
         self.now = now
+        self._ended: dict[str, tuple[tuple[object, ...], RunFigures]] = {}
+
+    def figures(self, run: RunRecord, now: float) -> RunFigures:
+        last = self.store.last_event(run.name, ALL_KINDS) if run.state.terminal else None
+        mark = (run.state, last.key if last else None, last.at if last else None)
+        kept = self._ended.get(run.name)
+        if kept is not None and kept[0] == mark:
+            return replace(kept[1], run=run)
+        figures = run_figures(self.store, run, now)
+        if figures.ended:
+            self._ended[run.name] = (mark, figures)
+        return figures
 
     def collect(self) -> Iterator[Metric]:
         now = self.now()
         runs = self.store.runs()
-        per_run = [(r, self.store.attempts(r.name), self.store.events(r.name)) for r in runs]
+        per_run = [self.figures(r, now) for r in runs]
         yield _runs_by_state(runs)
         yield _drained(self.store)
-        accounts = [(r, goodput(r.name, a, e, now=max(now, last_record(a, e)))) for r, a, e in per_run if a]
+        accounts = [(f.run, f.account) for f in per_run if f.account is not None]
         yield from _goodput_metrics(accounts)
-        yield from _event_counts(per_run)
+        yield _event_counts(per_run)
         yield from _checkpoint_age(per_run, now)
         interruptions = [i for _, g in accounts for i in g.interruptions]
         yield _histogram(
@@ -58,16 +103,24 @@ class StoreCollector:
         )
 
 
+def collector_text(collector: StoreCollector) -> bytes:
+    """The exposition text of every metric the collector gives, now."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)  # type: ignore[arg-type]
+    return generate_latest(registry)
+
+
 def metrics_text(store: Store, now: float) -> bytes:
     """The exposition text of every metric, now."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(store, lambda: now))  # type: ignore[arg-type]
-    return generate_latest(registry)
+    return collector_text(StoreCollector(store, lambda: now))
+
+
+HEADERS = [("Content-Type", CONTENT_TYPE_LATEST), ("Cache-Control", "no-store")]
 
 
 def metrics_page(store: Store, now: float) -> tuple[int, list[tuple[str, str]], bytes]:
     """A read-only HTTP answer for ``GET /metrics``: (status, headers, body)."""
-    return 200, [("Content-Type", CONTENT_TYPE_LATEST), ("Cache-Control", "no-store")], metrics_text(store, now)
+    return 200, list(HEADERS), metrics_text(store, now)
 
 
 # ---------------------------------------------------------------- families
@@ -136,22 +189,17 @@ def _goodput_metrics(accounts: Sequence[tuple[RunRecord, Goodput]]) -> Iterator[
     yield from (ettr, upper, lost, restarts, count)
 
 
-def _event_counts(per_run: Sequence[tuple[RunRecord, list[AttemptRecord], list[Event]]]) -> Iterator[Metric]:
+def _event_counts(per_run: Sequence[RunFigures]) -> Metric:
     fam = CounterMetricFamily(
         P + "events", "Logbook events by kind (gave_up, mass_fault, rollback, ...).", labels=["run", "kind"]
     )
-    for run, _, events in per_run:
-        counts: dict[str, int] = {}
-        for e in events:
-            counts[e.kind.value] = counts.get(e.kind.value, 0) + 1
-        for kind, n in sorted(counts.items()):
-            fam.add_metric([run.name, kind], n)
-    yield fam
+    for f in per_run:
+        for kind, n in sorted(f.events.items()):
+            fam.add_metric([f.run.name, kind], n)
+    return fam
 
 
-def _checkpoint_age(
-    per_run: Sequence[tuple[RunRecord, list[AttemptRecord], list[Event]]], now: float
-) -> Iterator[Metric]:
+def _checkpoint_age(per_run: Sequence[RunFigures], now: float) -> Iterator[Metric]:
     age = GaugeMetricFamily(
         P + "verified_checkpoint_age_seconds",
         "Seconds since the newest verified checkpoint "
@@ -164,15 +212,13 @@ def _checkpoint_age(
         "(for alerts on runs that never had a verified checkpoint).",
         labels=["run"],
     )
-    for run, attempts, events in per_run:
-        if run.state.terminal:
+    for f in per_run:
+        if f.run.state.terminal:
             continue
-        started = [a.started_at for a in attempts if a.started_at is not None]
-        if started:
-            running.add_metric([run.name], max(0.0, now - min(started)))
-        newest = _newest_verified(events)
-        if newest is not None:
-            age.add_metric([run.name], max(0.0, now - newest))
+        if f.first_start is not None:
+            running.add_metric([f.run.name], max(0.0, now - f.first_start))
+        if f.newest_verified is not None:
+            age.add_metric([f.run.name], max(0.0, now - f.newest_verified))
     yield from (age, running)
 
 

@@ -10,28 +10,27 @@
   counted, when it is full), a timeout per request, retries with backoff on timeouts, refused
   connections, 429 and 5xx. The URL (and PagerDuty's routing key) is a secret: it is read from a
   file and never logged or shown.
-* ``notify_new_events(store, notifier, since)`` is what the daemon loop calls every tick.
+* ``notify_new_events(store, notifier, after_id)`` is what the daemon loop calls every tick: it
+  reads only the events recorded since the last call (by their number in the logbook).
 """
 
 from __future__ import annotations
 
 import json
-import socket
-import stat
 import threading
 import urllib.error
 import urllib.request
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import structlog
 
+from supervisor.adapters.notify_payload import FORMATS, Alert
+from supervisor.adapters.notify_payload import payload as payload  # the bodies are built there
+from supervisor.adapters.secrets import read_secret as read_secret  # where the notifier's secrets are read
 from supervisor.domain.records import Event, EventKind
-from supervisor.ports import Store
 
 log = structlog.get_logger(__name__)
 
@@ -47,33 +46,7 @@ PAGE_KINDS = frozenset(
         "crash_loop",
     }
 )
-FORMATS = ("slack", "pagerduty")
-_SEVERITY = {
-    "gave_up": "critical",
-    "mass_fault": "critical",
-    "checkpoint_stale": "error",
-    "repeated_rollbacks": "error",
-    "rollback_blocked": "error",
-    "slowdown": "warning",
-    "stuck": "error",
-    "crash_loop": "error",
-}
 _ENDS = frozenset({EventKind.COMPLETED, EventKind.CANCELLED})
-
-
-@dataclass(frozen=True)
-class Alert:
-    dedup_key: str
-    action: str  # "trigger" or "resolve"
-    run: str
-    kind: str  # one of PAGE_KINDS
-    summary: str
-    at: float
-    details: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def severity(self) -> str:
-        return _SEVERITY.get(self.kind, "error")
 
 
 @dataclass(frozen=True)
@@ -211,71 +184,6 @@ def _older_attempt(alert: Alert, started: Event) -> bool:
     )
 
 
-# ---------------------------------------------------------------- payloads
-
-
-def payload(alert: Alert, fmt: str, routing_key: str | None = None, source: str | None = None) -> dict[str, Any]:
-    """The JSON body: Slack incoming-webhook or PagerDuty Events API v2."""
-    if fmt == "slack":
-        icon = ":white_check_mark:" if alert.action == "resolve" else ":rotating_light:"
-        when = datetime.fromtimestamp(alert.at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        text = f"{icon} [{alert.severity}] {alert.summary}"
-        return {
-            "text": text,
-            "blocks": [
-                {"type": "section", "text": {"type": "mrkdwn", "text": text}},
-                {
-                    "type": "context",
-                    "elements": [
-                        {
-                            "type": "mrkdwn",
-                            "text": f"{when} · run `{alert.run}` · {alert.kind} · dedup `{alert.dedup_key}`",
-                        }
-                    ],
-                },
-            ],
-        }
-    if fmt == "pagerduty":
-        body: dict[str, Any] = {
-            "routing_key": routing_key or "",
-            "event_action": alert.action,
-            "dedup_key": alert.dedup_key,
-        }
-        if alert.action == "trigger":
-            body["payload"] = {
-                "summary": alert.summary[:1024],
-                "source": source or socket.gethostname(),
-                "severity": alert.severity,
-                "timestamp": datetime.fromtimestamp(alert.at, UTC).isoformat(),
-                "component": alert.run,
-                "group": "slurm-supervisor",
-                "class": alert.kind,
-                "custom_details": json.loads(json.dumps(dict(alert.details), default=str)),
-            }
-        return body
-    raise ValueError(f"[notify] format {fmt!r}: choose one of {', '.join(FORMATS)}")
-
-
-def read_secret(path: str | Path, what: str = "webhook_url_file") -> str:
-    """A secret from a file readable by its owner only; errors name the file and the fix."""
-    p = Path(path)
-    try:
-        mode = p.stat().st_mode
-        text = p.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ValueError(
-            f"[notify] {what} = {str(p)!r}: cannot read it ({exc.strerror}); create it with the "
-            "secret on one line, mode 600"
-        ) from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ValueError(
-            f"[notify] {what} = {str(p)!r} is readable by others (mode {stat.S_IMODE(mode):o}); run `chmod 600 {p}`"
-        )
-    if not text:
-        raise ValueError(f"[notify] {what} = {str(p)!r} is empty; write the secret into it")
-    return text
-
-
 # ---------------------------------------------------------------- delivery
 
 
@@ -388,12 +296,22 @@ class WebhookNotifier:
         return text
 
 
-def notify_new_events(store: Store, notifier: WebhookNotifier, since: float) -> float:
-    """Page for the events recorded at or after ``since``; returns the cursor for the next call.
+class EventLog(Protocol):
+    """What the pager reads of the logbook: the events recorded after a given one."""
 
-    Start the daemon with ``since = clock.now()`` so that old events do not page again; events at the
-    cursor's own second are read twice and paged once (the pager remembers event keys)."""
-    events = [e for e in store.events() if e.at >= since]
-    for alert in notifier.pager.feed(events):
-        notifier.send(alert)
-    return max((e.at for e in events), default=since)
+    def events_after(self, after_id: int, limit: int = 1000) -> tuple[int, list[Event]]: ...
+
+
+def notify_new_events(store: EventLog, notifier: WebhookNotifier, after_id: int, batch: int = 1000) -> int:
+    """Page for the events recorded after the one numbered ``after_id``; returns the number of the
+    last one read, the cursor for the next call.
+
+    Start the daemon with ``store.last_event_id()`` so that old events do not page again. Only new
+    events are read: a tick's cost does not grow with the logbook."""
+    while True:
+        last, events = store.events_after(after_id, batch)
+        for alert in notifier.pager.feed(events):
+            notifier.send(alert)
+        if len(events) < batch:
+            return last
+        after_id = last

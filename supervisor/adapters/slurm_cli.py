@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import IO, Any
 
 import hostlist
 import structlog
@@ -28,6 +31,7 @@ from supervisor.adapters.slurm_json import (
     parse_squeue,
 )
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange, SubmitRequest
+from supervisor.domain.text_safety import printable
 from supervisor.ports import PermanentError, PermissionDenied, PortError, TransientError
 
 log = structlog.get_logger()
@@ -39,6 +43,7 @@ _PERMISSION = (
     "permission denied",
     "access denied",
     "not authorized",
+    "invalid user id",  # 22.05: scontrol update of a node by a user without AdminLevel Admin
 )
 _TRANSIENT = (
     "unable to contact slurm controller",
@@ -107,9 +112,11 @@ def sinfo_argv() -> list[str]:
     return ["sinfo", "--all", "--Node", "--json"]
 
 
-def sbatch_argv(request: SubmitRequest) -> list[str]:
-    """sbatch argv for a request. Its env travels in the process environment (``--export=ALL``),
-    so values may hold commas, quotes and newlines."""
+def sbatch_argv(request: SubmitRequest, export_file: str | None = None) -> list[str]:
+    """sbatch argv for a request. Its env reaches the job only, through ``--export-file`` (NUL-
+    separated NAME=value, read by sbatch from ``export_file``, a file or an inherited fd, and the
+    job's whole environment then: see ``SlurmCli._sbatch``), so values may hold commas, quotes and
+    newlines and none of them steers the sbatch client itself."""
     argv = [
         "sbatch",
         "--parsable",
@@ -120,6 +127,8 @@ def sbatch_argv(request: SubmitRequest) -> list[str]:
         "--requeue" if request.requeue else "--no-requeue",
         "--export=ALL",
     ]
+    if export_file is not None:
+        argv.append(f"--export-file={export_file}")
     if request.exclude:
         argv.append(f"--exclude={compress(request.exclude)}")
     if request.output:
@@ -163,8 +172,9 @@ def exclude_argv(job_id: int, nodes: Sequence[str]) -> list[str]:
 def node_state_argv(node: str, change: NodeChange, reason: str) -> list[str]:
     argv = ["scontrol", "update", f"nodename={node}", f"state={change.value}"]
     if change is not NodeChange.RESUME:
-        # Slurm refuses DOWN/DRAIN without a reason; one argv element, spaces are fine.
-        argv.append(f"reason={' '.join(reason.split()) or DEFAULT_NODE_REASON}")
+        # Slurm refuses DOWN/DRAIN without a reason; one argv element, spaces are fine. No control
+        # character reaches it: sinfo and scontrol print the reason to people's terminals.
+        argv.append(f"reason={' '.join(printable(reason).split()) or DEFAULT_NODE_REASON}")
     return argv
 
 
@@ -172,11 +182,16 @@ _SECRET_PREFIXES = ("AWS_", "BOTO_", "SLURM_SUPERVISOR_")
 
 
 def client_env(
-    base: Mapping[str, str], extra: Mapping[str, str] | None = None, slurm_conf: str | None = None
+    base: Mapping[str, str],
+    extra: Mapping[str, str] | None = None,
+    slurm_conf: str | None = None,
+    job_keys: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
     """Environment for a client call: ``base`` without inherited SLURM_* job variables (they
     would leak into submitted jobs) and without the daemon's own secrets (its S3 credentials must
-    not reach every job through sbatch's --export=ALL), then ``extra``, then SLURM_CONF."""
+    not reach every job through sbatch's --export=ALL), then ``extra`` (the daemon's own settings,
+    never a run spec's), then SLURM_CONF. ``job_keys``, the names the job's --export-file sets, are
+    left out so that the job gets the run's values, not the daemon's."""
     env = {
         k: v
         for k, v in base.items()
@@ -185,7 +200,40 @@ def client_env(
     env.update(extra or {})
     if slurm_conf:
         env["SLURM_CONF"] = slurm_conf
-    return env
+    return {k: v for k, v in env.items() if k not in job_keys}
+
+
+def export_file_text(job_env: Mapping[str, str]) -> bytes:
+    """The job's variables as sbatch's --export-file reads them: NAME=value, NUL-separated."""
+    for name, value in job_env.items():
+        if not name or "=" in name or "\0" in name + value:
+            raise PermanentError(f"the job's variable {name[:40]!r} cannot be exported (an '=' or a NUL)")
+    return b"".join(f"{name}={value}".encode() + b"\0" for name, value in job_env.items())
+
+
+CLIENTS = ("squeue", "sinfo", "sbatch", "scontrol", "scancel")
+
+
+def resolve_clients(bin_dir: str | None, search_path: str | None) -> dict[str, str | None]:
+    """Each Slurm client's absolute path: in ``bin_dir``, else found on ``search_path`` (the
+    daemon's own PATH); None for one not found. Resolved once, so nothing a run sets can choose them."""
+    if bin_dir:
+        return {name: os.path.join(os.path.abspath(bin_dir), name) for name in CLIENTS}
+    found = {name: shutil.which(name, path=search_path or os.defpath) for name in CLIENTS}
+    return {name: os.path.abspath(path) if path else None for name, path in found.items()}
+
+
+@contextmanager
+def _export_fd(job_env: Mapping[str, str] | None) -> Iterator[IO[bytes] | None]:
+    """An unlinked temporary file holding the job's variables, rewound for sbatch to read."""
+    if not job_env:
+        yield None
+        return
+    with tempfile.TemporaryFile() as file:
+        file.write(export_file_text(job_env))
+        file.flush()
+        file.seek(0)
+        yield file
 
 
 # ---------------------------------------------------------------------------- the adapter
@@ -206,21 +254,26 @@ class SlurmCli:
         self.slurm_conf = slurm_conf
         self.timeout = timeout
         self.env = dict(env or {})
+        self.programs = resolve_clients(bin_dir, self.env.get("PATH", os.environ.get("PATH")))
 
     # -- runner
 
     def _program(self, name: str) -> str:
-        return os.path.join(self.bin_dir, name) if self.bin_dir else name
+        path = self.programs.get(name)
+        if path is None:
+            raise PermanentError(f"cannot run {name}: not found on the daemon's PATH at start (set [slurm] bin_dir)")
+        return path
 
-    def _run(self, argv: Sequence[str], *, job_env: Mapping[str, str] | None = None) -> str:
-        """Run one client; return its stdout or raise the mapped port error."""
+    def _run(self, argv: Sequence[str], *, job_keys: frozenset[str] = frozenset(), fds: tuple[int, ...] = ()) -> str:
+        """Run one client; return its stdout or raise the mapped port error. ``fds`` are inherited
+        by the client (the job's --export-file); ``job_keys`` are kept out of its environment."""
         full = [self._program(argv[0]), *argv[1:]]
-        env = client_env(os.environ, {**self.env, **(job_env or {})}, self.slurm_conf)
-        log.debug("slurm.call", argv=list(argv), env_keys=sorted(job_env or {}))
+        env = client_env(os.environ, self.env, self.slurm_conf, job_keys)
+        log.debug("slurm.call", argv=list(argv), job_env_keys=sorted(job_keys))
         started = time.monotonic()
         try:
             proc = subprocess.run(  # noqa: S603 - argv list, no shell
-                full, capture_output=True, text=True, env=env, timeout=self.timeout, check=False
+                full, capture_output=True, text=True, env=env, timeout=self.timeout, check=False, pass_fds=fds
             )
         except subprocess.TimeoutExpired as exc:
             raise TransientError(f"{argv[0]} timed out after {self.timeout:g} s") from exc
@@ -261,12 +314,25 @@ class SlurmCli:
     def test_submit(self, request: SubmitRequest) -> None:
         """``sbatch --test-only``: Slurm checks the job (partition, GRES, node count, limits)
         without submitting it; PermanentError with Slurm's words when it would refuse it."""
-        self._run([*sbatch_argv(request)[:-1], "--test-only", request.script], job_env=request.env)
+        self._sbatch(request, test_only=True)
 
     def submit(self, request: SubmitRequest) -> int:
-        job_id = parse_sbatch_output(self._run(sbatch_argv(request), job_env=request.env))
+        job_id = parse_sbatch_output(self._sbatch(request))
         log.debug("slurm.submitted", job_id=job_id, run=request.run, comment=request.comment)
         return job_id
+
+    def _sbatch(self, request: SubmitRequest, *, test_only: bool = False) -> str:
+        """sbatch with the job's environment in an inherited file descriptor (--export-file). sbatch
+        22.05 gives a job with --export-file only that file's variables (and SLURM_*), so the file
+        holds what --export=ALL would have given (the client's environment) with the run's over it."""
+        job_env = {**client_env(os.environ, self.env, self.slurm_conf), **request.env} if request.env else {}
+        with _export_fd(job_env) as export:
+            fd = export.fileno() if export is not None else None
+            argv = sbatch_argv(request, None if fd is None else str(fd))
+            if test_only:
+                argv = [*argv[:-1], "--test-only", argv[-1]]
+            fds = () if fd is None else (fd,)
+            return self._run(argv, job_keys=frozenset(request.env), fds=fds)
 
     def requeue(self, job_id: int, *, hold: bool = False) -> None:
         self._run(requeue_argv(job_id, hold=hold))

@@ -11,25 +11,26 @@
 
 Each reports to the daemon (``POST /v1/reports/HOOKS`` with the site's hook token) when it can,
 and spools the report to ``spool_dir`` when it cannot; the next hook on the node sends the spool
-first. Nothing from the job's environment reaches a shell or an argv unchecked: the node name
+first. The token file is used only when it is a regular file of root's (or the hook user's) that
+nobody else can read, the spool only when nobody else can write it (``agent.spool``). Nothing from the job's environment reaches a shell or an argv unchecked: the node name
 must look like a host name, the job id like a number, and values are cut and cleaned before they
 are logged.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import stat
 import subprocess
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from supervisor.agent.oneshot import CheckResult, check_once
 from supervisor.agent.sender import HttpSender, SenderSettings
+from supervisor.agent.spool import Spool
 from supervisor.config.hooks_file import HooksConfig
 from supervisor.domain.health import NodeFinding, Severity
 from supervisor.domain.node_report import NodeReport
@@ -125,24 +126,26 @@ def _report(result: CheckResult, cfg: HooksConfig, node: str, out: HookOutcome) 
     if report is not None:
         # hooks run as separate processes: a time-based sequence keeps their reports in order
         report = replace(report, seq=time.time_ns() // 1000, source=out.kind)
-    token = _token(h.token_file)
+    token = _token(h.token_file, out.notes)
     if h.url is None or token is None:
-        if report is not None:
-            out.spooled += spool.put(report)
-        out.notes.append("not reported: [hooks] url and token_file are not both set; spooled")
+        out.notes.append("not reported: [hooks] url and a usable token_file are not both set; spooled")
+    elif _send(h.url, token, node, cfg, spool, report, out):
         return
-    sender = HttpSender(
-        h.url,
-        HOOKS_RUN,
-        token,
-        node,
-        SenderSettings(buffer_max=h.spool_max + 1, batch_max=64, timeout_s=h.post_timeout_s),
-    )
-    spooled, queued = spool.take()
-    for r in queued:
-        sender.add(r)
     if report is not None:
-        sender.add(report)
+        out.spooled += spool.put(report)
+    _spool_note(spool, out)
+
+
+def _send(
+    url: str, token: str, node: str, cfg: HooksConfig, spool: Spool, report: NodeReport | None, out: HookOutcome
+) -> bool:
+    """Send the spool, then ``report``; whether the daemon took them (the spool files are gone)."""
+    h = cfg.hooks
+    settings = SenderSettings(buffer_max=h.spool_max + 1, batch_max=64, timeout_s=h.post_timeout_s)
+    sender = HttpSender(url, HOOKS_RUN, token, node, settings)
+    spooled, queued = spool.take()
+    for r in [*queued, *([report] if report is not None else [])]:
+        sender.add(r)
     try:
         ok = sender.flush(time.time(), force=True)
     finally:
@@ -151,56 +154,39 @@ def _report(result: CheckResult, cfg: HooksConfig, node: str, out: HookOutcome) 
         out.sent = len(queued) + (report is not None)
         for f in spooled:
             f.unlink(missing_ok=True)
-        return
-    if report is not None:
-        out.spooled += spool.put(report)
+    return ok
 
 
-def _token(path: Path | None) -> str | None:
+def _spool_note(spool: Spool, out: HookOutcome) -> None:
+    if spool.problem:
+        out.notes.append(spool.problem)
+
+
+def _token(path: Path | None, notes: list[str]) -> str | None:
+    """The hook token, from a regular file of root's (or this user's) no one else can read."""
     if path is None:
         return None
     try:
-        return path.read_text().strip() or None
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        notes.append(f"token_file {path} unreadable: {exc.strerror or exc}")
         return None
+    try:
+        st = os.fstat(fd)
+        problem = _token_problem(st)
+        if problem:
+            notes.append(f"token_file {path} not used: {problem}")
+            return None
+        return os.read(fd, 4096).decode("utf-8", errors="replace").strip() or None
+    finally:
+        os.close(fd)
 
 
-class Spool:
-    """Reports kept on the node while the daemon cannot be reached (bounded; oldest dropped)."""
-
-    def __init__(self, directory: Path, limit: int) -> None:
-        self.dir = directory
-        self.limit = limit
-
-    def put(self, report: NodeReport) -> int:
-        from supervisor.domain.node_report import to_wire
-
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
-            tmp = self.dir / f".{name}"
-            tmp.write_text(json.dumps(to_wire(report), separators=(",", ":")))
-            tmp.replace(self.dir / name)
-            for old in sorted(self.dir.glob("*.json"))[: -self.limit]:
-                old.unlink(missing_ok=True)
-        except OSError:
-            return 0
-        return 1
-
-    def take(self) -> tuple[list[Path], list[NodeReport]]:
-        """The spooled reports (oldest first) and their files; delete the files once sent."""
-        import msgspec
-
-        files: list[Path] = []
-        out: list[NodeReport] = []
-        try:
-            found = sorted(self.dir.glob("*.json"))
-        except OSError:
-            return files, out
-        for f in found:
-            try:
-                out.append(msgspec.json.decode(f.read_bytes(), type=NodeReport))
-                files.append(f)
-            except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-                f.unlink(missing_ok=True)  # unreadable: it would never be sent
-        return files, out
+def _token_problem(st: os.stat_result) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"owned by uid {st.st_uid}, not root; chown root it"
+    if st.st_mode & 0o077:
+        return f"readable or writable by others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it"
+    return None

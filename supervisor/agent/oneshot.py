@@ -1,7 +1,9 @@
 """One bounded NVML check, for Slurm hooks (prolog, epilog, healthcheck) and ``agent --once``.
 
-``check_once(timeout_s)`` reads every GPU once in a child process (``python -m
-supervisor.agent.oneshot``) and judges the report with the GPU-health rules. A driver call that
+``check_once(timeout_s)`` reads every GPU once in a child process (``python -P -m
+supervisor.agent.oneshot``, started in ``/``: hooks run as root, and a ``supervisor`` package
+planted in the working directory they were left in must never be imported) and judges the report
+with the GPU-health rules. A driver call that
 hangs (a wedged GPU) cannot hang the hook: the child is killed at the deadline and the result is
 the fatal finding ``nvml-hung@1``. The child prints one JSON ``NodeReport``.
 """
@@ -55,7 +57,7 @@ def check_once(
     Hysteresis does not apply to a single look: every condition counts as persistent."""
     node = node or node_name()
     settings = replace(settings or GpuHealthSettings(), persist_samples=1, slowdown_samples=1)
-    argv = [sys.executable, "-m", "supervisor.agent.oneshot", node, source]
+    argv = [sys.executable, "-P", "-m", "supervisor.agent.oneshot", node, source]
     if library_path:
         argv.append(library_path)
     start = time.monotonic()
@@ -67,6 +69,7 @@ def check_once(
             check=False,  # noqa: S603
             env=dict(env) if env is not None else None,
             stdin=subprocess.DEVNULL,
+            cwd="/",
         )
     except subprocess.TimeoutExpired:
         return _hung(node, source, timeout_s, time.monotonic() - start)

@@ -7,6 +7,10 @@ not hammer a daemon that is restarting. A batch the ingest refuses as malformed 
 is dropped and counted as rejected — sending it again would not help; an authentication refusal
 (401, 403, 404: the daemon may not know the run yet) is retried with backoff. The token is sent
 as ``Authorization: Bearer`` and never logged.
+
+``timeout_s`` bounds each step of a send, the name lookup included: ``socket.create_connection``
+would wait on a dead DNS server as long as the resolver likes (a prolog must end within seconds),
+so the name is resolved in a helper thread that is given up on at the deadline.
 """
 
 from __future__ import annotations
@@ -14,9 +18,13 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import socket
+import threading
 import urllib.parse
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -25,6 +33,35 @@ from supervisor.domain.node_report import SCHEMA_VERSION, NodeReport, ReportBatc
 log = structlog.get_logger(__name__)
 
 _DROP_STATUSES = frozenset({400, 413, 422})
+
+AddrInfo = tuple[Any, ...]  # one getaddrinfo entry: (family, type, proto, canonname, sockaddr)
+Resolver = Callable[[str, int], Sequence[AddrInfo]]
+
+
+def system_resolver(host: str, port: int) -> Sequence[AddrInfo]:
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+
+
+def resolve_within(resolve: Resolver, host: str, port: int, timeout: float) -> Sequence[AddrInfo]:
+    """``resolve(host, port)`` given up on after ``timeout`` seconds (TimeoutError); the lookup
+    itself goes on in a daemon thread, which cannot hold the process."""
+    box: list[Sequence[AddrInfo] | BaseException] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            box.append(resolve(host, port))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            box.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=lookup, name="agent-dns", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"looking up {host} took over {timeout:g} s")
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
 
 
 @dataclass(frozen=True)
@@ -57,6 +94,7 @@ class HttpSender:
         node: str,
         settings: SenderSettings | None = None,
         rng: random.Random | None = None,
+        resolve: Resolver = system_resolver,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -68,6 +106,7 @@ class HttpSender:
         self.node = node
         self.settings = settings or SenderSettings()
         self._rng = rng or random.Random()
+        self._resolve = resolve
         self._buffer: deque[NodeReport] = deque()
         self._conn: http.client.HTTPConnection | None = None
         self.dropped = 0  # dropped since the last accepted batch (sent with it)
@@ -153,7 +192,24 @@ class HttpSender:
             p = self._parsed
             cls = http.client.HTTPSConnection if p.scheme == "https" else http.client.HTTPConnection
             self._conn = cls(p.hostname or "", p.port, timeout=self.settings.timeout_s)
+            self._conn._create_connection = self._connect  # type: ignore[attr-defined]
         return self._conn
+
+    def _connect(self, address: tuple[str, int], timeout: float | None, source: Any = None) -> socket.socket:
+        """``socket.create_connection`` with the name lookup bounded by the same timeout."""
+        host, port = address
+        limit = timeout if timeout is not None else self.settings.timeout_s
+        error: OSError = OSError(f"{host} has no address")
+        for family, kind, proto, _, sockaddr in resolve_within(self._resolve, host, port, limit):
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(limit)
+                sock.connect(sockaddr)
+                return sock
+            except OSError as exc:
+                sock.close()
+                error = exc
+        raise error
 
     def close(self) -> None:
         if self._conn is not None:

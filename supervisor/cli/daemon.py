@@ -8,6 +8,7 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from supervisor.adapters.ingest import IngestServer, ReportIngest
     from supervisor.adapters.notify import WebhookNotifier
     from supervisor.adapters.sqlite import SqliteStore
+    from supervisor.api.server import ApiServer
     from supervisor.engine.daemon import Heartbeat
     from supervisor.engine.reconcile import Engine, EngineSettings
 
@@ -52,6 +54,7 @@ def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: 
     clock = wiring.clock()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: clock.stop())
+    _own_state_dir(Path(cfg.daemon.state_dir))
     try:
         with StateDirLock(cfg.daemon.state_dir):
             _serve(cfg, clock, once=once, crash_at=crash_at)
@@ -69,13 +72,47 @@ def _serve(cfg: DaemonConfig, clock: SystemClock, *, once: bool, crash_at: str |
     settings = _start_ingest(cfg, ingest, wiring.engine_settings(cfg))
     engine = _engine(cfg, store, clock, settings, heartbeat, ingest, crash_at)
     paging = _start_paging(cfg, store, clock)
+    api = _start_api(cfg, clock)
     try:
         _run(cfg, engine, heartbeat, paging, once=once)
     finally:
+        api.stop()
         if paging is not None:
             paging[0].close()
         if ingest is not None:
             ingest[1].stop()
+
+
+def _own_state_dir(path: Path) -> None:
+    """The state directory is the daemon's alone: its account's, mode 0700 (made so, or tightened)."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        owner = path.stat().st_uid
+        if owner != os.geteuid():
+            raise click.ClickException(
+                f"state_dir {path} belongs to uid {owner}, not to this instance's account (uid {os.geteuid()}). "
+                "Fix: run the instance as the account that owns it, or move the files into the instance's own "
+                "state directory (docs/operations.md, Upgrade)"
+            )
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o700)
+    except OSError as exc:
+        raise click.ClickException(f"state_dir {path}: {exc.strerror}; the instance's account must own it") from None
+
+
+def _start_api(cfg: DaemonConfig, clock: SystemClock) -> ApiServer:
+    """The local API the CLI asks (``[api]``): started before the first tick, stopped last."""
+    from supervisor.api.identity import UnknownGroup
+
+    try:
+        server = wiring.api_server(cfg, clock)
+    except UnknownGroup as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        server.start()
+    except OSError as exc:
+        raise click.ClickException(f"{exc}. Fix: give each instance its own [api] socket") from None
+    return server
 
 
 def _start_ingest(cfg: DaemonConfig, ingest: Ingest, settings: EngineSettings) -> EngineSettings:
@@ -112,8 +149,10 @@ def _engine(
         fencer=wiring.fencer(cfg),
         crash_hook=_crash_hook(crash_at),
         progress=wiring.progress(cfg),
-        checkpoints=wiring.checkpoints(clock),
+        checkpoints=wiring.checkpoints(clock, cfg),
         health=ingest[0] if ingest else None,
+        accounting=wiring.accounting(scheduler),
+        guard=wiring.guard(cfg),
     )
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from supervisor.api.client import Reader, RemoteStore
 from supervisor.cli import context, render, wiring
 from supervisor.domain.records import Event, EventKind
 
@@ -18,7 +19,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from supervisor.adapters.clock import SystemClock
-    from supervisor.adapters.sqlite import SqliteStore
     from supervisor.domain.records import RunRecord
 
 
@@ -85,7 +85,7 @@ def logbook_show(
 ) -> None:
     """Print a run's logbook (`logbook RUN` is short for `logbook show RUN`; no RUN: every run's events)."""
     fmt = "json" if as_json else fmt
-    store = wiring.store(context.config(ctx))
+    store = context.reader(ctx)
     record = store.get_run(run) if run is not None else None
     if run is not None and record is None:
         raise context.unknown_run(run)
@@ -99,13 +99,27 @@ def logbook_show(
     out = open(output, "w", encoding="utf-8") if output else None  # noqa: SIM115 - closed below
     try:
         emit = _emitter(_console(out), fmt, filt, evidence)
-        events = store.events(run)
+        read = _events_reader(store, run)
+        events = read()
         emit(events)
         if follow:
-            _follow(lambda: store.events(run), emit, clock, interval, len(events))
+            _follow(read, emit, clock, interval, len(events))
     finally:
         if out is not None:
             out.close()
+
+
+def _events_reader(store: Reader, run: str | None) -> Callable[[], list[Event]]:
+    """The run's events so far, each call; through the daemon only the new ones are fetched."""
+    if not isinstance(store, RemoteStore):
+        return lambda: store.events(run)
+    seen: list[Event] = []
+
+    def read() -> list[Event]:
+        seen.extend(store.events(run, offset=len(seen)))
+        return seen
+
+    return read
 
 
 def _whole_run(fmt: str, record: RunRecord | None, narrowed: bool) -> RunRecord:
@@ -172,7 +186,7 @@ def _follow(read: Any, emit: Any, clock: SystemClock, interval: float, seen: int
             signal.signal(sig, handler)
 
 
-def _document(fmt: str, record: RunRecord, store: SqliteStore, now: float) -> str:
+def _document(fmt: str, record: RunRecord, store: Reader, now: float) -> str:
     attempts, events = store.attempts(record.name), store.events(record.name)
     until = now if not record.state.terminal else None
     if fmt == "markdown":
@@ -228,7 +242,7 @@ def logbook_goodput(
     from supervisor.domain.goodput import goodput, measured_save_s, windows
     from supervisor.domain.goodput_text import gpus_of
 
-    store = wiring.store(context.config(ctx))
+    store = context.reader(ctx)
     record = store.get_run(run)
     if record is None:
         raise context.unknown_run(run)
@@ -250,24 +264,8 @@ def logbook_goodput(
 @click.argument("text")
 @click.pass_context
 def logbook_note(ctx: click.Context, run: str, text: str) -> None:
-    """Add a note to RUN's logbook, signed with your Unix user."""
+    """Add a note to RUN's logbook, signed with your account (as the kernel names it to the daemon)."""
     if not text.strip():
         raise click.ClickException('the note is empty; write what happened, e.g. "replaced GPU 3 on gpu-117"')
-    store = wiring.store(context.config(ctx))
-    record = store.get_run(run)
-    if record is None:
-        raise context.unknown_run(run)
-    now, user, a = wiring.clock().now(), context.user(), record.attempt
-    store.record_event(
-        Event(
-            run,
-            EventKind.NOTE,
-            text.strip(),
-            f"{run}:note:{now:.6f}:{user}",
-            now,
-            a.seq if a else None,
-            a.job_id if a else None,
-            actor=user,
-        )
-    )
-    click.echo(f"note added to the logbook of run {run}, signed {user}")
+    signer = context.call(ctx, "note", run=run, text=text)
+    click.echo(f"note added to the logbook of run {run}, signed {signer}")

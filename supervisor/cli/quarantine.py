@@ -7,9 +7,10 @@ import time
 
 import click
 
-from supervisor.adapters.sqlite import SqliteStore
-from supervisor.cli import context, wiring
+from supervisor.api.client import Reader
+from supervisor.cli import context
 from supervisor.domain.lemon import QuarantineSettings, quarantined
+from supervisor.domain.text_safety import printable
 
 
 @click.group()
@@ -17,10 +18,9 @@ def quarantine() -> None:
     """Nodes kept out of every run because they faulted again and again ("lemon" nodes)."""
 
 
-def _settings(ctx: click.Context) -> tuple[QuarantineSettings, SqliteStore]:
-    cfg = context.config(ctx)
-    q = cfg.quarantine
-    return QuarantineSettings(q.faults, q.window_h * 3600, q.base_h * 3600, q.max_h * 3600), wiring.store(cfg)
+def _settings(ctx: click.Context) -> tuple[QuarantineSettings, Reader]:
+    q = context.config(ctx).quarantine
+    return QuarantineSettings(q.faults, q.window_h * 3600, q.base_h * 3600, q.max_h * 3600), context.reader(ctx)
 
 
 @quarantine.command("list")
@@ -50,9 +50,9 @@ def list_(ctx: click.Context, as_json: bool) -> None:
             )
             continue
         until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(q.until))
-        click.echo(f"{q.node}  until {until}  {q.reason}")
+        click.echo(printable(f"{q.node}  until {until}  {q.reason}"))  # reasons quote agents and logs
         for f in q.faults:
-            click.echo(f"    {time.strftime('%Y-%m-%d %H:%M', time.gmtime(f.at))}  run {f.run}: {f.reason}")
+            click.echo(printable(f"    {time.strftime('%Y-%m-%d %H:%M', time.gmtime(f.at))}  run {f.run}: {f.reason}"))
 
 
 @quarantine.command()
@@ -60,7 +60,6 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 @click.option("--note", required=True, help="Why it may return (e.g. 'GPU 3 replaced, ticket 1234').")
 @click.pass_context
 def clear(ctx: click.Context, node: str, note: str) -> None:
-    """End NODE's quarantine; faults before now no longer count against it."""
-    _, store = _settings(ctx)
-    store.clear_quarantine(node, time.time(), context.user(), note)
-    click.echo(f"{node}: quarantine cleared by {context.user()} ({note})")
+    """End NODE's quarantine; faults before now no longer count against it. Signed with your account."""
+    signer = context.call(ctx, "clear", node=node, note=note)
+    click.echo(f"{node}: quarantine cleared by {signer} ({note})")

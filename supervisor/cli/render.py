@@ -1,4 +1,9 @@
-"""Plain-text and JSON renderings of runs, attempts, nodes and the logbook for the CLI."""
+"""Plain-text and JSON renderings of runs, attempts, nodes and the logbook for the CLI.
+
+Text for the terminal carries no control character: what agents, job logs and Slurm say passes
+through ``printable`` (ESC, CSI and OSC sequences would clear the screen, retitle the window or
+write the clipboard); rich ``Text`` is built from plain strings, never parsed as markup. JSON
+output escapes them itself."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from rich.text import Text
 from supervisor.domain.goodput import CheckpointAdvice, Goodput, Interruption
 from supervisor.domain.goodput_text import cause_rows, hours, percent, summary_rows
 from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
+from supervisor.domain.text_safety import printable
 from supervisor.ports import Clock
 
 
@@ -61,12 +67,12 @@ def status_lines(runs: Iterable[RunRecord]) -> list[str]:
         a = r.attempt
         rows.append(
             (
-                r.name,
+                printable(r.name),
                 r.state.value,
                 str(a.job_id) if a else "-",
                 str(a.seq) if a else "-",
                 f"{r.restarts_spent}/{r.spec.max_restarts}",
-                ",".join(sorted(r.excluded)) or "-",
+                printable(",".join(sorted(r.excluded))) or "-",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -77,16 +83,18 @@ def logbook_lines(events: Iterable[Event], *, evidence: bool = False) -> list[st
     out = []
     for e in events:
         where = f"attempt {e.attempt}" if e.attempt is not None else "-"
-        out.append(f"{ts(e.at)}  {e.run}  {where:<10} {e.kind.value:<14} {e.message}  [{e.actor}]")
+        line = f"{ts(e.at)}  {e.run}  {where:<10} {e.kind.value:<14} {e.message}  [{e.actor}]"
+        out.append(printable(line))
         if evidence and e.evidence:
-            out.append("    evidence: " + json.dumps(e.evidence, sort_keys=True, default=str))
+            out.append("    evidence: " + printable(json.dumps(e.evidence, sort_keys=True, default=str)))
     return out
 
 
 def node_lines(verdicts: Iterable[NodeVerdict]) -> list[str]:
-    rows = [("NODE", "VERDICT", "ACTION", "RUN", "SINCE", "REASON")]
+    rows: list[tuple[str, ...]] = [("NODE", "VERDICT", "ACTION", "RUN", "SINCE", "REASON")]
     for v in verdicts:
-        rows.append((v.node, v.verdict.value, v.action or "excluded", v.run or "-", ts(v.at), v.reason))
+        row = (v.node, v.verdict.value, v.action or "excluded", v.run or "-", ts(v.at), v.reason)
+        rows.append(tuple(printable(c) for c in row))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return ["  ".join([*(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)), row[-1]]) for row in rows]
 
@@ -175,12 +183,12 @@ def event_text(e: Event, *, evidence: bool = False) -> Text:
     where = f"attempt {e.attempt}" if e.attempt is not None else "-"
     t = Text()
     t.append(ts(e.at), style="dim")
-    t.append(f"  {e.run}  {where:<10} ")
+    t.append(f"  {printable(e.run)}  {where:<10} ")
     t.append(f"{e.kind.value:<14}", style=_KIND_STYLE.get(e.kind.value, ""))
-    t.append(f" {e.message}  ")
-    t.append(f"[{e.actor}]", style="dim")
+    t.append(f" {printable(e.message)}  ")
+    t.append(f"[{printable(e.actor)}]", style="dim")
     if evidence and e.evidence:
-        t.append("\n    evidence: " + json.dumps(e.evidence, sort_keys=True, default=str), style="dim")
+        t.append("\n    evidence: " + printable(json.dumps(e.evidence, sort_keys=True, default=str)), style="dim")
     return t
 
 

@@ -6,18 +6,25 @@ import socket
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import click
 import structlog
 
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.fence import CommandFencer
+from supervisor.adapters.guard_client import GuardClient
+from supervisor.adapters.http_server import HttpServer, server_tls
 from supervisor.adapters.ingest import IngestServer, ReportIngest
 from supervisor.adapters.logtail import LogTail
 from supervisor.adapters.notify import Pager, PagerSettings, WebhookNotifier, notify_new_events, read_secret
-from supervisor.adapters.pages import mount_pages
+from supervisor.adapters.page_renderer import ProcessRenderer
+from supervisor.adapters.pages import PageSettings, mount_pages
+from supervisor.adapters.run_files import daemon_dirs as default_daemon_dirs
+from supervisor.adapters.sacct import SacctCli
+from supervisor.adapters.secrets import read_secret as read_secret_file
 from supervisor.adapters.slurm_cli import SlurmCli
-from supervisor.adapters.slurm_config import kill_wait_s
+from supervisor.adapters.slurm_config import has_accounting, kill_wait_s
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.tokens import TokenBook
 from supervisor.config import DaemonConfig
@@ -31,6 +38,9 @@ from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.reconcile import EngineSettings
 from supervisor.ports import CheckpointStore, PortError
+
+if TYPE_CHECKING:
+    from supervisor.api.server import ApiServer
 
 log = structlog.get_logger(__name__)
 
@@ -54,14 +64,41 @@ def from_slurm_config(scheduler: SlurmCli, settings: EngineSettings) -> EngineSe
     return replace(settings, kill_wait_s=kill_wait_s(config))
 
 
+def accounting(scheduler: SlurmCli) -> SacctCli | None:
+    """``sacct`` for the outcomes of jobs squeue forgot, when the cluster keeps job accounting
+    (slurmdbd; read from Slurm's configuration at start). None without: such a job's outcome is
+    then unknown, and the logbook says why. When the controller cannot say, sacct is tried (a
+    failing sacct says why in the logbook)."""
+    try:
+        config = scheduler.show_config()
+    except PortError as exc:
+        log.warning("slurm_accounting_unknown", error=str(exc))
+        config = {"AccountingStorageType": "unknown"}
+    if not has_accounting(config):
+        log.info("slurm_accounting_none", detail="outcomes of jobs squeue forgot cannot be read")
+        return None
+    return SacctCli(bin_dir=scheduler.bin_dir, slurm_conf=scheduler.slurm_conf, timeout=scheduler.timeout)
+
+
 def store(cfg: DaemonConfig) -> SqliteStore:
     return SqliteStore(Path(cfg.daemon.state_dir))
+
+
+def api_server(cfg: DaemonConfig, clock: SystemClock) -> ApiServer:
+    """The instance's local API (``[api]``) over a store connection of its own; submits are checked
+    with Slurm as the instance's account."""
+    from supervisor.api.identity import instance
+    from supervisor.api.ops import Operations
+    from supervisor.api.server import ApiServer
+
+    ops = Operations(store(cfg), clock, instance(cfg.api.group, cfg.api.admin_group), scheduler(cfg))
+    return ApiServer(cfg.api.socket_path(cfg.daemon.state_dir), ops.answer)
 
 
 def engine_settings(cfg: DaemonConfig) -> EngineSettings:
     h, q = cfg.health, cfg.quarantine
     return EngineSettings(
-        may_change_nodes=cfg.daemon.may_change_nodes,
+        may_change_nodes=cfg.may_change_nodes,
         max_drains_per_hour=cfg.daemon.max_drains_per_hour,
         max_drains_per_run_per_hour=cfg.daemon.max_drains_per_run_per_hour,
         probe_confirm_s=cfg.probe.confirm_after_s,
@@ -81,6 +118,12 @@ def fencer(cfg: DaemonConfig) -> CommandFencer | None:
     return CommandFencer(cfg.fence.command) if cfg.fence.command else None
 
 
+def guard(cfg: DaemonConfig) -> GuardClient | None:
+    """The node guard's client when ``[guard] socket`` is set: node changes go through it."""
+    g = cfg.guard
+    return GuardClient(str(g.socket), timeout_s=g.timeout_s) if g.socket is not None else None
+
+
 def progress(cfg: DaemonConfig) -> ProgressWatch | None:
     """Hang detection from each running attempt's output file (``[hang]``)."""
     if not cfg.hang.enabled:
@@ -92,7 +135,15 @@ def progress(cfg: DaemonConfig) -> ProgressWatch | None:
         startup_grace_s=cfg.hang.startup_grace_s,
         pause_cap_s=cfg.hang.pause_cap_s,
     )
-    return ProgressWatch(lambda path, at_end: LogTail(path, start_at_end=at_end), settings)
+    dirs = daemon_dirs(cfg)
+    return ProgressWatch(lambda path, at_end: LogTail(path, start_at_end=at_end, protected=dirs), settings)
+
+
+def daemon_dirs(cfg: DaemonConfig) -> tuple[str, ...]:
+    """The daemon's own folders and secret files: no file of a run is read or written there."""
+    state, n = cfg.daemon.state_dir, cfg.notify
+    secret_files = [f for f in (cfg.ingest.hook_token_file, n.webhook_url_file, n.routing_key_file) if f]
+    return default_daemon_dirs([state, cfg.api.socket_path(state).parent, *secret_files])
 
 
 def checkpoint_store(spec: RunSpec) -> CheckpointStore:
@@ -108,11 +159,12 @@ def checkpoint_store(spec: RunSpec) -> CheckpointStore:
     return open_store(policy.root, bandwidth_bytes_s=bandwidth, uncommitted_grace_s=policy.upload_grace_s, **s3)
 
 
-def checkpoints(clock: SystemClock) -> CheckpointWatch:
+def checkpoints(clock: SystemClock, cfg: DaemonConfig | None = None) -> CheckpointWatch:
     """Verification of each run's checkpoints and the resume choice at every submission."""
     from supervisor.adapters.checkpoints.resume_file import write_resume_file
 
-    return CheckpointWatch(checkpoint_store, clock, write_resume=write_resume_file)
+    dirs = daemon_dirs(cfg) if cfg is not None else None
+    return CheckpointWatch(checkpoint_store, clock, write_resume=lambda path, text: write_resume_file(path, text, dirs))
 
 
 def gpu_health(cfg: DaemonConfig) -> GpuHealthSettings:
@@ -121,24 +173,54 @@ def gpu_health(cfg: DaemonConfig) -> GpuHealthSettings:
 
 def ingest(cfg: DaemonConfig, clock: SystemClock) -> tuple[ReportIngest, IngestServer] | None:
     """The agents' and hooks' endpoint, accepting each active run's token (``[ingest]``)."""
-    if not cfg.ingest.enabled:
+    i = cfg.ingest
+    if not i.enabled:
         return None
     tokens_store = SqliteStore(Path(cfg.daemon.state_dir))  # the ingest thread's own connection
-    book = TokenBook(
-        tokens_store.active_tokens,
-        hook_token_file=str(cfg.ingest.hook_token_file) if cfg.ingest.hook_token_file else None,
-    )
+    try:  # the hook token file is a secret: its owner and mode are checked (ValueError says the fix)
+        book = TokenBook(
+            tokens_store.active_tokens,
+            hook_token_file=str(cfg.ingest.hook_token_file) if cfg.ingest.hook_token_file else None,
+        )
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     feed = ReportIngest(book, HealthRules(gpu_health(cfg)), clock)
     server = IngestServer(feed, cfg.ingest.bind, cfg.ingest.port, cfg.ingest.max_body_bytes)
-    mount_pages(server, tokens_store)
+    http_options(server, cfg)
+    try:  # the read token is a secret like the hook token
+        read_token = read_secret_file(i.read_token_file, "read_token_file", "ingest") if i.read_token_file else None
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    renderer = ProcessRenderer(cfg.daemon.state_dir)  # a child process with its own store connection
+    mount_pages(server, renderer, read_token, PageSettings(ttl_s=cfg.daemon.poll_interval_s))
     return feed, server
+
+
+def http_options(server: HttpServer, cfg: DaemonConfig) -> None:
+    """The server's caps, deadlines and TLS from ``[ingest]`` (set before ``start``)."""
+    i = cfg.ingest
+    server.limits = replace(
+        server.limits,
+        max_connections=i.max_connections,
+        max_connections_per_peer=i.max_connections_per_peer,
+        request_deadline_s=i.request_deadline_s,
+        idle_timeout_s=i.idle_timeout_s,
+    )
+    if i.tls_cert_file is None or i.tls_key_file is None:
+        return
+    try:
+        read_secret_file(i.tls_key_file, "tls_key_file", "ingest")  # the key's owner and mode, like every secret
+        server.ssl = server_tls(str(i.tls_cert_file), str(i.tls_key_file))
+    except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError
+        raise click.ClickException(f"[ingest] tls_cert_file/tls_key_file: {exc}") from None
 
 
 def advertised_url(cfg: DaemonConfig, server: IngestServer) -> str:
     if cfg.ingest.advertise_url:
         return cfg.ingest.advertise_url.rstrip("/")
     host = cfg.ingest.bind if cfg.ingest.bind not in ("0.0.0.0", "::", "") else socket.getfqdn()
-    return f"http://{host}:{server.port}"
+    scheme = "https" if server.ssl is not None else "http"
+    return f"{scheme}://{host}:{server.port}"
 
 
 def pager(
@@ -159,7 +241,7 @@ def pager(
         pager=Pager(PagerSettings(frozenset(n.kinds), n.rollbacks, n.rollback_window_s)),
         source=socket.getfqdn(),
     )
-    cursor = [clock.now()]  # events from before this daemon started do not page again
+    cursor = [store.last_event_id()]  # events from before this daemon started do not page again
 
     def after_tick() -> None:
         cursor[0] = notify_new_events(store, notifier, cursor[0])

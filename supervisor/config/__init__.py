@@ -52,15 +52,16 @@ __all__ = [
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
-def load_run_spec(path: str | os.PathLike[str]) -> RunSpec:
-    """Read and check a ``RUN.toml``; relative paths in it are taken from its folder."""
-    return load_run_file(path).to_run_spec()
+def load_run_spec(path: str | os.PathLike[str], daemon_dirs: Collection[str] = ()) -> RunSpec:
+    """Read and check a ``RUN.toml``; relative paths in it are taken from its folder. No file of
+    the run may lie in ``daemon_dirs`` (the daemon's configured folders) or the default ones."""
+    return load_run_file(path, daemon_dirs).to_run_spec()
 
 
-def load_run_file(path: str | os.PathLike[str]) -> RunFile:
+def load_run_file(path: str | os.PathLike[str], daemon_dirs: Collection[str] = ()) -> RunFile:
     """The validated ``RUN.toml`` model itself (``load_run_spec`` turns it into a RunSpec)."""
     file = Path(path)
-    return _validate(RunFile, _read_toml(file), file)
+    return _validate(RunFile, _read_toml(file), file, {"daemon_dirs": tuple(daemon_dirs)})
 
 
 def load_daemon_config(path: str | os.PathLike[str] | None) -> DaemonConfig:
@@ -112,9 +113,9 @@ def _read_toml(file: Path) -> dict[str, Any]:
         raise ConfigError(str(file), [syntax_problem(str(error), text)]) from None
 
 
-def _validate(model: type[_Model], data: dict[str, Any], file: Path) -> _Model:
+def _validate(model: type[_Model], data: dict[str, Any], file: Path, context: dict[str, Any] | None = None) -> _Model:
     try:
-        return model.model_validate(data, context={"base_dir": file.absolute().parent})
+        return model.model_validate(data, context={"base_dir": file.absolute().parent, **(context or {})})
     except ValidationError as error:
         problems = [translate(model, details) for details in error.errors(include_url=False)]
         raise ConfigError(str(file), problems) from None

@@ -10,6 +10,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, fi
 
 from supervisor.config._shared import FloatField, Section, absolute, not_empty
 from supervisor.config.errors import fail, fix_hint
+from supervisor.config.ingest_section import IngestSection
 from supervisor.domain.gpu_table import GpuHealthSettings
 from supervisor.domain.health import Severity
 
@@ -19,7 +20,7 @@ def _resolve_path(value: Any, info: ValidationInfo) -> Any:
     return absolute(value, info) if isinstance(value, str) else value
 
 
-# systemd's watchdog and the daemon's loop. systemd/slurm-supervisor.service sets WatchdogSec=60.
+# systemd's watchdog and the daemon's loop. systemd/slurm-supervisor@.service sets WatchdogSec=60.
 # The daemon feeds the watchdog from its own timer every WatchdogSec/2, but only while its loop has
 # shown progress (a tick starting or ending, a Slurm command starting or returning) within
 # LOOP_STALL_LIMIT_S: a loop stuck for good is restarted by systemd at most
@@ -42,12 +43,18 @@ def _fits_the_watchdog(value: float, key: str, what: str) -> float:
     return value
 
 
+STATE_ROOT = Path("/var/lib/slurm-supervisor")  # the instances' state directories lie below
+RUNTIME_ROOT = Path("/run/slurm-supervisor")  # ... and their runtime directories (API sockets)
+
+
 class DaemonSection(Section):
-    state_dir: Path = Path("/var/lib/slurm-supervisor")
+    state_dir: Path = STATE_ROOT
     poll_interval_s: FloatField = Field(
         default=5.0, ge=0.2, le=600, json_schema_extra=fix_hint("set seconds between 0.2 and 60, e.g. 5.0")
     )
-    may_change_nodes: StrictBool = True
+    # None: node changes only through the node guard ([guard] socket). true: also without a guard, by
+    # the instance's own scontrol (its account must hold node rights). false: never; nodes are excluded.
+    may_change_nodes: StrictBool | None = None
     max_drains_per_hour: StrictInt = Field(
         default=8, ge=0, json_schema_extra=fix_hint("set a non-negative number; 0 means never drain")
     )
@@ -179,41 +186,6 @@ class QuarantineSection(Section):
     when_short: Literal["use-least-bad", "wait"] = "use-least-bad"
 
 
-class IngestSection(Section):
-    """The HTTP endpoint node agents and hooks report to (and /metrics, the logbook pages)."""
-
-    enabled: StrictBool = True
-    bind: StrictStr = Field(
-        default="0.0.0.0",
-        min_length=1,
-        json_schema_extra=fix_hint(
-            'set the address to listen on, e.g. bind = "0.0.0.0" (every interface) or a login node\'s cluster address'
-        ),
-    )
-    port: StrictInt = Field(
-        default=8471, ge=0, le=65535, json_schema_extra=fix_hint("set a TCP port from 1 to 65535 (0: any free port)")
-    )
-    advertise_url: StrictStr | None = Field(
-        default=None,
-        pattern=r"^https?://",
-        json_schema_extra=fix_hint(
-            'give the URL compute nodes reach the daemon at, e.g. advertise_url = "http://login1:8471"'
-        ),
-    )
-    max_body_bytes: StrictInt = Field(
-        default=1 << 20,
-        ge=4096,
-        le=64 << 20,
-        json_schema_extra=fix_hint("set a body size cap from 4096 to 67108864 bytes"),
-    )
-    hook_token_file: Path | None = None
-
-    @field_validator("hook_token_file", mode="before")
-    @classmethod
-    def _resolve(cls, value: Any, info: ValidationInfo) -> Any:
-        return _resolve_path(value, info)
-
-
 class NotifySection(Section):
     """Paging through a webhook (Slack or PagerDuty Events v2) for page-worthy logbook events."""
 
@@ -292,6 +264,50 @@ class FenceSection(Section):
         return tuple(arg.replace("{node}", node) for arg in self.command)
 
 
+class ApiSection(Section):
+    """The instance's local API, a Unix socket the CLI asks (docs/operations.md): callers are
+    identified by the kernel (SO_PEERCRED); the rules name who may act on which run."""
+
+    # Default: /run/slurm-supervisor/NAME/api.sock for state_dir /var/lib/slurm-supervisor/NAME
+    # (the template unit's RuntimeDirectory=), else STATE_DIR/api.sock (reachable by the account only).
+    socket: Path | None = None
+    # Members may submit and act on every run of the instance. Default: the group named like the
+    # instance's account, if there is one (a team account's group; a person's own group).
+    group: StrictStr | None = Field(default=None, min_length=1)
+    # Members may read and act on every run (cancel, note, clear a quarantine) but not submit.
+    admin_group: StrictStr | None = Field(default=None, min_length=1)
+
+    @field_validator("socket", mode="before")
+    @classmethod
+    def _resolve(cls, value: Any, info: ValidationInfo) -> Any:
+        return _resolve_path(value, info)
+
+    def socket_path(self, state_dir: Path | str) -> Path:
+        """Where the socket is: configured, or in the state directory's runtime twin."""
+        if self.socket is not None:
+            return self.socket
+        try:
+            below = Path(state_dir).relative_to(STATE_ROOT)
+        except ValueError:
+            return Path(state_dir) / "api.sock"
+        return RUNTIME_ROOT / below / "api.sock"
+
+
+class GuardSection(Section):
+    """The node guard (docs/guard.md). With a socket, node changes go through the guard (no node
+    rights of the instance's own) and the guard's shared quarantine joins this instance's."""
+
+    socket: Path | None = None
+    timeout_s: FloatField = Field(
+        default=15.0, gt=0, le=LONGEST_WAIT_S, json_schema_extra=fix_hint("set seconds above 0 and at most 60, e.g. 15")
+    )
+
+    @field_validator("socket", mode="before")
+    @classmethod
+    def _resolve(cls, value: Any, info: ValidationInfo) -> Any:
+        return _resolve_path(value, info)
+
+
 class LoggingSection(Section):
     level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -316,3 +332,11 @@ class DaemonConfig(Section):
     gpu_health: GpuHealthSection = Field(default_factory=GpuHealthSection)
     notify: NotifySection = Field(default_factory=NotifySection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    guard: GuardSection = Field(default_factory=GuardSection)
+    api: ApiSection = Field(default_factory=ApiSection)
+
+    @property
+    def may_change_nodes(self) -> bool:
+        """Whether the supervisor sets nodes DOWN or DRAIN at all (``[daemon] may_change_nodes``)."""
+        chosen = self.daemon.may_change_nodes
+        return chosen if chosen is not None else self.guard.socket is not None

@@ -47,9 +47,14 @@ class ConfigError(Exception):
         super().__init__("\n".join(p.render(source) for p in self.problems))
 
 
-def fail(problem: str, fix: str) -> PydanticCustomError:
-    """An error for a validator to raise; the fix travels in the error's context."""
-    return PydanticCustomError("config", problem, {"fix": fix})  # only "{fix}" would be substituted
+def fail(problem: str, fix: str, *, at: int | str | None = None, value: Any = None) -> PydanticCustomError:
+    """An error for a validator to raise; the fix travels in the error's context. ``at`` names the
+    part of the field's value that is wrong (``run.sbatch_args[2]``, ``run.env.PATH``) and ``value``
+    that part, when a validator of the whole field finds it."""
+    context: dict[str, Any] = {"fix": fix}
+    if at is not None:
+        context.update(at=at, value=value)
+    return PydanticCustomError("config", problem, context)  # only "{fix}" would be substituted
 
 
 def fix_hint(text: str) -> dict[str, Any]:
@@ -92,12 +97,14 @@ def translate(root: type[BaseModel], error: ErrorDetails) -> ConfigProblem:
     loc = tuple(error["loc"])
     if error["type"] == "extra_forbidden":
         return _unknown_key(root, loc, error["input"])
-    key = dotted(loc)
+    ctx = error.get("ctx") or {}
+    key = dotted(loc + ((ctx["at"],) if "at" in ctx else ()))
     if error["type"] == "missing":
         return ConfigProblem(key, "is missing", _field_fix(root, loc) or f"add {_example(loc)}")
     problem = _describe(error)
-    fix = (error.get("ctx") or {}).get("fix") or _field_fix(root, loc) or _generic_fix(error)
-    shown = None if error["input"] is None else toml_value(error["input"])  # TOML has no null: absent
+    fix = ctx.get("fix") or _field_fix(root, loc) or _generic_fix(error)
+    value = ctx["value"] if "at" in ctx else error["input"]
+    shown = None if value is None else toml_value(value)  # TOML has no null: absent
     return ConfigProblem(key, problem, str(fix), shown)
 
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Annotated, Any
 
 import hostlist  # type: ignore[import-untyped]
-from pydantic import AfterValidator, Field, StrictInt, StrictStr, ValidationInfo, field_validator
+from pydantic import Field, StrictInt, StrictStr, ValidationInfo, field_validator
 
 from supervisor.config._shared import FloatField, Section, absolute, base_dir, missing_path_fix, not_empty
 from supervisor.config.errors import fail, fix_hint
-from supervisor.config.sbatch_options import check_sbatch_arg, check_script_pinning
+from supervisor.config.sbatch_options import check_sbatch_args, check_script_directives
 from supervisor.domain.run import (
     DEFAULT_DO_NOT_RESTART,
     CheckpointPolicy,
@@ -25,6 +28,39 @@ from supervisor.domain.run import (
 
 _NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Variables that steer how programs are found and loaded, or what Slurm and the supervisor do: the
+# job's environment is the spec's to set, these are not (SLURM_* also covers SLURM_CONF and the
+# supervisor's own SLURM_SUPERVISOR_*).
+_RESERVED_ENV = re.compile(r"^(LD_.*|PATH|PYTHON.*|SLURM_.*|SBATCH_.*)$")
+# The daemon's own folders as the shipped unit makes them (StateDirectory=, ConfigurationDirectory=,
+# RuntimeDirectory=): no file of a run may lie inside them. A caller that knows the configured
+# ones adds them (``context={"daemon_dirs": [...]}``).
+DEFAULT_DAEMON_DIRS = ("/var/lib/slurm-supervisor", "/etc/slurm-supervisor", "/run/slurm-supervisor")
+
+
+def inside(path: str | os.PathLike[str], folders: Iterable[str | os.PathLike[str]]) -> str | None:
+    """The folder of ``folders`` that ``path`` lies in (symlinks resolved on both sides), if any."""
+    real = os.path.realpath(path)
+    for folder in folders:
+        top = os.path.realpath(folder)
+        if os.path.commonpath([real, top]) == top:
+            return str(folder)
+    return None
+
+
+def _daemon_dirs(info: ValidationInfo) -> tuple[str, ...]:
+    context = info.context if isinstance(info.context, Mapping) else {}
+    return (*DEFAULT_DAEMON_DIRS, *(str(d) for d in context.get("daemon_dirs", ())))
+
+
+def _outside_daemon_dirs(path: Path, info: ValidationInfo) -> Path:
+    folder = inside(path, _daemon_dirs(info))
+    if folder is not None:
+        raise fail(
+            f"{path} is inside the supervisor's own folder {folder}, where its database, tokens and secrets live",
+            "choose a path of the run's own (the job's filesystem), outside the supervisor's folders",
+        )
+    return path
 
 
 class RunSection(Section):
@@ -41,7 +77,7 @@ class RunSection(Section):
         json_schema_extra=fix_hint('name a Slurm partition, e.g. partition = "gpu" (sinfo -s lists them)'),
     )
     nodes: StrictInt = Field(ge=1, json_schema_extra=fix_hint("set the number of nodes the job needs, e.g. nodes = 16"))
-    sbatch_args: tuple[Annotated[StrictStr, AfterValidator(check_sbatch_arg)], ...] = Field(
+    sbatch_args: tuple[StrictStr, ...] = Field(
         default=(), json_schema_extra=fix_hint('write an array of strings, e.g. ["--time=48:00:00"]')
     )
     env: dict[StrictStr, StrictStr] = Field(
@@ -64,17 +100,32 @@ class RunSection(Section):
         if not path.is_file():
             raise fail(f"{path} is not a file", "point script at the batch script itself")
         try:
-            check_script_pinning(path)
+            check_script_directives(path)
         except OSError as error:
             raise fail(f"cannot read {path} ({error.strerror})", "let the supervisor's user read it") from None
         return str(path)
 
+    @field_validator("sbatch_args")
+    @classmethod
+    def _sbatch_args(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return check_sbatch_args(value)
+
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        bad = [name for name in value if not _ENV_NAME.match(name)]
-        if bad:
-            raise fail(f"{bad[0]!r} is not a valid environment variable name", "use letters, digits and '_' only")
+        for name, text in value.items():
+            if not _ENV_NAME.match(name):
+                raise fail(f"{name!r} is not a valid environment variable name", "use letters, digits and '_' only")
+            if _RESERVED_ENV.match(name):
+                raise fail(
+                    "may not be set by a run spec: it steers how programs are found and loaded, or what"
+                    " Slurm and the supervisor do (LD_*, PATH, PYTHON*, SLURM_*, SBATCH_* are refused)",
+                    "remove it; set it in the batch script if the job needs it",
+                    at=name,
+                    value=text,
+                )
+            if "\0" in text:
+                raise fail("holds a NUL character, which no environment variable can", "remove it", at=name, value=text)
         return value
 
     @field_validator("output")
@@ -82,7 +133,7 @@ class RunSection(Section):
     def _output_folder_exists(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return None
-        path = absolute(value, info)
+        path = _outside_daemon_dirs(absolute(value, info), info)
         if "%" not in str(path.parent) and not path.parent.is_dir():
             raise fail(
                 f"the folder {path.parent} does not exist; Slurm will not create it and the job would fail",
@@ -96,7 +147,7 @@ class RunSection(Section):
         path = base_dir(info) if value is None else absolute(value, info)
         if not path.is_dir():
             raise fail(f"the folder {path} does not exist", missing_path_fix(value or ".", "folder"))
-        return str(path)
+        return str(_outside_daemon_dirs(path, info))
 
 
 class SparesSection(Section):
@@ -246,14 +297,14 @@ class CheckpointsSection(Section):
             if not value[5:].split("/", 1)[0]:
                 raise fail("names no bucket", 'write it as "s3://bucket/prefix/"')
             return value if value.endswith("/") else value + "/"
-        return str(absolute(value, info))
+        return str(_outside_daemon_dirs(absolute(value, info), info))
 
     @field_validator("resume_file")
     @classmethod
     def _resume_file(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return None
-        path = absolute(value, info)
+        path = _outside_daemon_dirs(absolute(value, info), info)
         if not path.parent.is_dir():
             raise fail(
                 f"the folder {path.parent} does not exist",

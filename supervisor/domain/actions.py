@@ -41,6 +41,8 @@ class Submit:
     # The checkpoint handed to the job (filled by the engine before the intent is journaled, so a
     # retried submission hands the same one): see domain.resume.
     resume: ResumePlan | None = None
+    # The random part of the job's tag, chosen (and journaled) with the intent: engine.intents.
+    nonce: str = ""
 
 
 @dataclass(frozen=True)
@@ -165,11 +167,14 @@ class AttemptProgress:
 @dataclass(frozen=True)
 class AttemptLoadFailed:
     """What the attempt's log shows of a failed checkpoint load (``why``: the error line, or a load
-    begun and never finished): the evidence checkpoint fallback reads back (``domain/demotion.py``)."""
+    begun and never finished): the evidence checkpoint fallback reads back (``domain/demotion.py``).
+    ``before_load``: ``why`` is what it died of before any load began — the checkpoint is not to
+    blame."""
 
     run: str
     seq: int
     why: str
+    before_load: bool = False
 
 
 @dataclass(frozen=True)

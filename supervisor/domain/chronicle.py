@@ -12,10 +12,20 @@ event's evidence reads is domain.chronicle_text.
 from __future__ import annotations
 
 from supervisor.domain.chronicle_incidents import TERMINAL, Incident, group, incident_lines
-from supervisor.domain.chronicle_text import attempt_words, heading_stamp, pairs, seconds, stamp, strip_label
+from supervisor.domain.chronicle_text import (
+    attempt_words,
+    heading_stamp,
+    pairs,
+    safe_attempt,
+    safe_event,
+    seconds,
+    stamp,
+    strip_label,
+)
 from supervisor.domain.goodput import Interruption, goodput, measured_save_s
 from supervisor.domain.goodput_text import gpus_of, markdown_lines
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
+from supervisor.domain.text_safety import markdown
 
 # Events recorded in the same instant are put in causal order (an attempt is submitted, starts, faults, is
 # contained and stopped; the run ends last), so the chronicle does not depend on the order it was given.
@@ -52,7 +62,8 @@ def render_markdown(
 
     ``now`` ends the goodput accounting of a run still going; by default the last record's time."""
     g = goodput(run.name, attempts, events, now=last_record(attempts, events) if now is None else now)
-    timeline, blocks = group(sorted(events, key=_order))
+    attempts = [safe_attempt(a) for a in attempts]  # what records quote is plain text from here on
+    timeline, blocks = group([safe_event(e) for e in sorted(events, key=_order)])
     out = _title(run, attempts)
     out += ["## Timeline", ""]
     out += _timeline_lines(timeline) or ["- (no routine events)"]
@@ -135,18 +146,18 @@ def _order(e: Event) -> tuple[float, int, int, str, str]:
 
 def _title(run: RunRecord, attempts: list[AttemptRecord]) -> list[str]:
     spec = run.spec
-    excluded = ", ".join(sorted(run.excluded)) or "none"
+    excluded = markdown(", ".join(sorted(run.excluded))) or "none"
     lines = [
         f"# Logbook of run {run.name}",
         "",
         f"Written by slurm-supervisor from the run's logbook; all times UTC. "
-        f"{spec.nodes} nodes on partition {spec.partition}; state **{run.state.value}**; "
+        f"{spec.nodes} nodes on partition {markdown(spec.partition)}; state **{run.state.value}**; "
         f"{len(attempts)} attempt{'s' if len(attempts) != 1 else ''}; "
         f"restarts spent {run.restarts_spent} of {spec.max_restarts}; nodes kept out: {excluded}.",
         "",
     ]
     if run.end_reason:
-        lines[-1:-1] = [f"Ended: {run.end_reason}."]
+        lines[-1:-1] = [f"Ended: {markdown(run.end_reason)}."]
     return lines
 
 

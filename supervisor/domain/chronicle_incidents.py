@@ -24,6 +24,7 @@ from supervisor.domain.chronicle_text import (
 from supervisor.domain.goodput import Interruption
 from supervisor.domain.goodput_text import gpus_of, hours
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
+from supervisor.domain.text_safety import markdown
 
 TERMINAL = {EventKind.COMPLETED: "completed", EventKind.GAVE_UP: "gave up", EventKind.CANCELLED: "cancelled"}
 _FOLLOW_UP = frozenset(
@@ -229,4 +230,4 @@ def _lost_work(run: RunRecord, i: Interruption) -> str:
     gpus = gpus_of(run.spec)
     down = (i.detection_s or 0.0) + (i.lost_work_s or 0.0) + (i.recovery_s or 0.0)
     cost = f"; {down * gpus / 3600:,.1f} GPU-hours" if gpus and down else ""
-    return f"{work}{cost}; cause: {cause}, {where} — {i.cause.basis}."
+    return f"{work}{cost}; cause: {markdown(cause)}, {where} — {markdown(i.cause.basis)}."

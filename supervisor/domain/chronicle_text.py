@@ -2,17 +2,54 @@
 
 Pure wording, no grouping: the chronicle (domain.chronicle) decides which events make an incident,
 this module says what each of them means. One zone (UTC), no clock read.
+
+Records quote node agents, job logs and Slurm: ``safe_event`` and ``safe_attempt`` make what they
+say plain Markdown text (``text_safety.markdown``: no HTML, link, image, heading, table cell or
+control character; a note keeps its lines) before any of it is worded — the values a hang puts in a
+code span (the log's path, its last line) are made safe for inside one instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from supervisor.domain.records import Event, EventKind
+from supervisor.domain.records import AttemptRecord, Event, EventKind
+from supervisor.domain.text_safety import markdown, markdown_block, markdown_code
 
 _SLURM_KEYS = ("slurm_state", "slurm_flags", "slurm_reason")
+_CODE_KEYS = ("log", "last_lines")  # a hang's evidence shown in code spans
+
+
+def safe_event(e: Event) -> Event:
+    """The event with its words (message, actor, evidence's strings) as plain Markdown text."""
+    message = markdown_block(e.message) if e.kind is EventKind.NOTE else markdown(e.message)
+    hang = is_hang(e.evidence)
+    evidence = {
+        markdown(k): _safe(v, markdown_code if hang and k in _CODE_KEYS else markdown) for k, v in e.evidence.items()
+    }
+    return replace(e, message=message, actor=markdown(e.actor), evidence=evidence)
+
+
+def safe_attempt(a: AttemptRecord) -> AttemptRecord:
+    """The attempt with Slurm's words (its end state and reason) as plain Markdown text."""
+    return replace(
+        a,
+        end_state=markdown(a.end_state) if a.end_state else a.end_state,
+        end_reason=markdown(a.end_reason) if a.end_reason else a.end_reason,
+    )
+
+
+def _safe(value: Any, text: Any) -> Any:
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, list | tuple):
+        return [_safe(v, text) for v in value]
+    if isinstance(value, Mapping):
+        return {markdown(str(k)): _safe(v, text) for k, v in value.items()}
+    return value
 
 
 def stamp(t: float) -> str:

@@ -15,6 +15,10 @@ that loading it failed — otherwise the failure is not the checkpoint's:
 * **the failure follows the checkpoint across nodes**: two attempts of the streak ended the same
   way (end state and exit code) on disjoint sets of nodes.
 
+An attempt whose log shows it died of an exception before any load began and before any step
+(``AttemptRecord.failed_before_load``: an import error, a bad flag) did not fail on its checkpoint:
+it ends the streak, and a crash loop of such attempts never walks a checkpoint back.
+
 Without evidence, a run falls back **at most one checkpoint**: the checkpoint is passed over only
 when no other verified checkpoint newer than the one the run would resume from next was passed over
 without evidence (so two checkpoints in a row are never passed over without it); otherwise it is
@@ -140,6 +144,8 @@ def _failed_on(a: AttemptRecord, step: int | None, faulty: Collection[str], rule
         return False
     if a.last_step is not None and step is not None and a.last_step > step:
         return False  # it trained past the checkpoint: the checkpoint loaded
+    if a.failed_before_load is not None and a.load_failed is None:
+        return False  # it died of something else before any load began: not the checkpoint's fault
     return a.load_failed is not None or a.ended_at - a.started_at <= rule.window_s
 
 

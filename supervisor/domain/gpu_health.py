@@ -11,11 +11,14 @@ present for ``persist_samples`` consecutive reports. Events (XIDs) are present i
 that carries them. Hard evidence (fatal, and degraded counters) fires on the first report.
 
 Pure: ``HealthRules`` keeps per-node state in memory and is fed reports and the time they were
-received; nothing here reads a clock or logs.
+received; nothing here reads a clock or logs. That memory is bounded: at most ``max_nodes`` nodes,
+the one heard from least recently forgotten first (its hysteresis starts afresh if it reports
+again) — the ingest forgets ended runs' nodes itself; the cap is the second line.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -25,6 +28,7 @@ from supervisor.domain.health import NodeFinding
 from supervisor.domain.node_report import NodeReport
 
 RULES_VERSION = 1
+MAX_NODES = 16_384  # nodes whose state is kept (a large cluster's worth)
 
 _TrackKey = tuple[str, int | None, str]  # rule, GPU, PCI bus (for an XID on no known GPU)
 
@@ -45,18 +49,34 @@ class _NodeState:
 class HealthRules:
     """The table applied with hysteresis, per node. Feed it each accepted report in order."""
 
-    def __init__(self, settings: GpuHealthSettings | None = None) -> None:
+    def __init__(self, settings: GpuHealthSettings | None = None, max_nodes: int = MAX_NODES) -> None:
         self.settings = settings or GpuHealthSettings()
-        self._nodes: dict[str, _NodeState] = {}
+        self.max_nodes = max(1, max_nodes)
+        self._nodes: OrderedDict[str, _NodeState] = OrderedDict()
+
+    @property
+    def tracked(self) -> int:
+        """How many nodes' state is kept."""
+        return len(self._nodes)
 
     def evaluate(self, report: NodeReport, now: float, run: str | None = None) -> list[NodeFinding]:
-        state = self._nodes.setdefault(report.node, _NodeState())
+        state = self._state(report.node)
         conditions = report_conditions(report, state.last, self.settings)
         state.last = report
         return [self._finding(report, c, now, run) for c in self._step(state, conditions)]
 
     def forget(self, node: str) -> None:
         self._nodes.pop(node, None)
+
+    def _state(self, node: str) -> _NodeState:
+        state = self._nodes.get(node)
+        if state is None:
+            state = self._nodes[node] = _NodeState()
+            while len(self._nodes) > self.max_nodes:
+                self._nodes.popitem(last=False)
+        else:
+            self._nodes.move_to_end(node)
+        return state
 
     def active(self, node: str) -> list[str]:
         """Rule ids (with the GPU) currently latched for ``node``."""

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from supervisor.domain.node_report import GpuSample, XidEvent
+from supervisor.domain.text_safety import printable
 
 Tree = dict[str, "str | Tree"]
 
@@ -219,7 +220,8 @@ def parse_xid_lines(lines: Iterable[str], gpus: Iterable[GpuSample] = ()) -> lis
         m = _XID.search(line)
         if m:
             bus, xid, rest = m.group(1), int(m.group(2)), _PID_NAME.sub("", m.group(3)).strip()
-            events.append(XidEvent(gpu=by_pci.get(pci_key(bus), -1), xid=xid, at=0.0, bus=bus, text=rest[:1024]))
+            text = printable(rest, 1024)  # a log line's words, no control character: the ingest refuses those
+            events.append(XidEvent(gpu=by_pci.get(pci_key(bus), -1), xid=xid, at=0.0, bus=bus, text=text))
             continue
         off = _OFF_BUS.search(line)
         if off and "fallen off the bus" in line:

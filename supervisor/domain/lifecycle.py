@@ -24,6 +24,7 @@ from supervisor.domain.actions import (
 from supervisor.domain.backoff import Backoff, restart_backoff
 from supervisor.domain.cluster import JobHold, JobInfo, JobState
 from supervisor.domain.faults import contain, faulty_nodes, recover
+from supervisor.domain.forgotten import read_from_accounting, unknown_outcome, wait_for_accounting
 from supervisor.domain.observation import (
     Observation,
     Policy,
@@ -155,7 +156,7 @@ def decide_finished(
 
 
 def _ended_records(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, how: str | None) -> list[Record]:
-    records: list[Record] = _started_unseen(run, a, job, obs)
+    records: list[Record] = [*read_from_accounting(run, a, job, obs), *_started_unseen(run, a, job, obs)]
     if a.ended_at is None:
         reason = job.state_reason or job.state.value
         records.append(AttemptEnded(run.name, a.seq, job.end_time or obs.now, job.state.value, reason, job.exit_code))
@@ -321,6 +322,8 @@ def _unreachable(obs: Observation, node: str) -> bool:
 
 
 def decide_vanished(run: RunRecord, a: AttemptRecord, obs: Observation, policy: Policy) -> Decision:
+    """The job is gone from squeue and accounting gave no record of its end (``obs.forgotten``
+    says why): a recovering run restarts; otherwise wait while accounting may yet tell, else stop."""
     ended = (
         ()
         if a.ended_at is not None
@@ -328,10 +331,10 @@ def decide_vanished(run: RunRecord, a: AttemptRecord, obs: Observation, policy: 
     )
     if run.state is RunState.RECOVERING:
         return Decision(ended) + _restart(run, a, None, obs, policy, "replacing the incarnation stopped after a fault")
-    why = (
-        f"job {a.job_id} is no longer known to Slurm and its outcome is unknown (it ended longer than "
-        "MinJobAge ago); not restarting blindly. Check the job's output, then submit the spec under a new run name"
-    )
+    gone = obs.forgotten.get(a.job_id)
+    if gone is not None and not gone.final:
+        return wait_for_accounting(run, a, gone, obs)
+    why = unknown_outcome(a, gone)
     return Decision(ended) + set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
 
 

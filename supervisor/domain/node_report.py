@@ -4,7 +4,10 @@ Pure values. The wire form is JSON whose keys are these field names; a field the
 support is absent (``None`` here), never a made-up zero. One report per sample; a sender batches
 them (``ReportBatch``) while the daemon is unreachable. ``check_batch`` does the checks a type
 decoder cannot (versions, bounds, consistency) and returns the first problem as a sentence, so the
-ingest can answer 4xx with it.
+ingest can answer 4xx with it. Strings that name something (a PCI bus id, a UUID, the driver
+version, a field an NVML error kept from being read) must be identifiers (``[A-Za-z0-9:._/-]``, at
+most 128 characters); no string may carry a control character (``domain.text_safety``): what an
+agent says ends up in Slurm's drain reasons, terminals, Markdown and webhooks.
 
 Schema version 1:
 
@@ -23,6 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
+
+from supervisor.domain.text_safety import has_controls, is_identifier
 
 SCHEMA_VERSION = 1
 MAX_GPUS = 64
@@ -134,26 +140,59 @@ _COUNTERS = (
 )
 
 
+_COUNTER_VALUES = attrgetter(*_COUNTERS)
+_BOUNDS = (("util", 100), ("mem_util", 100), ("temp_c", 200), ("recovery", 255))
+_BOUNDED_VALUES = attrgetter(*(name for name, _ in _BOUNDS))
+
+
 def _check_gpu(g: GpuSample, seen: set[int]) -> str | None:
     if not 0 <= g.i < MAX_GPUS:
         return f"gpu index {g.i} is outside 0..{MAX_GPUS - 1}"
     if g.i in seen:
         return f"gpu index {g.i} appears twice in one report"
     seen.add(g.i)
-    if len(g.uuid) > MAX_TEXT or len(g.bus) > MAX_TEXT or len(g.name) > MAX_TEXT:
-        return f"gpu {g.i}: uuid, bus and name must be at most {MAX_TEXT} characters"
-    for name in _COUNTERS:
-        value = getattr(g, name)
+    return _gpu_text_problem(g) or _gpu_number_problem(g)
+
+
+def _gpu_text_problem(g: GpuSample) -> str | None:
+    for name, value in (("uuid", g.uuid), ("bus", g.bus)):
+        if not is_identifier(value):
+            return f"gpu {g.i}: {name} {value[:64]!r} is not an identifier ([A-Za-z0-9:._/-], at most 128)"
+    if len(g.name) > MAX_TEXT or has_controls(g.name):
+        return f"gpu {g.i}: name must be at most {MAX_TEXT} characters, with no control characters"
+    if g.errors and (len(g.errors) > MAX_ERRORS or not all(_error_ok(k, v) for k, v in g.errors.items())):
+        return f"gpu {g.i}: errors must be at most {MAX_ERRORS} entries: field name -> short text, no controls"
+    return None
+
+
+def _gpu_number_problem(g: GpuSample) -> str | None:
+    for name, value in zip(_COUNTERS, _COUNTER_VALUES(g), strict=True):
         if value is not None and value < 0:
             return f"gpu {g.i}: {name} must not be negative (got {value})"
-    for name, top in (("util", 100), ("mem_util", 100), ("temp_c", 200), ("recovery", 255)):
-        value = getattr(g, name)
+    for (name, top), value in zip(_BOUNDS, _BOUNDED_VALUES(g), strict=True):
         if value is not None and not 0 <= value <= top:
             return f"gpu {g.i}: {name} must be within 0..{top} (got {value})"
     if g.power_w is not None and not (math.isfinite(g.power_w) and 0 <= g.power_w < 1e5):
         return f"gpu {g.i}: power_w must be a finite number of watts (got {g.power_w})"
-    if len(g.errors) > MAX_ERRORS or any(len(k) > MAX_TEXT or len(v) > MAX_TEXT for k, v in g.errors.items()):
-        return f"gpu {g.i}: errors must be at most {MAX_ERRORS} short entries"
+    return None
+
+
+def _error_ok(field_name: str, text: str) -> bool:
+    return is_identifier(field_name) and _text_ok(text)
+
+
+def _text_ok(text: str, limit: int = MAX_TEXT) -> bool:
+    return len(text) <= limit and not has_controls(text)
+
+
+def _check_xid(x: XidEvent) -> str | None:
+    where = f"xid event {x.xid} on gpu {x.gpu}"
+    if not (-1 <= x.gpu < MAX_GPUS and 0 < x.xid < 100000 and math.isfinite(x.at)):
+        return f"{where}: gpu within -1..{MAX_GPUS - 1}, xid within 1..99999, at a finite time"
+    if not (is_identifier(x.uuid) and is_identifier(x.bus)):
+        return f"{where}: uuid and bus must be identifiers ([A-Za-z0-9:._/-], at most 128)"
+    if not _text_ok(x.text, 1024):
+        return f"{where}: text must be at most 1024 characters, with no control characters"
     return None
 
 
@@ -170,16 +209,19 @@ def _check_report(r: NodeReport, node: str) -> str | None:
         return f"a report carries at most {MAX_GPUS} GPUs"
     if len(r.xids) > MAX_XIDS_PER_REPORT:
         return f"a report carries at most {MAX_XIDS_PER_REPORT} XID events"
-    if len(r.errors) > MAX_ERRORS or any(len(e) > MAX_TEXT for e in r.errors) or len(r.driver) > MAX_TEXT:
-        return f"errors: at most {MAX_ERRORS} entries of at most {MAX_TEXT} characters"
+    if len(r.errors) > MAX_ERRORS or not all(map(_text_ok, r.errors)):
+        return f"errors: at most {MAX_ERRORS} entries of at most {MAX_TEXT} characters, no control characters"
+    if not is_identifier(r.driver):
+        return f"driver {r.driver[:64]!r} is not a version ([A-Za-z0-9:._/-], at most 128)"
     seen: set[int] = set()
     for g in r.gpus:
         problem = _check_gpu(g, seen)
         if problem:
             return problem
     for x in r.xids:
-        if not (-1 <= x.gpu < MAX_GPUS and 0 < x.xid < 100000 and math.isfinite(x.at)) or len(x.text) > 1024:
-            return f"xid event {x.xid} on gpu {x.gpu}: gpu within -1..{MAX_GPUS - 1}, xid within 1..99999"
+        problem = _check_xid(x)
+        if problem:
+            return problem
     return None
 
 

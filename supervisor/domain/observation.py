@@ -23,6 +23,19 @@ REASON_PREFIX = "slurm-supervisor"
 
 
 @dataclass(frozen=True)
+class Forgotten:
+    """A job of ours that Slurm's controller no longer lists (it ended longer than MinJobAge
+    ago, e.g. while the daemon was stopped), and what accounting (sacct) said of it. ``found``:
+    accounting's record is in the snapshot's jobs, decided on as if squeue still showed it.
+    Otherwise ``why`` says why its outcome is unknown, and ``final`` whether asking again is
+    pointless (no accounting, no record) or may tell (slurmdbd unreachable, record not yet written)."""
+
+    why: str
+    found: bool = False
+    final: bool = True
+
+
+@dataclass(frozen=True)
 class Observation:
     """One tick's view: Slurm's snapshot plus nodes that direct probes confirmed dead."""
 
@@ -40,6 +53,7 @@ class Observation:
     history: Mapping[str, tuple[AttemptRecord, ...]] = field(default_factory=dict)  # run -> newest attempts
     # run -> (when, error) of submissions Slurm refused for good since its current attempt began
     refused: Mapping[str, tuple[tuple[float, str], ...]] = field(default_factory=dict)
+    forgotten: Mapping[int, Forgotten] = field(default_factory=dict)  # job id -> what accounting said
 
     @property
     def now(self) -> float:

@@ -36,6 +36,7 @@ class AttemptRecord:
     hang_pace: HangPace | None = None  # what the hang detector learned of its pace
     save_s: float | None = None  # the median time its checkpoint saves stalled its log (read times)
     load_failed: str | None = None  # why its log shows its checkpoint load failed (domain/progress/loads.py)
+    failed_before_load: str | None = None  # what its log shows it died of before any load began
 
     @property
     def label(self) -> str:
@@ -55,6 +56,7 @@ class RunRecord:
     excluded: Mapping[str, str] = field(default_factory=dict)  # node -> why it is kept out
     # node -> (since, why): degraded, kept out from the next restart or checkpoint boundary on
     deferred: Mapping[str, tuple[float, str]] = field(default_factory=dict)
+    owner_uid: int | None = None  # who registered it (kernel-given UID); None: the instance's account
 
     @property
     def name(self) -> str:

@@ -290,8 +290,8 @@ class CheckpointWatch:
                     run.name,
                     EventKind.WARNING,
                     f"could not write the resume file {path} ({exc.strerror or exc}); the job gets the checkpoint "
-                    "in its environment only. Fix: let the supervisor's user write there (under systemd, add the "
-                    "folder to ReadWritePaths in a drop-in)",
+                    "in its environment only. Fix: name a regular file outside the supervisor's own folders, where "
+                    "its user may write (under systemd, add the folder to ReadWritePaths in a drop-in)",
                     f"{run.name}:resume-file:{path}:{exc.errno}",
                     self._clock.now(),
                     a.seq if a else None,

@@ -9,6 +9,7 @@ is idempotent and a crash between any two is settled by the next tick.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -46,10 +47,13 @@ from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.resume import ResumePlan, describe_plan
 from supervisor.domain.rollback import RollbackRecord
 from supervisor.domain.run import RunState, transition
+from supervisor.engine import intents
 from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
 from supervisor.ports import (
+    CapReached,
     Clock,
     Fencer,
+    NodeGuard,
     PermanentError,
     PermissionDenied,
     PortError,
@@ -62,6 +66,7 @@ log = structlog.get_logger("supervisor.engine")
 
 CrashHook = Callable[[str, str], None]  # (boundary, action kind) -> may raise or exit
 ResumeFor = Callable[[RunRecord], ResumePlan | None]  # the plan a new attempt is handed
+REFUSED_FOR_S = 600.0  # a node change the node guard refused is not asked for again this long
 
 
 class Executor:
@@ -76,6 +81,7 @@ class Executor:
         ingest_url: str | None = None,
         node_rights: bool = True,
         crash_hook: CrashHook | None = None,
+        guard: NodeGuard | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.store = store
@@ -85,6 +91,14 @@ class Executor:
         self.ingest_url = ingest_url
         self.node_rights = node_rights  # False once Slurm refused a node change: not asked again
         self._crash = crash_hook or (lambda boundary, kind: None)
+        self.own_uid = os.getuid()  # a tagged job is the one a submission made only when it is this user's
+        self.guard = guard  # node changes go through the node guard when a site runs one
+        self.capped_until = 0.0  # the guard's cluster-wide cap is spent until then
+        self._refused: dict[str, float] = {}  # node -> when the guard last refused changing it
+
+    def guard_capped(self, now: float) -> bool:
+        """The node guard said its cluster-wide cap is spent (until a drain leaves its window)."""
+        return now < self.capped_until
 
     # ------------------------------------------------------------------ records
 
@@ -113,7 +127,7 @@ class Executor:
         elif isinstance(rec, AttemptProgress):
             s.attempt_progress(rec.run, rec.seq, rec.last_step, rec.step_time_s, rec.hang_pace, rec.save_s)
         elif isinstance(rec, AttemptLoadFailed):
-            s.attempt_load_failed(rec.run, rec.seq, rec.why)
+            s.attempt_load_failed(rec.run, rec.seq, rec.why, before_load=rec.before_load)
         else:
             self._apply_node_record(rec, now)
 
@@ -165,17 +179,22 @@ class Executor:
         acted = False
         fresh = self.store.get_run(run.name) or run
         for action in actions:
-            if isinstance(action, ChangeNode) and not self.node_rights:
-                continue  # refused once already in this daemon's life; the node stays excluded
+            if isinstance(action, ChangeNode) and not self._may_ask(action.node):
+                continue  # refused already; the node stays excluded
             self.act(fresh, action)
             acted = True
             fresh = self.store.get_run(run.name) or fresh
         return acted
 
+    def _may_ask(self, node: str) -> bool:
+        """Not when Slurm refused a node change in this daemon's life, nor when the guard refused
+        one for this node within REFUSED_FOR_S."""
+        return self.node_rights and self.clock.now() - self._refused.get(node, float("-inf")) > REFUSED_FOR_S
+
     def act(self, run: RunRecord, action: Action) -> None:
         if isinstance(action, Submit):
             # Chosen before the intent is journaled: a retried submission hands the same checkpoint.
-            action = replace(action, resume=self.resume_for(run))
+            action = replace(action, resume=self.resume_for(run), nonce=intents.new_nonce())
         params = params_of(action)
         if isinstance(action, Fence) and self.store.action_done(run.name, action.kind, params):
             return
@@ -195,8 +214,13 @@ class Executor:
             return
         except TransientError:
             raise  # the intent stays open; the next tick settles it against Slurm
+        except CapReached as exc:
+            self._capped(run, intent, action, exc)
+            return
         except PermanentError as exc:
             self._fail(run, intent, action, exc)
+            if isinstance(action, ChangeNode) and self.guard is not None:
+                self._refused[action.node] = self.clock.now()
             return
         self._crash("after_execute", action.kind)
         self._complete(run, intent, action, outcome)
@@ -206,12 +230,14 @@ class Executor:
         sched = self.scheduler
         if isinstance(action, Submit):
             seq = (run.attempt.seq + 1) if run.attempt else 0
-            tag = submit_tag(run.name, self.store.instance_id, intent)
+            tag = submit_tag(run.name, self.store.instance_id, intent, action.nonce)
             url = self.ingest_url
             token = self.store.run_token(run.name) if url else None
             return {"job_id": sched.submit(submit_request(run.spec, action, tag, seq, token=token, ingest_url=url))}
         if isinstance(action, Cancel):
             sched.cancel(action.job_id)
+        elif isinstance(action, ChangeNode) and self.guard is not None:
+            self.guard.set_node_state(action.node, action.change, run.name, action.reason)
         elif isinstance(action, ChangeNode):
             sched.set_node_state(action.node, action.change, action.reason)
         elif isinstance(action, SetExcluded):
@@ -285,6 +311,21 @@ class Executor:
             self.store.complete_action(intent, "failed", {"error": str(exc)}, now)
             self.apply([replace(event, evidence=params_of(action))])
 
+    def _capped(self, run: RunRecord, intent: int, action: Action, exc: CapReached) -> None:
+        """The guard's cluster-wide cap refused a node change: the node stays excluded from the run,
+        not drained, and the incident pages once (``mass_fault``, keyed per attempt as the domain's)."""
+        self._fail(run, intent, action, exc)
+        assert isinstance(action, ChangeNode)
+        now = self.clock.now()
+        self.capped_until, self._refused[action.node] = max(self.capped_until, exc.frees_at), now
+        message = (
+            f"mass fault: the node guard's cluster-wide cap is reached: {action.node} is excluded from the run "
+            f"but not drained, for a human to judge ({exc})"
+        )
+        key = f"{run.name}:mass_fault:{run.attempt.seq if run.attempt else None}"
+        evidence = {"faulted": {action.node: action.reason}, "drained": [], "excluded": [action.node]}
+        self.apply([replace(run_event(run, EventKind.MASS_FAULT, message, key, now), evidence=evidence)])
+
     # ------------------------------------------------------------------ crash recovery
 
     def settle_open_intents(self, snap: ClusterSnapshot) -> tuple[set[str], bool]:
@@ -298,11 +339,12 @@ class Executor:
             if run is None:
                 continue
             action = action_from(intent["kind"], intent["params"])
-            tag = submit_tag(run.name, self.store.instance_id, intent["id"])
-            outcome = effect_present(intent["kind"], tag, intent["params"], snap)
+            tag = intents.intent_tag(run.name, self.store.instance_id, intent["id"], intent["params"])
+            outcome = effect_present(intent["kind"], tag, intent["params"], snap, self.own_uid)
             if outcome is not None:
                 log.info("intent_settled", intent=intent["id"], action=intent["kind"], outcome=outcome)
                 self._complete(run, intent["id"], action, outcome)
+                self.apply(intents.duplicate_warnings(run.name, intent["id"], outcome, self.clock.now()))
                 continue
             log.info("intent_retried", intent=intent["id"], action=intent["kind"])
             blocked.add(run.name)

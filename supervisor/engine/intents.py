@@ -3,19 +3,30 @@
 An intent is written before the action runs and completed after. After a crash, an intent still
 open is checked against a fresh snapshot: if Slurm shows the effect (the tagged job exists, the
 node is down with our reason, the job is gone), it is completed without running again.
+
+A submission's tag (``--comment``) carries a random nonce, journaled with the intent: a job is
+taken for the one the intent submitted only when it carries that tag *and* belongs to the daemon's
+own user. Other users can read every job's comment and guess the next intent id, and a job of
+another run (running as the daemon's user) could submit one; neither can know the nonce.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
+import structlog
+
 from supervisor.domain.actions import Action, ActionKind, Cancel, ChangeNode, Fence, Release, SetExcluded, Submit
 from supervisor.domain.cluster import ClusterSnapshot, JobState, NodeChange, SubmitRequest
 from supervisor.domain.observation import REASON_PREFIX
+from supervisor.domain.records import Event, EventKind
 from supervisor.domain.resume import ResumePlan, resume_env
 from supervisor.domain.run import RestartMode, RunSpec
+
+log = structlog.get_logger("supervisor.engine")
 
 _TYPES: Mapping[str, type] = {
     ActionKind.SUBMIT: Submit,
@@ -50,9 +61,20 @@ def action_from(kind: str, params: Mapping[str, Any]) -> Action:
     return cls(**args)  # type: ignore[no-any-return]
 
 
-def submit_tag(run: str, store_id: str, intent_id: int) -> str:
-    """The comment every submitted job carries: finds the job again after a crash."""
-    return f"{REASON_PREFIX}:{run}:{store_id}:{intent_id}"
+def new_nonce() -> str:
+    """The random part of a submission's tag (96 bits)."""
+    return secrets.token_hex(12)
+
+
+def submit_tag(run: str, store_id: str, intent_id: int, nonce: str = "") -> str:
+    """The comment every submitted job carries: finds the job again after a crash. (Intents
+    journaled by older daemons have no nonce.)"""
+    return f"{REASON_PREFIX}:{run}:{store_id}:{intent_id}" + (f":{nonce}" if nonce else "")
+
+
+def intent_tag(run: str, store_id: str, intent_id: int, params: Mapping[str, Any]) -> str:
+    """The tag of a journaled intent (its nonce is in its parameters)."""
+    return submit_tag(run, store_id, intent_id, str(params.get("nonce") or ""))
 
 
 def submit_request(
@@ -82,11 +104,13 @@ def submit_request(
     )
 
 
-def effect_present(kind: str, tag: str, params: Mapping[str, Any], snap: ClusterSnapshot) -> dict[str, Any] | None:
-    """The action's result if Slurm already shows its effect, else None. ``tag``: see submit_tag."""
+def effect_present(
+    kind: str, tag: str, params: Mapping[str, Any], snap: ClusterSnapshot, uid: int | None = None
+) -> dict[str, Any] | None:
+    """The action's result if Slurm already shows its effect, else None. ``tag``: see submit_tag;
+    ``uid``: the daemon's own user, the only one whose tagged job counts as submitted by it."""
     if kind == ActionKind.SUBMIT:
-        jobs = snap.jobs_with_comment(tag)
-        return {"job_id": min(j.job_id for j in jobs), "found": True} if jobs else None
+        return _submitted(tag, snap, uid)
     if kind in (ActionKind.CANCEL, ActionKind.SET_EXCLUDED, ActionKind.RELEASE):
         job = snap.jobs.get(int(params["job_id"]))
         return _job_effect(kind, params, job)
@@ -94,6 +118,36 @@ def effect_present(kind: str, tag: str, params: Mapping[str, Any], snap: Cluster
         node = snap.nodes.get(params["node"])
         return _node_effect(params, node)
     return None  # FENCE: nothing in Slurm shows it; the journal alone says it was done
+
+
+def _submitted(tag: str, snap: ClusterSnapshot, uid: int | None) -> dict[str, Any] | None:
+    """The job the submission made: the daemon's own job with the tag. Another user's job with it
+    is someone copying the tag, and two of ours a double submission: both are logged as errors."""
+    tagged = snap.jobs_with_comment(tag)
+    ours = sorted(j.job_id for j in tagged if j.user_id is not None and j.user_id == uid)
+    foreign = sorted(j.job_id for j in tagged if j.job_id not in ours)
+    if foreign:
+        log.error("intent_tag_on_foreign_jobs", tag=tag, jobs=foreign, own_uid=uid)
+    if not ours:
+        return None
+    if len(ours) > 1:
+        log.error("intent_duplicate_jobs", tag=tag, jobs=ours)
+        return {"job_id": ours[0], "found": True, "duplicates": ours[1:]}
+    return {"job_id": ours[0], "found": True}
+
+
+def duplicate_warnings(run: str, intent: int, outcome: Mapping[str, Any], now: float) -> list[Event]:
+    """The logbook warning for a submission found twice in Slurm (the run follows the first)."""
+    extra = list(outcome.get("duplicates") or ())
+    if not extra:
+        return []
+    jobs = ", ".join(str(j) for j in extra)
+    message = (
+        f"one submission shows up as several jobs in Slurm: following job {outcome['job_id']}, not {jobs};"
+        f" check them (squeue -j {outcome['job_id']},{','.join(str(j) for j in extra)}) and cancel the extra"
+    )
+    evidence = {"job_id": outcome["job_id"], "duplicates": extra}
+    return [Event(run, EventKind.WARNING, message, f"{run}:duplicate-jobs:{intent}", now, evidence=evidence)]
 
 
 def _job_effect(kind: str, params: Mapping[str, Any], job: Any) -> dict[str, Any] | None:

@@ -46,6 +46,9 @@ class NoProgress:
     def load_failure(self, job_id: int, restart_count: int) -> str | None:
         return None
 
+    def failed_before_load(self, job_id: int, restart_count: int) -> str | None:
+        return None
+
     def hang_pace(self, job_id: int, restart_count: int) -> HangPace | None:
         return None
 

@@ -6,26 +6,34 @@ what changed into facts and the records they call for (spike decisions, slowdown
 progress, node verdicts and marks, checkpoint verifications' logbook lines); the engine's executor
 applies those records. ``Observer.observation`` then builds the ``Observation`` the domain decides
 on, reading back what is in the store (quarantine, pending rollbacks, verified checkpoints).
+
+A health feed that judges which nodes a run may speak for (the daemon's ingest: ``NodeRoster``)
+is told at every tick which nodes each active run's current job holds (``job_nodes``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
+
+import structlog
 
 from supervisor.domain.actions import AttemptLoadFailed, AttemptProgress, Record
 from supervisor.domain.cluster import ClusterSnapshot, JobState
 from supervisor.domain.lemon import Quarantine, QuarantineSettings, quarantined
-from supervisor.domain.observation import Observation
+from supervisor.domain.observation import Forgotten, Observation
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.engine.checkpoints import CheckpointWatch
+from supervisor.engine.forgotten import ForgottenJobs
 from supervisor.engine.nodes import NodeFacts, NodeWatch, running_nodes
 from supervisor.engine.nulls import NoCheckpoints, NoProgress
 from supervisor.engine.probes import ProbeTracker
 from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.spikes import pending_rollbacks, spike_records
-from supervisor.ports import Clock, Scheduler, Store
+from supervisor.ports import Accounting, Clock, NodeGuard, PortError, Scheduler, Store
+
+log = structlog.get_logger("supervisor.engine")
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,24 @@ class Facts:
     dead: Mapping[str, str]  # node -> evidence that it is dead (probes, silent agents)
     hangs: Mapping[str, Mapping[str, Any]]  # run -> hang evidence
     nodes: NodeFacts  # findings, returned nodes, reporting agents
+
+
+@runtime_checkable
+class NodeRoster(Protocol):
+    """Told each tick which nodes each supervised run's current job holds (a run absent has ended)."""
+
+    def publish_job_nodes(self, held: Mapping[str, frozenset[str]]) -> None: ...
+
+
+def job_nodes(runs: Iterable[RunRecord], snap: ClusterSnapshot) -> dict[str, frozenset[str]]:
+    """Per run: the nodes of its current job — those squeue shows, and those its attempt started
+    on (a job that just ended still speaks for them: the XID that killed it is often reported after)."""
+    held: dict[str, frozenset[str]] = {}
+    for run in runs:
+        a = run.attempt
+        job = snap.jobs.get(a.job_id) if a is not None else None
+        held[run.name] = frozenset((a.nodes if a is not None else ()) + (job.nodes if job is not None else ()))
+    return held
 
 
 class Observer:
@@ -51,10 +77,17 @@ class Observer:
         nodes: NodeWatch,
         quarantine: QuarantineSettings,
         node_refresh_ticks: int,
+        accounting: Accounting | None = None,
+        guard: NodeGuard | None = None,
+        roster: NodeRoster | None = None,
     ) -> None:
         self.scheduler, self.store, self.clock = scheduler, store, clock
+        self.roster = roster  # told each tick which nodes each run's job holds (the ingest)
+        self.forgotten = ForgottenJobs(accounting)  # jobs squeue no longer lists, read from sacct
+        self._forgotten: dict[int, Forgotten] = {}
         self.probes, self.progress, self.checkpoints, self.nodes = probes, progress, checkpoints, nodes
         self.quarantine = quarantine
+        self.guard = guard  # the node guard's shared quarantine, when a site runs one
         self.node_refresh_ticks = max(1, node_refresh_ticks)
         self._nodes: Mapping[str, Any] | None = None  # the last node info read from Slurm
         self._ticks = 0
@@ -63,7 +96,8 @@ class Observer:
 
     def snapshot(self, nodes_needed: bool) -> ClusterSnapshot:
         """Jobs every tick; nodes when ``nodes_needed``, every ``node_refresh_ticks``-th tick, or
-        when a job of ours started or ended since (its decision reads its nodes' state)."""
+        when a job of ours started or ended since (its decision reads its nodes' state). Jobs of ours
+        squeue no longer lists come from accounting (``ForgottenJobs``)."""
         self._ticks += 1
         fresh = nodes_needed or self._nodes is None or self._ticks % self.node_refresh_ticks == 0
         snap = self.scheduler.snapshot(include_nodes=fresh)
@@ -71,8 +105,10 @@ class Observer:
             snap, fresh = self.scheduler.snapshot(include_nodes=True), True
         if fresh:
             self._nodes = snap.nodes
-            return snap
-        return ClusterSnapshot(snap.taken_at, snap.jobs, self._nodes or {})
+        else:
+            snap = ClusterSnapshot(snap.taken_at, snap.jobs, self._nodes or {})
+        snap, self._forgotten = self.forgotten.look_up(self.store.runs(active_only=True), snap)
+        return snap
 
     def _a_job_moved(self, snap: ClusterSnapshot) -> bool:
         """A job of ours ended, or started since it was last seen (maybe on a node that came back
@@ -89,6 +125,8 @@ class Observer:
 
     def gather(self, runs: list[RunRecord], snap: ClusterSnapshot) -> Facts:
         now = self.clock.now()
+        if self.roster is not None:
+            self.roster.publish_job_nodes(job_nodes(runs, snap))
         dead = self.probes.update(running_nodes(runs, snap), snap, now)
         hangs = self.progress.update(runs, snap, now)
         progress = _progress_records(runs, self.progress)
@@ -120,13 +158,24 @@ class Observer:
             agents=facts.nodes.agents,
             history={r.name: tuple(self.store.attempts(r.name, r.spec.pacing.crash_loop_after + 1)) for r in runs},
             refused={r.name: tuple(self.store.refused_submissions(r.name, _since_current(r))) for r in runs},
+            forgotten=self._forgotten,
         )
 
     def _quarantined(self) -> dict[str, Quarantine]:
         q = self.quarantine
         now = self.clock.now()
         faults = self.store.node_faults(now - q.window_s - q.max_s)
-        return quarantined(faults, self.store.quarantine_clears(), now, q)
+        return {**self._shared_quarantine(), **quarantined(faults, self.store.quarantine_clears(), now, q)}
+
+    def _shared_quarantine(self) -> Mapping[str, Quarantine]:
+        """The node guard's quarantine (every instance's faults); none while it does not answer."""
+        if self.guard is None:
+            return {}
+        try:
+            return self.guard.quarantined()
+        except PortError as exc:
+            log.warning("guard_quarantine_unavailable", error=str(exc))
+            return {}
 
 
 def _progress_records(runs: list[RunRecord], progress: ProgressWatch | NoProgress) -> list[AttemptProgress]:
@@ -146,11 +195,15 @@ def _progress_records(runs: list[RunRecord], progress: ProgressWatch | NoProgres
 def _load_failures(runs: list[RunRecord], progress: ProgressWatch | NoProgress) -> list[AttemptLoadFailed]:
     """Each current attempt's log evidence of a failed checkpoint load, new since the last tick."""
     out = []
-    for run in runs:
-        a = run.attempt
-        why = progress.load_failure(a.job_id, a.restart_count) if a is not None else None
-        if a is not None and why is not None and why != a.load_failed:
-            out.append(AttemptLoadFailed(run.name, a.seq, why))
+    for a in (run.attempt for run in runs):
+        if a is None:
+            continue
+        why = progress.load_failure(a.job_id, a.restart_count)
+        if why is not None and why != a.load_failed:
+            out.append(AttemptLoadFailed(a.run, a.seq, why))
+        early = progress.failed_before_load(a.job_id, a.restart_count)
+        if early is not None and early != a.failed_before_load:
+            out.append(AttemptLoadFailed(a.run, a.seq, early, before_load=True))
     return out
 
 

@@ -43,6 +43,7 @@ class _Watch:
     pace: Pace | None = None
     last_step: int | None = None
     records: int = 0
+    problem: str | None = None  # why the file cannot be read now (logged once, not every tick)
     recent: list[str] = field(default_factory=list)
     load: LoadWatch = field(default_factory=LoadWatch)  # what the log said of its checkpoint load
     save_started: float | None = None  # when the read that brought a save's start line came
@@ -84,6 +85,7 @@ class ProgressWatch:
         self._last_steps: dict[tuple[int, int], int] = {}  # (job id, restart count) -> newest step logged
         self._step_times: dict[tuple[int, int], float] = {}  # ... -> its latest seconds per step
         self._load_failures: dict[tuple[int, int], str] = {}  # ... -> why its log shows its load failed
+        self._before_load: dict[tuple[int, int], str] = {}  # ... -> what it died of before any load
         self._findings: list[NodeFinding] = []  # stragglers named from per-rank step times
         self._slowdowns: list[tuple[str, tuple[int, int], dict[str, Any]]] = []
 
@@ -96,6 +98,11 @@ class ProgressWatch:
         a load that began and was followed by neither a step nor a finished load. None: no such
         evidence (or never followed)."""
         return self._load_failures.get((job_id, restart_count))
+
+    def failed_before_load(self, job_id: int, restart_count: int) -> str | None:
+        """What the attempt's log shows it died of before any checkpoint load began (once it ended):
+        evidence that the checkpoint it was handed is not to blame."""
+        return self._before_load.get((job_id, restart_count))
 
     def save_s(self, job_id: int, restart_count: int) -> float | None:
         """The median time the attempt's checkpoint saves stalled its log (between the reads that
@@ -137,7 +144,7 @@ class ProgressWatch:
             if a is None or job is None or job.state is not JobState.RUNNING or a.started_at is None:
                 continue
             seen.add(run.name)
-            watch = self._watch(run, (a.job_id, a.restart_count), a.started_at, job.nodes)
+            watch = self._watch(run, (a.job_id, a.restart_count), a.started_at, job.nodes, job.stdout)
             if watch is None:
                 continue
             self._read(run.name, watch, now)
@@ -176,12 +183,13 @@ class ProgressWatch:
         return min(deadlines) if deadlines else None
 
     def _watch(
-        self, run: RunRecord, key: tuple[int, int], started_at: float, nodes: tuple[str, ...] = ()
+        self, run: RunRecord, key: tuple[int, int], started_at: float, nodes: tuple[str, ...] = (), reported: str = ""
     ) -> _Watch | None:
+        """The attempt's watch, on the output file Slurm reports for its job (else the spec's)."""
         current = self._watches.get(run.name)
         if current is not None and current.key == key:
             return current
-        path = output_path(run.spec, key[0])
+        path = output_path(run.spec, key[0], reported=reported)
         if path is None:
             return None
         same_file = current is not None and current.path == path
@@ -215,11 +223,7 @@ class ProgressWatch:
         watch.series.append((record.step, record.loss, record.grad_norm, record.lr))
 
     def _read(self, run: str, watch: _Watch, now: float) -> None:
-        try:
-            lines = watch.source.read_lines()
-        except OSError as exc:
-            log.warning("progress_unreadable", log=watch.path, error=str(exc))
-            return
+        lines = _new_lines(run, watch)
         if lines:
             watch.recent = (watch.recent + [ln[:200] for ln in lines])[-3:]
             _note_pauses(watch, lines, now)
@@ -260,11 +264,29 @@ class ProgressWatch:
         watch.source.close()
 
     def _note_load(self, watch: _Watch, *, ended: bool) -> None:
-        failure = watch.load.failure(ended=ended)
-        if failure is not None:
-            _bounded_put(self._load_failures, watch.key, failure)
-        else:
-            self._load_failures.pop(watch.key, None)
+        _keep(self._load_failures, watch.key, watch.load.failure(ended=ended))
+        _keep(self._before_load, watch.key, watch.load.before_load() if ended else None)
+
+
+def _keep(memory: dict[tuple[int, int], str], key: tuple[int, int], why: str | None) -> None:
+    if why is not None:
+        _bounded_put(memory, key, why)
+    else:
+        memory.pop(key, None)
+
+
+def _new_lines(run: str, watch: _Watch) -> list[str]:
+    """The lines the attempt's output gained; none when it cannot be read (a refused path: a link,
+    a FIFO, a file of the daemon's), which is logged once, not on every tick."""
+    try:
+        lines = watch.source.read_lines()
+    except OSError as exc:
+        if str(exc) != watch.problem:
+            log.warning("progress_unreadable", run=run, log=watch.path, error=str(exc))
+        watch.problem = str(exc)
+        return []
+    watch.problem = None
+    return lines
 
 
 def _note_pauses(watch: _Watch, lines: list[str], now: float) -> None:

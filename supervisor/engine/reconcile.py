@@ -23,10 +23,21 @@ from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.execute import CrashHook, Executor, run_event
 from supervisor.engine.nodes import NodeWatch, forget_returned
 from supervisor.engine.nulls import NoCheckpoints, NoHealthFeed, NoProgress
-from supervisor.engine.observe import Observer
+from supervisor.engine.observe import NodeRoster, Observer
 from supervisor.engine.probes import ProbeTracker
 from supervisor.engine.progress import ProgressWatch
-from supervisor.ports import Clock, Fencer, HealthFeed, NodeProbe, PermanentError, Scheduler, Store, TransientError
+from supervisor.ports import (
+    Accounting,
+    Clock,
+    Fencer,
+    HealthFeed,
+    NodeGuard,
+    NodeProbe,
+    PermanentError,
+    Scheduler,
+    Store,
+    TransientError,
+)
 
 log = structlog.get_logger("supervisor.engine")
 
@@ -82,6 +93,8 @@ class Engine:
         progress: ProgressWatch | None = None,
         checkpoints: CheckpointWatch | None = None,
         health: HealthFeed | None = None,
+        accounting: Accounting | None = None,
+        guard: NodeGuard | None = None,
     ) -> None:
         self.store, self.clock, self.settings = store, clock, settings
         self.progress = progress or NoProgress()
@@ -92,11 +105,13 @@ class Engine:
         self.observer = Observer(
             scheduler=scheduler, store=store, clock=clock, probes=self.probes, progress=self.progress,
             checkpoints=self.checkpoints, nodes=nodes, quarantine=settings.quarantine,
-            node_refresh_ticks=settings.node_refresh_ticks,
+            node_refresh_ticks=settings.node_refresh_ticks, accounting=accounting, guard=guard,
+            roster=health if isinstance(health, NodeRoster) else None,  # a run's token: its job's nodes only
         )  # fmt: skip
         self.executor = Executor(
             scheduler=scheduler, store=store, clock=clock, fencer=fencer, resume_for=self._resume_for,
             ingest_url=settings.ingest_url, node_rights=settings.may_change_nodes, crash_hook=crash_hook,
+            guard=guard,
         )  # fmt: skip
         self.checkpoints.write_through(self.executor.apply)
         self._recheck_at: float | None = None  # a decision waits for evidence (or a page) until then
@@ -220,6 +235,7 @@ class Engine:
         hooked = [HookDrain(n, at) for n, at in self._hook_drains.items()]
         mine = run.attempt.nodes if run.attempt else ()
         left = drains_left(self.store.node_changes(now - WINDOW_S), run.name, now, caps, hooked, mine)
+        left = 0 if self.executor.guard_capped(now) else left  # the node guard's cluster-wide cap
         return Policy(
             may_change_nodes=self.executor.node_rights,
             drains_left=left,

@@ -5,7 +5,8 @@ Mirrors what /work/shared/SLURM-NOTES.md measured: a crashed node gets NOT_RESPO
 (restart_count+1) at that moment; an admin DOWN requeues at once; a requeued job cannot start
 again for ``cred_expire`` seconds; finished jobs vanish after ``min_job_age``. Fault injection
 (``crash_node``, ``freeze_node``, ``restore_node``, ``fail_prolog``) and a call log make it a
-test bed; ``incarnation_log`` tells which copies of a job really executed when.
+test bed; ``incarnation_log`` tells which copies of a job really executed when. It is also the
+Accounting port (``job_records``, as sacct: slurmdbd keeps the jobs squeue forgot).
 
 Error choices follow slurmctld: requeue of a pending job or of a job submitted without
 ``requeue`` is refused, exclusion changes only on pending jobs, RESUME only on DOWN/DRAIN nodes.
@@ -74,6 +75,8 @@ class SimCluster:
         self.calls: list[Call] = []
         #: The subset of ``calls`` that raised a PortError.
         self.failed_calls: list[Call] = []
+        self._archive: dict[int, SimJob] = {}  # every job submitted: what slurmdbd keeps
+        self._slurmdbd_down = False
 
     # -- Scheduler port -------------------------------------------------------------------------
 
@@ -91,6 +94,7 @@ class SimCluster:
         with self._call("submit", request):
             self._check_submit(request)
             job = self._state.submit(request)
+            self._archive[job.job_id] = job
             self._state.schedule()
             return job.job_id
 
@@ -196,6 +200,22 @@ class SimCluster:
         if node.down or node.drain:
             self._state.resume(node)
         self._state.schedule()
+
+    # -- Accounting port (sacct: slurmdbd keeps the jobs squeue forgets after min_job_age) -------
+
+    def job_records(self, job_ids: Iterable[int]) -> dict[int, JobInfo]:
+        """Every job ever submitted here, purged or not, as its latest state; TransientError while
+        ``slurmdbd_down`` (the controller's state does not matter: sacct asks slurmdbd)."""
+        ids = tuple(sorted(set(job_ids)))
+        call: Call = ("job_records", ids)
+        self.calls.append(call)
+        if self._slurmdbd_down:
+            self.failed_calls.append(call)
+            raise TransientError("sacct: Problem talking to the database: Connection refused")
+        return {j: self._archive[j].info() for j in ids if j in self._archive}
+
+    def slurmdbd_down(self, down: bool = True) -> None:
+        self._slurmdbd_down = down
 
     def controller_down(self, down: bool = True) -> None:
         """While down, every port call raises TransientError (the cluster itself carries on)."""

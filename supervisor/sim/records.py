@@ -6,6 +6,7 @@ domain's frozen ``NodeInfo``/``JobInfo``; ``Incarnation`` is the frozen view of 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -190,4 +191,5 @@ class SimJob:
             submit_time=self.submit_time,
             start_time=self.start_time,
             end_time=self.end_time,
+            user_id=os.getuid(),  # the simulated Slurm runs every job as the daemon's user
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -81,7 +82,19 @@ class SupervisorProcess:
             stdin=subprocess.DEVNULL,
         )
         log.close()
+        self.wait_api()
         return self
+
+    def wait_api(self, timeout: float = 30.0) -> None:
+        """Until the daemon's local API accepts connections (the CLI's changes go through it) or the
+        daemon exits."""
+        deadline = time.monotonic() + timeout
+        while self.proc is not None and self.proc.poll() is None and not _accepts(self.state_dir / "api.sock"):
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the daemon's API did not answer within {timeout} s:\n{self.log_path.read_text()[-3000:]}"
+                )
+            time.sleep(0.05)
 
     def stop(self, timeout: float = 15.0) -> int | None:
         if self.proc is None:
@@ -136,6 +149,15 @@ class SupervisorProcess:
                 return last
             time.sleep(interval)
         raise AssertionError(f"run {run} attempt {attempt} not running within {timeout} s; last status {last}")
+
+
+def _accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def write_run(

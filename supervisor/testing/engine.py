@@ -10,7 +10,9 @@ and ``Clock`` will do), and the optional collaborators, as attributes a test may
 * ``hang``: when set, a ``ProgressWatch`` following ``logs`` (a ``MemoryLogs`` opener);
 * ``ckpt``: when set, a ``CheckpointWatch`` over that ``CheckpointStore``, working inline, writing
   resume files into ``files`` through ``write_resume``;
-* ``crash_hook``: read at every action boundary of whichever engine is current.
+* ``crash_hook``: read at every action boundary of whichever engine is current;
+* ``accounting``: the Accounting port (sacct) the next engine reads forgotten jobs from (None: a
+  cluster without slurmdbd).
 
 This module sits in the ``testing`` layer (pyproject's import-linter contract), beside the adapters
 and below the simulator, so it imports neither: the concrete store, cluster and checkpoint storage
@@ -34,7 +36,17 @@ from supervisor.domain.run import RunSpec, RunState
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.reconcile import CrashHook, Engine, EngineSettings, TickResult
-from supervisor.ports import CheckpointStore, Clock, Fencer, HealthFeed, NodeProbe, Scheduler, Store
+from supervisor.ports import (
+    Accounting,
+    CheckpointStore,
+    Clock,
+    Fencer,
+    HealthFeed,
+    NodeGuard,
+    NodeProbe,
+    Scheduler,
+    Store,
+)
 from supervisor.testing.logs import MemoryLogs
 
 S = TypeVar("S", bound=Scheduler)
@@ -68,6 +80,8 @@ class EngineHarness(Generic[S]):
         self.hang = hang
         self.ckpt = ckpt
         self.crash_hook: CrashHook | None = None
+        self.guard: NodeGuard | None = None  # the node guard, when a test sets one before new_engine()
+        self.accounting: Accounting | None = None  # sacct for jobs squeue forgot; None: no slurmdbd
         self.interval = interval
         self.view = view or scheduler.snapshot  # what job() reads: give a side-effect-free one if there is
         self.logs = MemoryLogs()
@@ -108,7 +122,9 @@ class EngineHarness(Generic[S]):
             crash_hook=self._crash,
             progress=progress,
             checkpoints=checkpoints,
+            accounting=self.accounting,
             health=self.health,
+            guard=self.guard,
         )
         return self.engine
 

@@ -37,6 +37,7 @@ from supervisor.testing._daemon import (
     search_path,
     unavailable_reason,
 )
+from supervisor.testing.accounting import Accounting
 
 log = structlog.get_logger()
 
@@ -50,6 +51,8 @@ class LocalSlurm:
 
     Attributes once started: ``root`` (its directory), ``slurm_conf``, ``env`` (SLURM_CONF and
     PATH for clients), ``nodes`` (names), ``partition``, ``ctld_port``, ``node_ports``.
+    With ``accounting=True`` the cluster keeps job records in a real slurmdbd over a private
+    MariaDB (``accounting``, see supervisor.testing.accounting): ``sacct`` answers.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class LocalSlurm:
         cpus_per_node: int = 1,
         ready_timeout: float = 30.0,
         keep_dir: bool = False,
+        accounting: bool = False,
     ) -> None:
         self.nodes = [f"{prefix}{i}" for i in range(1, nodes + 1)]
         self.partition = partition
@@ -80,6 +84,8 @@ class LocalSlurm:
         self._munged: Daemon | None = None
         self._ctld: Daemon | None = None
         self._slurmd: dict[str, Daemon] = {}
+        self.accounting: Accounting | None = None
+        self._with_accounting = accounting
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -98,6 +104,9 @@ class LocalSlurm:
         try:
             self._prepare()
             self._start_munged()
+            if self.accounting is not None:
+                self.accounting.start(self._env())
+                self.accounting.register(self.run)
             self._ctld = self._daemon("slurmctld", ["slurmctld", "-D", "-i"], "slurmctld")
             self.start_controller()
             for name in self.nodes:
@@ -119,7 +128,7 @@ class LocalSlurm:
         """Kill every daemon and job process (by cgroup and recorded PID), remove the cgroups and
         (unless ``keep_dir``) the directory. Best effort: a failing step is logged, the rest runs."""
         steps: list[tuple[str, Callable[[], None]]] = [(d.name, d.kill) for d in self._slurmd.values()]
-        for daemon in (self._ctld, self._munged):
+        for daemon in (self._ctld, self.accounting, self._munged):  # slurmdbd after slurmctld, before munged
             if daemon is not None:
                 steps.append((daemon.name, functools.partial(daemon.terminate, timeout=5.0)))
         if self._cgroup_root is not None:
@@ -143,6 +152,9 @@ class LocalSlurm:
             (self.root / sub).mkdir()
         if len(str(self.munge_socket)) > 100:
             raise LocalSlurmError(f"path too long for a unix socket: {self.munge_socket}")
+        if self._with_accounting:
+            root, conf, socket = self.root / "accounting", self.root / "slurm.conf", self.munge_socket
+            self.accounting = Accounting(root, slurm_conf=conf, munge_socket=socket, cluster="localslurm")
         ports = free_ports(len(self.nodes) + 1)
         self.ctld_port, self.node_ports = ports[0], dict(zip(self.nodes, ports[1:], strict=True))
         self.slurm_conf = self.root / "slurm.conf"
@@ -160,6 +172,7 @@ class LocalSlurm:
 
     def render_conf(self) -> str:
         settings = _conf.base_settings(self.root, self.ctld_port, self.munge_socket)
+        settings.update(self.accounting.slurm_settings() if self.accounting is not None else {})
         settings.update(self.extra_conf)
         return _conf.render(settings, self.node_ports, self.partition, self.cpus_per_node)
 

@@ -62,3 +62,22 @@ def as_user(
         timeout=timeout,
         check=False,
     )
+
+
+def python_for_others() -> tuple[list[str], dict[str, str]]:
+    """An interpreter other accounts can run with this project importable: ``(argv prefix, env)``.
+    This one when every folder above it is searchable by others; else the system's ``python3`` of
+    the same version with this environment's packages on PYTHONPATH (a pyenv under a 0700 /root)."""
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    real = Path(sys.executable).resolve()
+    if all(p.stat().st_mode & 0o001 for p in real.parents):
+        return [sys.executable], {}
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if system is None or Path(f"/usr/lib/python{version}").is_dir() is False:
+        raise UsersUnavailable(f"no interpreter for other accounts: {real} is private and no python{version} in /usr")
+    root = Path(__file__).resolve().parents[2]
+    return [system], {"PYTHONPATH": f"{sysconfig.get_paths()['purelib']}:{root}"}

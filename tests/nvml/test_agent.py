@@ -32,7 +32,9 @@ CLI = str(Path(sys.executable).parent / "slurm-supervisor")
 
 @pytest.fixture
 def ingest() -> Iterator[IngestServer]:
-    srv = IngestServer(ReportIngest({"run1": TOKEN}, HealthRules(), SystemClock()), port=0)
+    feed = ReportIngest({"run1": TOKEN}, HealthRules(), SystemClock())
+    feed.publish_job_nodes({"run1": frozenset({"gpu007", "gpu011"})})  # run1's job, as the engine says
+    srv = IngestServer(feed, port=0)
     srv.start()
     yield srv
     srv.stop()

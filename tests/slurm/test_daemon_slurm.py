@@ -102,8 +102,8 @@ def test_node_crash_is_recovered_by_the_daemon(slurm_cluster, tmp_path):
 def test_daemon_killed_mid_recovery_resumes_without_duplicates(slurm_cluster, tmp_path, crash_at):
     sup = SupervisorProcess(slurm_cluster, tmp_path)
     spec, marks = start_run(slurm_cluster, tmp_path)
-    sup.cli("submit", str(spec))
     sup.start()  # a plain daemon for the first submission (the crash point names a recovery step)
+    sup.cli("submit", str(spec))  # through the daemon's API
     first = sup.wait_running("llm", attempt=0)
     assert sup.stop() == 0
     sup.start(f"--crash-at={crash_at}")
@@ -157,10 +157,14 @@ def test_controller_down_for_a_minute(slurm_cluster, tmp_path):
 def test_submit_to_a_partition_that_does_not_exist(slurm_cluster, tmp_path):
     sup = SupervisorProcess(slurm_cluster, tmp_path)
     spec = write_run(tmp_path, "llm", nodes=2, partition="nosuch", script_body="true\n")
-    done = sup.cli("submit", str(spec), check=False)
-    assert done.returncode == 1
-    assert "nosuch" in done.stderr and slurm_cluster.partition in done.stderr and "Fix" in done.stderr
-    assert "no run" in sup.cli("status").stdout or "llm" not in sup.cli("status").stdout
+    sup.start()  # the daemon's API checks the spec with Slurm, as the instance's account
+    try:
+        done = sup.cli("submit", str(spec), check=False)
+        assert done.returncode == 1
+        assert "nosuch" in done.stderr and slurm_cluster.partition in done.stderr and "Fix" in done.stderr
+        assert "no run" in sup.cli("status").stdout or "llm" not in sup.cli("status").stdout
+    finally:
+        sup.stop()
 
 
 def _wait_node_down(cluster, node: str, timeout: float = 40.0) -> float:

@@ -63,11 +63,11 @@ def test_a_spec_slurm_refuses_is_refused_at_submit_and_never_retried_in_a_loop(s
     text = spec.read_text().replace("nodes = 1\n", 'nodes = 1\nsbatch_args = ["--gres=gpu:8"]\n')
     spec.write_text(text)
     sup = SupervisorProcess(slurm_cluster, tmp_path)
-    refused = sup.cli("submit", str(spec), check=False)
-    assert refused.returncode == 1 and "Slurm would refuse" in refused.stderr and "gres" in refused.stderr.lower()
-    assert sup.cli("submit", "--no-slurm-check", str(spec)).returncode == 0
-    sup.start()
+    sup.start()  # submits go through the daemon's API, which asks Slurm as the instance's account
     try:
+        refused = sup.cli("submit", str(spec), check=False)
+        assert refused.returncode == 1 and "Slurm would refuse" in refused.stderr and "gres" in refused.stderr.lower()
+        assert sup.cli("submit", "--no-slurm-check", str(spec)).returncode == 0
         _wait_for(lambda: sup.status("llm")["state"] == "failed", 120.0, "the run blocked")
         time.sleep(3.0)  # nothing more may happen
     finally:

@@ -1,4 +1,7 @@
-"""The CLI as people use it: bad input is refused with a clear message and changes nothing."""
+"""The CLI as people use it: bad input is refused with a clear message and changes nothing.
+
+Changes go through the instance's local API (served here in-process over the state directory,
+as the daemon serves it); reads too while it answers."""
 
 import json
 
@@ -6,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from supervisor.adapters.sqlite import SqliteStore
+from supervisor.api.testing import local_api
 from supervisor.cli import main
 
 GOOD = """
@@ -24,7 +28,8 @@ nodes = "n[3-4]"
 def env(tmp_path):
     (tmp_path / "train.sbatch").write_text("#!/bin/bash\nsrun true\n")
     state = tmp_path / "state"
-    return tmp_path, {"SLURM_SUPERVISOR_STATE_DIR": str(state)}, state
+    with local_api(state):
+        yield tmp_path, {"SLURM_SUPERVISOR_STATE_DIR": str(state)}, state
 
 
 def invoke(env_vars, *args):
@@ -121,9 +126,13 @@ def test_quarantine_lists_repeat_offenders_and_clear_ends_it(tmp_path):
     for i in range(2):
         store.record_node_fault(Fault("gpu-7", now - 3600 * (i + 1), "a", f"XID 79 (#{i})", key=f"k{i}"))
     runner = CliRunner()
-    out = runner.invoke(main, ["--state-dir", str(state), "quarantine", "list"])
+    out = runner.invoke(main, ["--state-dir", str(state), "quarantine", "list"])  # read straight: no daemon
     assert out.exit_code == 0 and out.output.startswith("gpu-7  until ") and "XID 79 (#0)" in out.output
     out = runner.invoke(main, ["--state-dir", str(state), "quarantine", "clear", "gpu-7", "--note", "GPU replaced"])
-    assert out.exit_code == 0 and "cleared" in out.output
-    out = runner.invoke(main, ["--state-dir", str(state), "quarantine", "list"])
+    assert out.exit_code == 1 and "no slurm-supervisor daemon answers" in out.output  # changes need the daemon
+    with local_api(state):
+        out = runner.invoke(main, ["--state-dir", str(state), "quarantine", "clear", "gpu-7", "--note", "GPU replaced"])
+        assert out.exit_code == 0 and "cleared" in out.output
+        out = runner.invoke(main, ["--state-dir", str(state), "quarantine", "list"])
     assert out.output.strip() == "no node is quarantined"
+    assert store.quarantine_clears().keys() == {"gpu-7"}

@@ -291,10 +291,15 @@ def test_sbatch_args_the_supervisor_owns(tmp_path: Path, arg: str, why: str) -> 
     assert why in message
 
 
-@pytest.mark.parametrize("arg", ["--exclusive", "--no-kill", "--constraint=h100", "--gpus-per-node=8", "--exc"])
+@pytest.mark.parametrize("arg", ["--exclusive", "--no-kill", "--constraint=h100", "--gpus-per-node=8", "--exclus"])
 def test_sbatch_args_that_are_allowed(tmp_path: Path, arg: str) -> None:
     spec = load_run_spec(spec_in(tmp_path, with_run(sbatch_args=f'["{arg}"]')))
     assert spec.sbatch_args == (arg,)
+
+
+def test_an_abbreviation_sbatch_finds_ambiguous_is_refused(tmp_path: Path) -> None:
+    message = error_of(spec_in(tmp_path, with_run(sbatch_args='["--exc"]')))
+    assert 'run.sbatch_args[0] = "--exc": --exc is ambiguous to sbatch (--exclude, --exclusive)' in message
 
 
 def test_script_that_pins_nodes_is_refused(tmp_path: Path) -> None:
@@ -368,7 +373,7 @@ def test_no_daemon_config_gives_the_defaults() -> None:
     assert config == DaemonConfig()
     assert config.daemon.state_dir == Path("/var/lib/slurm-supervisor")
     assert config.daemon.poll_interval_s == 5.0
-    assert config.daemon.may_change_nodes is True
+    assert config.daemon.may_change_nodes is None and config.may_change_nodes is False  # no guard, no changes
     assert config.daemon.max_drains_per_hour == 8
     assert config.slurm.slurm_conf is None and config.slurm.bin_dir is None
     assert config.slurm.command_timeout_s == 20.0
@@ -501,7 +506,7 @@ def test_checkpoint_mistakes_name_the_key_and_the_fix(tmp_path: Path, body: str,
 def test_the_stall_limit_is_twice_the_units_watchdog() -> None:
     from supervisor.config.daemon_file import LOOP_STALL_LIMIT_S
 
-    unit = (Path(__file__).resolve().parents[2] / "systemd" / "slurm-supervisor.service").read_text()
+    unit = (Path(__file__).resolve().parents[2] / "systemd" / "slurm-supervisor@.service").read_text()
     watchdog_s = float(next(line for line in unit.splitlines() if line.startswith("WatchdogSec=")).split("=")[1])
     assert 2 * watchdog_s == LOOP_STALL_LIMIT_S
     assert load_daemon_config(None).daemon.stall_limit_s == LOOP_STALL_LIMIT_S

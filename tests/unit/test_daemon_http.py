@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_ingest import FakeClock, body
+from test_ingest import FakeClock, body, report
 
 from supervisor.adapters.ingest import IngestServer, ReportIngest
+from supervisor.adapters.page_renderer import ThreadRenderer
 from supervisor.adapters.pages import mount_pages
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.tokens import HOOKS, TokenBook
@@ -20,6 +21,7 @@ from supervisor.domain.gpu_health import HealthRules
 from supervisor.domain.run import RunSpec, RunState
 
 SPEC = RunSpec(name="llm", script="/x.sbatch", partition="gpu", nodes=2)
+READ_TOKEN = "read-token-0123456789abcdef"
 
 
 @pytest.fixture
@@ -28,10 +30,13 @@ def world(tmp_path: Path) -> Iterator[tuple[IngestServer, SqliteStore, Path]]:
     store.add_run(SPEC, time.time())
     hook_file = tmp_path / "hook.token"
     hook_file.write_text("site-hook-token-0123456789\n")
+    hook_file.chmod(0o600)  # a secret: read like the others (owner only)
     reader = SqliteStore(tmp_path)  # the ingest thread's own connection, as in the daemon
     book = TokenBook(reader.active_tokens, hook_token_file=str(hook_file), refresh_s=0.0)
-    server = IngestServer(ReportIngest(book, HealthRules(), FakeClock()), port=0)
-    mount_pages(server, reader)
+    feed = ReportIngest(book, HealthRules(), FakeClock())
+    feed.publish_job_nodes({"llm": frozenset({"gpu001", "gpu002"})})  # the run's job, as the engine says
+    server = IngestServer(feed, port=0)
+    mount_pages(server, ThreadRenderer(SqliteStore(tmp_path)), READ_TOKEN)  # the pages' own connection
     server.start()
     yield server, store, hook_file
     server.stop()
@@ -61,7 +66,8 @@ def test_a_runs_token_is_made_once_and_accepted_until_the_run_ends(world) -> Non
 
 def test_hooks_report_with_the_site_token_under_their_pseudo_run(world) -> None:
     server, store, hook_file = world
-    assert request(server, "POST", f"/v1/reports/{HOOKS}", body(), "site-hook-token-0123456789")[0] == 200
+    hook = body(report(source="healthcheck"))
+    assert request(server, "POST", f"/v1/reports/{HOOKS}", hook, "site-hook-token-0123456789")[0] == 200
     assert request(server, "POST", f"/v1/reports/{HOOKS}", body(node="gpu003"), store.run_token("llm"))[0] == 403
     hook_file.unlink()  # no hook token configured: hook reports are refused
     assert request(server, "POST", f"/v1/reports/{HOOKS}", body(node="gpu004"), "site-hook-token-0123456789")[0] in (
@@ -72,14 +78,15 @@ def test_hooks_report_with_the_site_token_under_their_pseudo_run(world) -> None:
 
 def test_metrics_and_the_logbook_page_are_served_read_only(world) -> None:
     server, _, _ = world
-    status, ctype, text = request(server, "GET", "/metrics")
+    status, ctype, text = request(server, "GET", "/metrics", token=READ_TOKEN)
     assert status == 200 and ctype.startswith("text/plain")
     names = {f.name for f in text_string_to_metric_families(text.decode())}
     assert any(n.endswith("runs") for n in names), names
-    status, ctype, page = request(server, "GET", "/runs/llm/logbook")
+    status, ctype, page = request(server, "GET", "/runs/llm/logbook", token=READ_TOKEN)
     assert status == 200 and ctype.startswith("text/html") and b"llm" in page
-    assert request(server, "GET", "/runs/nope/logbook")[0] == 404
-    assert request(server, "POST", "/metrics", b"x")[0] == 405
+    assert request(server, "GET", "/runs/nope/logbook", token=READ_TOKEN)[0] == 404
+    assert request(server, "POST", "/metrics", b"x", token=READ_TOKEN)[0] == 405
+    assert request(server, "GET", "/metrics")[0] == 401  # no read token: nothing (tests/hostile)
 
 
 def test_the_daemons_pager_posts_a_page_worthy_event_once(tmp_path: Path) -> None:

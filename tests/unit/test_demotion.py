@@ -104,3 +104,15 @@ def test_training_past_the_checkpoint_or_a_faulty_node_breaks_the_streak():
 def test_a_long_attempt_without_evidence_is_not_a_failed_load():
     long = [_attempt(1, lasted=1800.0), _attempt(2, lasted=1800.0)]
     assert failed_load_demotion(long, {1: "s500", 2: "s500"}, CKPTS, ()) is None
+
+
+def test_attempts_that_died_before_any_load_began_never_walk_a_checkpoint_back():
+    """Issue 21 item 3 / bench/storms.py (b): every attempt dies of an import error before it loads
+    anything. Its log says so, so the failure is not the checkpoint's: not even the one step back
+    allowed without evidence is taken."""
+    early = "its log shows it failed before loading any checkpoint: ModuleNotFoundError: No module named 'apex'"
+    attempts = [_attempt(s, failed_before_load=early) for s in (1, 2, 3)]
+    assert failed_load_demotion(attempts, {1: "s500", 2: "s500", 3: "s500"}, CKPTS, ()) is None
+    # ... while a log that shows a load error as well still counts as a failed load
+    both = [_attempt(s, failed_before_load=early, load_failed="RuntimeError: Error(s) in loading") for s in (1, 2)]
+    assert isinstance(failed_load_demotion(both, {1: "s500", 2: "s500"}, CKPTS, ()), Demotion)

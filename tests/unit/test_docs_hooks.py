@@ -40,4 +40,5 @@ def test_the_agent_line_of_the_docs_uses_that_venv():
 def test_the_checkout_wrappers_default_to_that_venvs_python():
     for kind in ("prolog", "epilog", "healthcheck"):
         text = (REPO / "hooks" / kind).read_text()
-        assert f'"${{SLURM_SUPERVISOR_PYTHON:-{VENV}/bin/python}}" -m supervisor hook {kind}' in text, kind
+        assert f'"${{SLURM_SUPERVISOR_PYTHON:-{VENV}/bin/python}}" -P -m supervisor hook {kind}' in text, kind
+        assert "\ncd /\n" in text, kind  # run as root: never from the working directory slurmd left

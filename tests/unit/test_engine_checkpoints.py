@@ -294,14 +294,15 @@ UNRELATED = (  # a bad module load and a broken data mount: nothing to do with t
     "Lmod has detected the following error: Unable to load module because of error: cuda/12.4",
     "FileNotFoundError: [Errno 2] No such file or directory: '/lustre/data/tokens_text_document.bin'",
 )
+SILENT = UNRELATED[:2]  # the shell's complaints only: nothing says when or why the trainer stopped
 
 
 def test_attempts_dying_at_start_for_another_reason_fall_back_one_checkpoint_at_most(tmp_path):
-    """Every attempt dies 20 s after starting for a reason that is not the checkpoint's (issue 21:
-    the old rule walked back from 500 to 100, two attempts a checkpoint). Without evidence that
-    loading failed the run falls back once (500 -> 400), then keeps 400 and says why."""
+    """Every attempt dies 20 s after starting, its log saying nothing of why (issue 21: the old rule
+    walked back from 500 to 100, two attempts a checkpoint). Without evidence that loading failed
+    the run falls back once (500 -> 400), then keeps 400 and says why."""
     w = _storm_world(tmp_path)
-    handed = [_die(w, seq, UNRELATED, 20.0) for seq in range(11)]  # attempt 0 started from scratch
+    handed = [_die(w, seq, SILENT, 20.0) for seq in range(11)]  # attempt 0 started from scratch
     assert handed[:3] == ["", "500", "500"] and set(handed[3:]) == {"400"}
     assert w.submitted_env()["SSV_RESUME_STEP"] == "400"
     passed = _passed_over(w)
@@ -309,6 +310,18 @@ def test_attempts_dying_at_start_for_another_reason_fall_back_one_checkpoint_at_
     assert "no evidence that loading it failed" in passed[0].message
     kept = [e for e in w.events(EventKind.WARNING) if "kept:" in e.message]
     assert len(kept) == 1 and "step_000400" in kept[0].message and "does not fall back further" in kept[0].message
+
+
+def test_attempts_whose_log_shows_an_error_before_any_load_never_walk_back(tmp_path):
+    """The same crash loop, but each log ends with the exception the trainer died of before it
+    loaded anything (bench/storms.py (b)): the checkpoint is not to blame, and none is passed
+    over — not even the one step back allowed without evidence."""
+    w = _storm_world(tmp_path)
+    handed = [_die(w, seq, UNRELATED, 20.0) for seq in range(7)]
+    assert handed[0] == "" and set(handed[1:]) == {"500"}
+    assert _passed_over(w) == []
+    a = w.store.attempts("llm")[-2]  # the newest that died (the last one runs)
+    assert a.failed_before_load is not None and "FileNotFoundError" in a.failed_before_load
 
 
 MEGATRON_LOAD_ERROR = (

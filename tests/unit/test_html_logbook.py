@@ -186,6 +186,13 @@ def test_follow_hands_over_only_new_events():
 
 
 def test_follow_prints_new_events_and_exits_cleanly_on_ctrl_c(demo_dir):
+    from supervisor.api.testing import local_api
+
+    with local_api(demo_dir):  # the note goes through the instance's API; --follow reads through it
+        _follow_sees_a_note(demo_dir)
+
+
+def _follow_sees_a_note(demo_dir):
     env = {**os.environ, "SLURM_SUPERVISOR_STATE_DIR": str(demo_dir)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "supervisor", "logbook", DEMO, "--follow", "--interval", "0.2", "--kind", "note"],

@@ -32,6 +32,13 @@ class FakeClock:
 
 
 TOKENS = {"run-a": "token-a-0123456789", "run-b": "token-b-0123456789"}
+JOBS = {"run-a": frozenset({"gpu001", "a"}), "run-b": frozenset({"gpu001", "b"})}  # each run's job's nodes
+
+
+def new_ingest(clock: FakeClock) -> ReportIngest:
+    ingest = ReportIngest(dict(TOKENS), HealthRules(), clock)
+    ingest.publish_job_nodes(JOBS)  # what the engine does every tick
+    return ingest
 
 
 @pytest.fixture
@@ -41,7 +48,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def server(clock: FakeClock) -> Iterator[IngestServer]:
-    srv = IngestServer(ReportIngest(dict(TOKENS), HealthRules(), clock), port=0, max_body=64 * 1024)
+    srv = IngestServer(new_ingest(clock), port=0, max_body=64 * 1024)
     srv.start()
     yield srv
     srv.stop()
@@ -214,7 +221,7 @@ def test_sender_buffers_while_the_daemon_is_down_then_delivers(clock: FakeClock)
     assert sender.pending == 3 and sender.dropped == 2  # the two oldest dropped
     assert sender.flush(0.0) is False
     assert sender.flush(0.5) is False and sender.pending == 3  # backing off: no attempt
-    srv = IngestServer(ReportIngest(dict(TOKENS), HealthRules(), clock), port=port)
+    srv = IngestServer(new_ingest(clock), port=port)
     srv.start()
     try:
         assert sender.flush(100.0) is True and sender.pending == 0 and sender.dropped == 0

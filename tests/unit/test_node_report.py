@@ -76,7 +76,7 @@ def test_wire_form_leaves_out_what_was_not_read() -> None:
         (dict(reports=(report(gpus=(GpuSample(i=0, ecc_unc_vol=-5),)),)), "must not be negative"),
         (dict(reports=(report(gpus=(GpuSample(i=0, util=250),)),)), "util must be within"),
         (dict(reports=(report(gpus=(GpuSample(i=0, power_w=float("inf")),)),)), "power_w"),
-        (dict(reports=(report(gpus=(GpuSample(i=0, uuid="x" * 300),)),)), "at most 256"),
+        (dict(reports=(report(gpus=(GpuSample(i=0, uuid="x" * 300),)),)), "at most 128"),  # an identifier
         (dict(reports=(report(xids=(XidEvent(gpu=99, xid=79, at=1.0),)),)), "xid event 79"),
         (dict(reports=(report(errors=("e",) * 100),)), "errors"),
     ],

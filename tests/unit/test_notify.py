@@ -86,8 +86,8 @@ def test_gave_up_pages_once_in_slack_format(hook, store):
     notifier = WebhookNotifier(hook.url, "slack", backoff_s=0.01)
     store.record_event(_ev(EventKind.STARTED, 0))
     store.record_event(_ev(EventKind.GAVE_UP, 100, message="restart budget spent (5 of 5); giving up"))
-    cursor = notify_new_events(store, notifier, T0)
-    assert cursor == T0 + 100
+    cursor = notify_new_events(store, notifier, 0)
+    assert cursor == store.last_event_id() == 2
     assert notifier.flush() == 1
     assert notify_new_events(store, notifier, cursor) == cursor and notifier.flush() == 0  # the same incident
     (body,) = hook.bodies()
@@ -96,11 +96,48 @@ def test_gave_up_pages_once_in_slack_format(hook, store):
     assert "dedup `llama-70b:gave_up`" in json.dumps(body["blocks"])
 
 
+class CountingStore(SqliteStore):
+    """The real store, counting the logbook events each read hands back."""
+
+    read = 0
+
+    def events(self, run=None):
+        out = super().events(run)
+        self.read += len(out)
+        return out
+
+    def events_after(self, after_id, limit=1000):
+        last, out = super().events_after(after_id, limit)
+        self.read += len(out)
+        return last, out
+
+
+def test_a_tick_reads_only_the_events_recorded_since_the_last(tmp_path):
+    """A long run's logbook holds tens of thousands of events: the pager's per-tick cost must not
+    grow with it (security review finding #17: it read every event every tick)."""
+    store = CountingStore(tmp_path)
+    with store.transaction():  # one commit for the history, not 5,000
+        for i in range(5000):
+            store.record_event(_ev(EventKind.CHECKPOINT_VERIFIED, i, key=f"v{i}"))
+    notifier = WebhookNotifier("https://hooks.example/x", "slack")
+    cursor = store.last_event_id()  # the daemon starts here: old events do not page again
+    store.read = 0
+    for _ in range(10):
+        cursor = notify_new_events(store, notifier, cursor)
+    assert store.read == 0
+    store.record_event(_ev(EventKind.GAVE_UP, 6000, message="budget spent", key="g"))
+    store.record_event(_ev(EventKind.STARTED, -10, key="late"))  # stamped earlier, recorded later: still read
+    cursor = notify_new_events(store, notifier, cursor)
+    assert store.read == 2 and cursor == store.last_event_id()
+    assert [a.kind for a in notifier._queue] == ["gave_up"]
+    store.close()
+
+
 def test_stale_checkpoint_triggers_once_and_a_verified_checkpoint_resolves_it_pagerduty(hook, store):
     notifier = WebhookNotifier(hook.url, "pagerduty", routing_key="R0UT1NG", backoff_s=0.01, source="login1")
     store.record_event(_ev(EventKind.CHECKPOINT_STALE, 10, message="no verified checkpoint for 3.0 h", key="s1"))
     store.record_event(_ev(EventKind.CHECKPOINT_STALE, 20, message="no verified checkpoint for 3.5 h", key="s2"))
-    cursor = notify_new_events(store, notifier, T0)
+    cursor = notify_new_events(store, notifier, 0)
     store.record_event(_ev(EventKind.CHECKPOINT_VERIFIED, 30, message="checkpoint step 900 verified", step=900))
     notify_new_events(store, notifier, cursor)
     assert notifier.flush() == 2

@@ -111,3 +111,17 @@ def test_no_load_no_evidence():
 def test_a_retried_load_clears_the_earlier_failure():
     w = _watch(BEGIN, ("mark", "Error loading checkpoint: timeout"), BEGIN, ("step", ""))
     assert w.failure(ended=True) is None
+
+
+def test_an_exception_before_any_load_or_step_says_the_checkpoint_is_not_to_blame():
+    w = _watch(
+        ("lines", "Traceback (most recent call last):"), ("lines", "ModuleNotFoundError: No module named 'apex'")
+    )
+    assert w.failure(ended=True) is None
+    assert "ModuleNotFoundError: No module named 'apex'" in (w.before_load() or "")
+
+
+@pytest.mark.parametrize("then", [BEGIN, ("step", "")])
+def test_a_load_or_a_step_after_the_exception_takes_that_back(then):
+    w = _watch(("lines", "RuntimeError: a warning-like error printed at start"), then)
+    assert w.before_load() is None

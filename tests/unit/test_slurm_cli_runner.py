@@ -57,15 +57,26 @@ def test_missing_binary_is_permanent(tmp_path: Path) -> None:
         SlurmCli(bin_dir=str(tmp_path)).hold(1)
 
 
-def test_submit_passes_env_through_the_process_environment(tmp_path: Path) -> None:
+def test_submit_passes_env_to_the_job_through_an_export_file(tmp_path: Path) -> None:
     record = tmp_path / "record"
-    fake_bin(tmp_path, "sbatch", f'printf "%s\\n" "$@" > {record}.argv; env > {record}.env; echo "77;c"')
-    cli = SlurmCli(bin_dir=str(tmp_path), slurm_conf="/etc/x/slurm.conf", env={"BASE": "b"})
+    body = (
+        f'printf "%s\\n" "$@" > {record}.argv; env > {record}.env; '
+        f'for a in "$@"; do case "$a" in --export-file=*) cat /dev/fd/"${{a#--export-file=}}" > {record}.job;; esac; done; '
+        'echo "77;c"'
+    )
+    fake_bin(tmp_path, "sbatch", body)
+    cli = SlurmCli(bin_dir=str(tmp_path), slurm_conf="/etc/x/slurm.conf", env={"BASE": "b", "FOO": "daemon's"})
     job_id = cli.submit(_request(env={"FOO": "a,b c", "QUOTE": 'it\'s "x"'}))
     assert job_id == 77
-    assert Path(f"{record}.argv").read_text().splitlines() == sbatch_argv(_request())[1:]
+    argv = Path(f"{record}.argv").read_text().splitlines()
+    fd = next(a for a in argv if a.startswith("--export-file=")).split("=", 1)[1]
+    assert argv == sbatch_argv(_request(), export_file=fd)[1:]
+    job = Path(f"{record}.job").read_bytes().split(b"\0")
+    assert {b"FOO=a,b c", b'QUOTE=it\'s "x"'} <= set(job) and b"FOO=daemon's" not in job  # the run's win
+    assert b"BASE=b" in job and b"SLURM_CONF=/etc/x/slurm.conf" in job  # what --export=ALL would have given
     env = Path(f"{record}.env").read_text().splitlines()
-    assert {"FOO=a,b c", 'QUOTE=it\'s "x"', "BASE=b", "SLURM_CONF=/etc/x/slurm.conf"} <= set(env)
+    assert {"BASE=b", "SLURM_CONF=/etc/x/slurm.conf"} <= set(env)
+    assert not any(line.startswith(("FOO=", "QUOTE=")) for line in env)  # the job's, not sbatch's
 
 
 def test_cancel_of_ended_job_is_not_an_error(tmp_path: Path) -> None:

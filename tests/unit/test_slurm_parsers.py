@@ -374,6 +374,8 @@ def test_2302_node_list() -> None:
         (1, "sbatch: error: Batch job submission failed: Invalid partition name specified", PermanentError),
         (1, "slurm_update error: Access/permission denied", PermissionDenied),
         (1, "scancel: error: Kill job error on job id 5: Access/permission denied", PermissionDenied),
+        # Slurm 22.05 to an ordinary user's `scontrol update nodename=...` (measured on the harness)
+        (1, "slurm_update error: Invalid user id", PermissionDenied),
     ],
 )
 def test_classify(rc: int, stderr: str, kind: type | None) -> None:

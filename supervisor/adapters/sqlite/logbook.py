@@ -47,6 +47,17 @@ class SqliteLogbook(SqliteBase):
         ).fetchone()
         return None if row is None else _event_from_row(row)
 
+    def last_event_id(self) -> int:
+        """The number of the newest event (0 when there is none): a reader starts after it."""
+        return int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
+
+    def events_after(self, after_id: int, limit: int = 1000) -> tuple[int, list[Event]]:
+        """At most ``limit`` events recorded after the one numbered ``after_id``, in the order they
+        were recorded, and the number of the last one (``after_id`` when there is none): a reader
+        that keeps it reads each event once, however long the logbook grows."""
+        rows = self._db.execute("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit)).fetchall()
+        return (rows[-1]["id"] if rows else after_id), [_event_from_row(r) for r in rows]
+
     def events(self, run: str | None = None) -> list[Event]:
         sql, args = "SELECT * FROM events ORDER BY id", cast(tuple[Any, ...], ())
         if run is not None:

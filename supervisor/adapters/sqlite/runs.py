@@ -26,7 +26,8 @@ from supervisor.ports import PermanentError
 
 
 class SqliteRuns(SqliteBase):
-    def add_run(self, spec: RunSpec, now: float) -> None:
+    def add_run(self, spec: RunSpec, now: float, owner_uid: int | None = None) -> None:
+        """Register a run; ``owner_uid``: who asked (None: the instance's account)."""
         with self.transaction() as db:
             row = db.execute("SELECT state FROM runs WHERE name = ?", (spec.name,)).fetchone()
             if row is not None and not RunState(row["state"]).terminal:
@@ -41,8 +42,8 @@ class SqliteRuns(SqliteBase):
                 )
             db.execute(
                 "INSERT INTO runs(name, spec, state, restarts_spent, created_at, updated_at,"
-                " cancel_requested, end_reason) VALUES (?, ?, ?, 0, ?, ?, 0, NULL)",
-                (spec.name, json.dumps(_spec_to_json(spec)), RunState.REGISTERED.value, now, now),
+                " cancel_requested, end_reason, owner_uid) VALUES (?, ?, ?, 0, ?, ?, 0, NULL, ?)",
+                (spec.name, json.dumps(_spec_to_json(spec)), RunState.REGISTERED.value, now, now, owner_uid),
             )
 
     def get_run(self, name: str) -> RunRecord | None:
@@ -162,10 +163,11 @@ class SqliteRuns(SqliteBase):
             (last_step, step_time_s, pace, save_s, run, seq),
         )
 
-    def attempt_load_failed(self, run: str, seq: int, why: str) -> None:
-        """Why the attempt's log shows its checkpoint load failed (read back by checkpoint
-        fallback, after a daemon restart too)."""
-        self._db.execute("UPDATE attempts SET load_failed = ? WHERE run = ? AND seq = ?", (why, run, seq))
+    def attempt_load_failed(self, run: str, seq: int, why: str, *, before_load: bool = False) -> None:
+        """Why the attempt's log shows its checkpoint load failed — or, ``before_load``, what it died
+        of before any load began (read back by checkpoint fallback, after a daemon restart too)."""
+        column = "failed_before_load" if before_load else "load_failed"
+        self._db.execute(f"UPDATE attempts SET {column} = ? WHERE run = ? AND seq = ?", (why, run, seq))  # noqa: S608
 
     def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]:
         """The run's attempts in order; only the newest ``last`` when given."""
@@ -191,6 +193,7 @@ class SqliteRuns(SqliteBase):
             attempt=None if a is None else _attempt_from_row(a),
             excluded={r["node"]: r["reason"] for r in ex if not r["deferred"]},
             deferred={r["node"]: (r["since"], r["reason"]) for r in ex if r["deferred"]},
+            owner_uid=row["owner_uid"],
         )
 
 
@@ -212,6 +215,7 @@ def _attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
         step_time_s=r["step_time_s"],
         hang_pace=HangPace.from_json(json.loads(r["hang_pace"])) if r["hang_pace"] else None,
         load_failed=r["load_failed"],
+        failed_before_load=r["failed_before_load"],
         save_s=r["save_s"],
     )
 

@@ -215,6 +215,16 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN save_s REAL;
     """,
+    # 10: who registered each run (the caller's UID as the kernel gave it to the local API);
+    # runs from before have none and belong to the instance's account
+    """
+    ALTER TABLE runs ADD COLUMN owner_uid INTEGER;
+    """,
+    # 11: what an attempt's log shows it died of before any checkpoint load began (checkpoint
+    # fallback's evidence that the checkpoint is not to blame)
+    """
+    ALTER TABLE attempts ADD COLUMN failed_before_load TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

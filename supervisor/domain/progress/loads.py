@@ -97,16 +97,20 @@ class LoadWatch:
 
     ``mark(mark, line)`` for each marked line, ``stepped()`` for a training step, ``lines(lines)``
     for unmarked lines (an exception while a load is under way fails it). ``failure(ended=...)``:
-    why the log shows the load failed, or None."""
+    why the log shows the load failed, or None. ``before_load()``: the exception the attempt died
+    of before any load began or any step — evidence that its failure is not the checkpoint's."""
 
-    __slots__ = ("_began", "_failed", "_loading")
+    __slots__ = ("_began", "_early", "_failed", "_loading", "_quiet")
 
     def __init__(self) -> None:
         self._loading = False
         self._began = ""
         self._failed: str | None = None
+        self._quiet = True  # no load mark and no step yet
+        self._early: str | None = None  # the exception seen while still quiet
 
     def mark(self, mark: LoadMark, line: str) -> None:
+        self._quiet, self._early = False, None
         if mark is LoadMark.FAILED:
             self._failed = _clip(line)
             self._loading = False
@@ -119,9 +123,13 @@ class LoadWatch:
         """A training step: a load under way finished (a step logged after a failure does not
         clear it: the demotion rule tells a checkpoint trained past on its own)."""
         self._loading = False
+        self._quiet, self._early = False, None
 
     def lines(self, lines: Sequence[str]) -> None:
-        """Unmarked lines with no step among them: an exception while loading fails the load."""
+        """Unmarked lines with no step among them: an exception while loading fails the load; one
+        before any load or step is what the attempt died of before its checkpoint mattered."""
+        if self._quiet and self._early is None:
+            self._early = next((_clip(line) for line in lines if _EXCEPTION.search(line)), None)
         if not self._loading:
             return
         for line in lines:
@@ -138,6 +146,13 @@ class LoadWatch:
         if ended and self._loading:
             return f"it began loading a checkpoint ({self._began}) and logged no step and no finished load after it"
         return None
+
+    def before_load(self) -> str | None:
+        """Why the attempt failed before its checkpoint mattered: the exception its log showed before
+        any load began and before any step (an import error, a bad flag), when nothing followed it."""
+        if self._early is None:
+            return None
+        return f"its log shows it failed before loading any checkpoint: {self._early}"
 
 
 def _clip(line: str) -> str:

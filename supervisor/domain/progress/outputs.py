@@ -1,5 +1,7 @@
-"""Where a run's job writes its output: the run's ``output`` pattern (or Slurm's default
-``slurm-%j.out``), with the filename patterns sbatch expands for a batch job's single file."""
+"""Where a run's job writes its output: what Slurm reports for the job (squeue's
+``standard_output``: in 22.05 the pattern made absolute, ``%j`` and friends not yet expanded),
+else the run's ``output`` pattern (or Slurm's default ``slurm-%j.out`` in its workdir), with the
+filename patterns sbatch expands for a batch job's single file."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ DEFAULT_PATTERN = "slurm-%j.out"
 _PER_PROCESS = frozenset("NnstT")
 
 
-def output_path(spec: RunSpec, job_id: int, user: str = "") -> str | None:
-    """The absolute path of the job's output file, or None when the pattern makes it per-process."""
-    pattern = spec.output or DEFAULT_PATTERN
+def output_path(spec: RunSpec, job_id: int, user: str = "", reported: str = "") -> str | None:
+    """The absolute path of the job's output file, or None when the pattern makes it per-process.
+    ``reported``: the path Slurm reports for the job, which wins over the spec when it is given."""
+    pattern = reported or spec.output or DEFAULT_PATTERN
     out: list[str] = []
     i = 0
     while i < len(pattern):

@@ -1,0 +1,159 @@
+"""The listening socket of the daemon's HTTP server and the count of what it holds.
+
+Connections are accepted here, a few per turn of the event loop, and counted before a transport or
+a TLS handshake exists: one over a cap takes the place of the longest-idle connection of the same
+address (``max_connections_per_peer``) or, when all are taken (``max_connections``), of the address
+holding the most; when none is idle it is closed at once, before anything is read. A connection
+closed to make room is gone from the count at once and its descriptor is released on the loop's
+next turn, so the process holds at most the cap plus one turn's accepts (``ACCEPT_BATCH``): the
+budget of ``fd_budget`` leaves the rest of RLIMIT_NOFILE to the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import resource
+import socket
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from supervisor.adapters.http_protocol import Connection
+from supervisor.adapters.http_types import Limits
+
+log = structlog.get_logger(__name__)
+
+BACKLOG = 128
+ACCEPT_BATCH = 32  # accepts per turn of the loop: what may be open beyond the cap for a moment
+PAUSE_ON_EXHAUSTION_S = 0.5
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def fd_budget(limits: Limits) -> int:
+    """Connections this process may hold and still leave the engine a quarter of its descriptors
+    (at least 256) — files, SQLite, Slurm's clients."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return limits.max_connections
+    return max(8, min(limits.max_connections, soft - max(256, soft // 4) - ACCEPT_BATCH))
+
+
+class Registry:
+    """The open connections by address, and each address's idle ones oldest first."""
+
+    def __init__(self, total: int, per_peer: int, counters: Counter[str]) -> None:
+        self.total, self.per_peer, self.counters = total, per_peer, counters
+        self.peers: dict[str, dict[Connection, None]] = {}
+        self.idle: dict[str, OrderedDict[Connection, None]] = {}
+        self.count = 0
+
+    def admit(self, conn: Connection) -> bool:
+        """Count ``conn`` in, making room by evicting an idle connection; False: no room."""
+        mine = self.peers.setdefault(conn.ip, {})
+        if len(mine) >= self.per_peer and not self._evict(conn.ip):
+            return False
+        if self.count >= self.total and not self._evict(self._busiest()):
+            return False
+        mine[conn] = None
+        self.count += 1
+        return True
+
+    def _busiest(self) -> str | None:
+        """The address holding the most connections, of those with an idle one."""
+        return max(self.idle, key=lambda ip: len(self.peers.get(ip, ())), default=None)
+
+    def _evict(self, ip: str | None) -> bool:
+        idle = self.idle.get(ip) if ip is not None else None
+        if not idle:
+            return False
+        self.counters["evicted_idle"] += 1
+        self.close(next(iter(idle)))
+        return True
+
+    def went_idle(self, conn: Connection) -> None:
+        self.idle.setdefault(conn.ip, OrderedDict())[conn] = None
+
+    def went_busy(self, conn: Connection) -> None:
+        idle = self.idle.get(conn.ip)
+        if idle is not None:
+            idle.pop(conn, None)
+            if not idle:
+                del self.idle[conn.ip]
+
+    def close(self, conn: Connection) -> None:
+        """Out of the count now; the descriptor goes on the loop's next turn."""
+        self.forget(conn)
+        if conn.transport is not None:
+            conn.transport.abort()
+
+    def forget(self, conn: Connection) -> None:
+        mine = self.peers.get(conn.ip)
+        if mine is not None and conn in mine:
+            del mine[conn]
+            self.count -= 1
+            if not mine:
+                del self.peers[conn.ip]
+        self.went_busy(conn)
+
+    def all(self) -> list[Connection]:
+        return [c for mine in self.peers.values() for c in mine]
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A non-blocking listening socket on ``host``:``port`` (port 0: any free port)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class Acceptor:
+    """Accepts on ``sock`` and hands each connection to ``take`` (socket, peer address)."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, take: Callable[[socket.socket, Any], None]
+    ) -> None:
+        self.loop, self.sock, self.take = loop, sock, take
+        self.failures = 0
+        loop.add_reader(sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, address = self.sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                if exc.errno not in _EXHAUSTED:
+                    raise
+                self._pause(exc)
+                return
+            self.take(conn, address)
+
+    def _pause(self, exc: OSError) -> None:
+        """Out of descriptors or memory: stop accepting for a moment (as asyncio's own server does)."""
+        self.failures += 1
+        log.warning("http_accept_paused", error=str(exc), pause_s=PAUSE_ON_EXHAUSTION_S)
+        self.loop.remove_reader(self.sock.fileno())
+        self.loop.call_later(PAUSE_ON_EXHAUSTION_S, self._resume)
+
+    def _resume(self) -> None:
+        if self.sock.fileno() >= 0:
+            self.loop.add_reader(self.sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        if self.sock.fileno() >= 0:
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()

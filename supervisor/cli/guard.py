@@ -1,0 +1,144 @@
+"""`slurm-supervisor guard`: the node guard service (docs/guard.md) and the requests people send it.
+Wiring only: the policy lives in supervisor/guard."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from supervisor.adapters.guard_client import DEFAULT_SOCKET, GuardClient
+from supervisor.ports import PortError
+
+if TYPE_CHECKING:
+    from supervisor.guard.config import GuardConfig
+    from supervisor.guard.server import GuardServer
+
+_socket_option = click.option(
+    "--socket",
+    "socket_path",
+    envvar="SLURM_SUPERVISOR_GUARD_SOCKET",
+    default=DEFAULT_SOCKET,
+    show_default=True,
+    help="The guard's socket.",
+)
+
+
+@click.group()
+def guard() -> None:
+    """The node guard: the one service with node rights in Slurm (docs/guard.md)."""
+
+
+@guard.command()
+@click.option("--config", "guard_config", type=click.Path(dir_okay=False), default=None, help="guard.toml.")
+def serve(guard_config: str | None) -> None:
+    """Run the guard (systemd: slurm-supervisor-guard.socket starts it on the first request)."""
+    from supervisor.adapters.logging import configure_logging
+    from supervisor.config import ConfigError
+    from supervisor.guard.config import DEFAULT_CONFIG, load_guard_config
+
+    if guard_config is None and Path(DEFAULT_CONFIG).exists():
+        guard_config = DEFAULT_CONFIG
+    try:
+        cfg = load_guard_config(guard_config)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    configure_logging(cfg.logging.level, cfg.logging.format)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = _server(cfg)
+    try:
+        server.serve(stop)
+    finally:
+        server.guard.memory.close()
+        server.guard.audit.close()
+
+
+def _server(cfg: GuardConfig) -> GuardServer:
+    from supervisor.adapters.slurm_cli import SlurmCli
+    from supervisor.guard.audit import AuditLog
+    from supervisor.guard.memory import GuardMemory
+    from supervisor.guard.server import GuardServer, bound_socket, passed_socket
+    from supervisor.guard.service import Guard
+
+    g = cfg.guard
+    slurm = SlurmCli(
+        bin_dir=str(cfg.slurm.bin_dir) if cfg.slurm.bin_dir else None,
+        slurm_conf=str(cfg.slurm.slurm_conf) if cfg.slurm.slurm_conf else None,
+        timeout=cfg.slurm.command_timeout_s,
+    )
+    memory = GuardMemory(g.state_dir)
+    audit = AuditLog(g.state_dir / "audit.jsonl")
+    core = Guard(slurm=slurm, memory=memory, audit=audit, limits=g.limits(), quarantine=cfg.quarantine.settings())
+    try:
+        sock = passed_socket() or bound_socket(g.socket)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {g.socket}: {exc}") from None
+    return GuardServer(sock, core, timeout_s=g.request_timeout_s, idle_exit_s=g.idle_exit_s)
+
+
+@guard.command()
+@click.argument("node")
+@click.option("--run", "run", required=True, help="The run the node faulted in.")
+@click.option("--cause", required=True, help="What was seen (goes into the Slurm reason, cleaned).")
+@click.option("--down", is_flag=True, help="DOWN instead of DRAIN (Slurm ends or requeues the job at once).")
+@_socket_option
+def drain(node: str, run: str, cause: str, down: bool, socket_path: str) -> None:
+    """Ask the guard to drain NODE of one of your running jobs."""
+    _report(_ask(socket_path, {"op": "DOWN" if down else "DRAIN", "node": node, "run": run, "cause": cause}))
+
+
+@guard.command()
+@click.argument("node")
+@_socket_option
+def resume(node: str, socket_path: str) -> None:
+    """Return NODE to service and clear its quarantine (admins only)."""
+    _report(_ask(socket_path, {"op": "RESUME", "node": node}))
+
+
+@guard.command()
+@click.argument("node")
+@_socket_option
+def clear(node: str, socket_path: str) -> None:
+    """Forget NODE's faults in the shared quarantine (admins only)."""
+    _report(_ask(socket_path, {"op": "CLEAR", "node": node}))
+
+
+@guard.command("quarantine")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per node.")
+@_socket_option
+def quarantine_(as_json: bool, socket_path: str) -> None:
+    """Nodes the guard's shared memory keeps out of every instance's submissions."""
+    answer = _ask(socket_path, {"op": "QUARANTINE"})
+    items = answer.get("quarantined") or []
+    if not items and not as_json:
+        click.echo("no node is quarantined")
+    for item in items:
+        if as_json:
+            click.echo(json.dumps(item, sort_keys=True))
+            continue
+        until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(item["until"]))
+        runs = "; ".join(f"{f['run']}: {f['reason']}" for f in item["faults"][-3:])
+        click.echo(f"{item['node']}  until {until}  {len(item['faults'])} fault(s): {runs}")
+
+
+def _ask(socket_path: str, request: Mapping[str, Any]) -> Mapping[str, Any]:
+    try:
+        return GuardClient(socket_path).ask(request)
+    except PortError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _report(answer: Mapping[str, Any]) -> None:
+    if answer.get("granted") is not True:
+        raise click.ClickException(f"refused ({answer.get('rule')}): {answer.get('why')}")
+    job = f", job {answer['job']}" if answer.get("job") is not None else ""
+    reason = f"; Slurm reason: {answer['reason']}" if answer.get("reason") else ""
+    click.echo(f"granted ({answer.get('rule')}{job}): {answer.get('why')}{reason}")

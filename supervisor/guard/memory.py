@@ -1,0 +1,61 @@
+"""The guard's memory, in its own state directory (SQLite): the node changes it granted (what the
+cluster-wide cap counts), the faults every instance proved on a node (the shared quarantine) and
+admins' quarantine clears. One connection, used under the guard's lock."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from supervisor.domain.lemon import Fault
+from supervisor.guard.policy import Grant
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS grants (at REAL NOT NULL, node TEXT NOT NULL, uid INTEGER NOT NULL,
+                                   change TEXT NOT NULL, job INTEGER, job_nodes TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS grants_at ON grants(at);
+CREATE TABLE IF NOT EXISTS faults (key TEXT PRIMARY KEY, node TEXT NOT NULL, at REAL NOT NULL,
+                                   run TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS faults_at ON faults(at);
+CREATE TABLE IF NOT EXISTS clears (node TEXT PRIMARY KEY, at REAL NOT NULL, by TEXT NOT NULL);
+"""
+
+
+class GuardMemory:
+    def __init__(self, state_dir: Path) -> None:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._db = sqlite3.connect(state_dir / "guard.db", isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def record_grant(self, grant: Grant) -> None:
+        self._db.execute(
+            "INSERT INTO grants(at, node, uid, change, job, job_nodes) VALUES (?, ?, ?, ?, ?, ?)",
+            (grant.at, grant.node, grant.uid, grant.change, grant.job, ",".join(grant.job_nodes)),
+        )
+
+    def grants(self, since: float) -> tuple[Grant, ...]:
+        rows = self._db.execute("SELECT node, uid, change, at, job, job_nodes FROM grants WHERE at >= ?", (since,))
+        return tuple(
+            Grant(n, uid, c, at, job, tuple(filter(None, nodes.split(",")))) for n, uid, c, at, job, nodes in rows
+        )
+
+    def record_fault(self, fault: Fault) -> None:
+        """Once per ``fault.key`` (a DOWN and its follow-up DRAIN are one fault)."""
+        self._db.execute(
+            "INSERT OR IGNORE INTO faults(key, node, at, run, reason) VALUES (?, ?, ?, ?, ?)",
+            (fault.key, fault.node, fault.at, fault.run, fault.reason),
+        )
+
+    def faults(self, since: float) -> list[Fault]:
+        rows = self._db.execute("SELECT node, at, run, reason, key FROM faults WHERE at >= ? ORDER BY at", (since,))
+        return [Fault(node, at, run, reason, key, source="guard") for node, at, run, reason, key in rows]
+
+    def clear(self, node: str, at: float, by: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO clears(node, at, by) VALUES (?, ?, ?)", (node, at, by))
+
+    def clears(self) -> dict[str, float]:
+        return dict(self._db.execute("SELECT node, at FROM clears"))

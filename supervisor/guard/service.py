@@ -1,0 +1,130 @@
+"""The guard's work on one request line: decode it, gather the facts (Slurm's jobs at that moment,
+the grants it remembers), decide (``policy.decide``), act (``scontrol`` through the Scheduler port,
+the memory), audit, answer. One request at a time: a lock makes the cap count every grant before
+the next decision, whichever instance asks."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from supervisor.adapters.guard_client import MAX_LINE
+from supervisor.domain.cluster import NodeChange
+from supervisor.domain.lemon import Fault, QuarantineSettings, quarantined
+from supervisor.guard.audit import AuditLog, entry
+from supervisor.guard.memory import GuardMemory
+from supervisor.guard.policy import (
+    FOLLOW_UP_S,
+    Caller,
+    Facts,
+    Grant,
+    Limits,
+    Op,
+    Request,
+    Verdict,
+    clean_cause,
+    decide,
+)
+from supervisor.ports import PortError, Scheduler, TransientError
+
+
+class Guard:
+    def __init__(
+        self,
+        *,
+        slurm: Scheduler,
+        memory: GuardMemory,
+        audit: AuditLog,
+        limits: Limits,
+        quarantine: QuarantineSettings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.slurm, self.memory, self.audit = slurm, memory, audit
+        self.limits, self.quarantine, self.clock = limits, quarantine, clock
+        self._lock = threading.Lock()
+
+    def handle_line(self, caller: Caller, line: bytes) -> bytes:
+        """One request line in, one answer line out."""
+        req = parse_request(line)
+        with self._lock:
+            return (json.dumps(self.handle(caller, req), ensure_ascii=True) + "\n").encode("ascii")
+
+    def handle(self, caller: Caller, req: Request) -> dict[str, Any]:
+        now = self.clock()
+        if req.op == Op.QUARANTINE:  # read only: not audited (every daemon asks every tick)
+            return {"ok": True, "granted": True, "rule": "read", "quarantined": self.quarantine_json(now)}
+        transient = False
+        try:
+            verdict = decide(caller, req, self._facts(req, now), self.limits)
+            verdict = self._carry_out(caller, req, verdict, now)
+        except PortError as exc:  # Slurm did not answer, or refused the guard itself
+            verdict, transient = Verdict(False, "slurm-error", str(exc)[:500]), isinstance(exc, TransientError)
+        self.audit.write(entry(caller, req, verdict, now))
+        return answer(verdict, transient=transient)
+
+    def _facts(self, req: Request, now: float) -> Facts:
+        if req.op not in (Op.DOWN, Op.DRAIN):
+            return Facts(now)
+        jobs = tuple(self.slurm.snapshot(include_nodes=False).jobs.values())
+        return Facts(now, jobs, self.memory.grants(now - max(self.limits.window_s, FOLLOW_UP_S)))
+
+    def _carry_out(self, caller: Caller, req: Request, verdict: Verdict, now: float) -> Verdict:
+        if verdict.fault:  # ownership proven: the node faulted for this caller's run (cap or not)
+            key = f"{caller.uid}:{req.run}:{req.node}:{verdict.job}"
+            self.memory.record_fault(Fault(req.node, now, f"{caller.name}/{req.run}", clean_cause(req.cause), key))
+        if not verdict.granted:
+            return verdict
+        if req.op in (Op.DOWN, Op.DRAIN):
+            self.slurm.set_node_state(req.node, NodeChange(req.op), verdict.reason)
+            self.memory.record_grant(Grant(req.node, caller.uid, req.op, now, verdict.job, verdict.job_nodes))
+        elif req.op == Op.RESUME:  # an admin returns a repaired node: its faults are forgiven too
+            self.slurm.set_node_state(req.node, NodeChange.RESUME, "")
+            self.memory.clear(req.node, now, caller.name)
+        elif req.op == Op.CLEAR:
+            self.memory.clear(req.node, now, caller.name)
+        return verdict
+
+    def quarantine_json(self, now: float) -> list[dict[str, Any]]:
+        q = self.quarantine
+        held = quarantined(self.memory.faults(now - q.window_s - q.max_s), self.memory.clears(), now, q)
+        return [
+            {
+                "node": node,
+                "since": item.since,
+                "until": item.until,
+                "faults": [{"at": f.at, "run": f.run, "reason": f.reason, "key": f.key} for f in item.faults],
+            }
+            for node, item in sorted(held.items())
+        ]
+
+
+def parse_request(line: bytes) -> Request:
+    """A request from one line; anything malformed becomes a request ``decide`` refuses."""
+    if len(line) > MAX_LINE:
+        return Request(op="?", cause="request line too long")
+    try:
+        data = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return Request(op="?")
+    if not isinstance(data, Mapping):
+        return Request(op="?")
+    fields = {k: data.get(k) or "" for k in ("op", "node", "run", "cause")}
+    if not all(isinstance(v, str) for v in fields.values()):
+        return Request(op="?")
+    return Request(op=fields["op"].upper(), node=fields["node"], run=fields["run"], cause=fields["cause"])
+
+
+def answer(verdict: Verdict, *, transient: bool = False) -> dict[str, Any]:
+    return {
+        "ok": verdict.granted,
+        "granted": verdict.granted,
+        "rule": verdict.rule,
+        "why": verdict.why,
+        "job": verdict.job,
+        "reason": verdict.reason,
+        "frees_at": verdict.frees_at,
+        "transient": transient,
+    }

@@ -1,0 +1,76 @@
+"""Regenerate the sacct golden files in this folder from a real private cluster with accounting
+(a private MariaDB and slurmdbd: supervisor/testing/accounting.py).
+
+Run as root on a host where LocalSlurm works and slurmdbd + mariadb-server are installed:
+
+    .venv/bin/python tests/data/slurm/capture_sacct_2205.py
+
+Takes about 30 s. Jobs are named after what they show; the parser tests find them by name.
+Writes ``sacct_2205.txt`` (what the adapter reads: ``sacct_argv`` with ``SLURM_TIME_FORMAT=%s``)
+and ``sacct_2205.json`` (``sacct --json`` for the same jobs: kept to show why it is not read).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from supervisor.adapters.sacct import SACCT_ENV, sacct_argv
+from supervisor.testing import LocalSlurm
+
+HERE = Path(__file__).resolve().parent
+
+
+def sbatch(cluster: LocalSlurm, name: str, *args: str) -> int:
+    argv = ["sbatch", "--parsable", f"--job-name={name}", "--output=/dev/null", *args]
+    return int(cluster.run(argv, check=True).stdout.strip().split(";")[0])
+
+
+def state(cluster: LocalSlurm, job: int) -> str:
+    out = cluster.run(["squeue", "-h", "-t", "all", "-j", str(job), "-o", "%T"]).stdout
+    return out.strip()
+
+
+def wait_state(cluster: LocalSlurm, job: int, *states: str, timeout: float = 30.0) -> None:
+    cluster.wait_for(lambda: state(cluster, job) in states, timeout, message=f"job {job} {states}")
+
+
+def jobs(cluster: LocalSlurm) -> list[int]:
+    ids = [
+        sbatch(cluster, "completed", "--comment=slurm-supervisor:llm:abc:1", "--wrap", "true"),
+        sbatch(cluster, "failed_exit3", "--wrap", "sleep 1; exit 3"),
+        sbatch(cluster, "killed_sig9", "--wrap", "kill -9 $$"),
+    ]
+    cancelled = sbatch(cluster, "cancelled_running", "--wrap", "sleep 300")
+    requeued = sbatch(cluster, "requeued_then_completed", "--requeue", "--wrap", "sleep 2")
+    node_fail = sbatch(cluster, "node_fail", "--no-requeue", "--nodes=2", "--wrap", "sleep 300")
+    for job in (cancelled, requeued, node_fail):
+        wait_state(cluster, job, "RUNNING")
+    cluster.run(["scancel", str(cancelled)], check=True)
+    cluster.run(["scontrol", "requeue", str(requeued)], check=True)
+    node = cluster.run(["squeue", "-h", "-j", str(node_fail), "-o", "%N"], check=True).stdout.split(",")[0]
+    cluster.run(["scontrol", "update", f"nodename={node.strip()}", "state=down", "reason=capture"], check=True)
+    never = sbatch(cluster, "cancelled_pending", "--hold", "--wrap", "true")
+    cluster.run(["scancel", str(never)], check=True)
+    running = sbatch(cluster, "running", "--wrap", "sleep 300")
+    wait_state(cluster, running, "RUNNING")
+    wait_state(cluster, requeued, "COMPLETED", timeout=60)
+    return [*ids, cancelled, requeued, node_fail, never, running]
+
+
+def main() -> int:
+    with LocalSlurm(4, accounting=True) as cluster:
+        ids = jobs(cluster)
+        time.sleep(2.0)  # slurmctld sends job records to slurmdbd asynchronously
+        text = cluster.run(sacct_argv(ids), env=SACCT_ENV, check=True).stdout
+        (HERE / "sacct_2205.txt").write_text(text)
+        listed = ",".join(map(str, ids))
+        doc = cluster.run(["sacct", "--json", f"--jobs={listed}", "--allocations"], check=True).stdout
+        (HERE / "sacct_2205.json").write_text(doc)
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
