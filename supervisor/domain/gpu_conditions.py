@@ -73,51 +73,55 @@ def _gpu_label(g: GpuSample) -> str:
 
 
 def _memory_conditions(gpu: _Gpu, s: GpuHealthSettings) -> Iterator[Condition]:
-    g, where = gpu.g, gpu.where
+    g = gpu.g
     if g.ecc_unc_vol:
-        reason = f"{g.ecc_unc_vol} uncorrectable ECC errors since the driver loaded ({where})"
+        reason = f"{g.ecc_unc_vol} uncorrectable ECC errors since the driver loaded ({gpu.where})"
         yield gpu.condition("ecc-uncorrectable", FATAL, reason, ecc_unc_vol=g.ecc_unc_vol)
     if g.remap_failed:
-        reason = f"row remapping failed: memory cannot be repaired ({where})"
+        reason = f"row remapping failed: memory cannot be repaired ({gpu.where})"
         yield gpu.condition("row-remap-failed", FATAL, reason, remap_unc=g.remap_unc)
     elif g.remap_pending:
-        reason = f"row remap pending: the GPU needs a reset ({where}, {g.remap_unc or 0} uncorrectable rows)"
+        reason = f"row remap pending: the GPU needs a reset ({gpu.where}, {g.remap_unc or 0} uncorrectable rows)"
         yield gpu.condition("row-remap-pending", DEGRADED, reason, remap_unc=g.remap_unc)
     if g.retired_pending:
-        reason = f"page retirement pending: the GPU needs a reset ({where})"
+        reason = f"page retirement pending: the GPU needs a reset ({gpu.where})"
         yield gpu.condition("retired-pages-pending", DEGRADED, reason)
     retired = (g.retired_sbe or 0) + (g.retired_dbe or 0)
     if retired >= s.retired_pages_max:
-        reason = f"{retired} retired pages (limit {s.retired_pages_max}) ({where})"
+        reason = f"{retired} retired pages (limit {s.retired_pages_max}) ({gpu.where})"
         yield gpu.condition("retired-pages", DEGRADED, reason, retired=retired)
 
 
 def _rate_conditions(gpu: _Gpu, prev: GpuSample, s: GpuHealthSettings) -> Iterator[Condition]:
-    g, where = gpu.g, gpu.where
+    g = gpu.g
     if g.ecc_cor_vol is not None and prev.ecc_cor_vol is not None:
         burst = g.ecc_cor_vol - prev.ecc_cor_vol
         if burst >= s.ecc_corrected_burst:
-            reason = f"{burst} corrected ECC errors since the last report ({where})"
+            reason = f"{burst} corrected ECC errors since the last report ({gpu.where})"
             yield gpu.condition("ecc-corrected-burst", WATCH, reason, burst=burst)
-    now = sum(v for v in (g.nvlink_crc, g.nvlink_replay, g.nvlink_recovery) if v is not None)
-    before = sum(v for v in (prev.nvlink_crc, prev.nvlink_replay, prev.nvlink_recovery) if v is not None)
+    now, before = _link_errors(g), _link_errors(prev)
     if g.nvlink_crc is not None and now - before >= s.nvlink_error_burst:
-        reason = f"{now - before} NVLink errors since the last report ({where})"
+        reason = f"{now - before} NVLink errors since the last report ({gpu.where})"
         yield gpu.condition("nvlink-errors", WATCH, reason, s.persist_samples, burst=now - before)
 
 
+def _link_errors(g: GpuSample) -> int:
+    """The GPU's NVLink error counters summed (an unsupported one counts nothing)."""
+    return (g.nvlink_crc or 0) + (g.nvlink_replay or 0) + (g.nvlink_recovery or 0)
+
+
 def _sensor_conditions(gpu: _Gpu, s: GpuHealthSettings) -> Iterator[Condition]:
-    g, where = gpu.g, gpu.where
+    g = gpu.g
     if g.clocks is not None and g.clocks & _HW_SLOWDOWN:
         kinds = [n for bit, n in _SLOWDOWN_KINDS if g.clocks & bit] or ["hardware"]
-        reason = f"HW slowdown ({', '.join(kinds)}) sustained for {s.slowdown_samples} reports ({where})"
+        reason = f"HW slowdown ({', '.join(kinds)}) sustained for {s.slowdown_samples} reports ({gpu.where})"
         yield gpu.condition("hw-slowdown", DEGRADED, reason, s.slowdown_samples, clocks=g.clocks)
     if g.temp_c is not None and g.temp_c >= s.temp_watch_c:
-        reason = f"GPU at {g.temp_c} C (watch at {s.temp_watch_c} C) ({where})"
+        reason = f"GPU at {g.temp_c} C (watch at {s.temp_watch_c} C) ({gpu.where})"
         yield gpu.condition("temperature", WATCH, reason, s.persist_samples, temp_c=g.temp_c)
-    timeouts = sorted(k for k, v in g.errors.items() if v != "Not Supported")
+    timeouts = sorted(k for k, v in g.errors.items() if v != "Not Supported") if g.errors else []
     if timeouts:
-        reason = f"NVML errors reading {', '.join(timeouts)} ({where})"
+        reason = f"NVML errors reading {', '.join(timeouts)} ({gpu.where})"
         yield gpu.condition("nvml-error", WATCH, reason, s.persist_samples, errors=dict(g.errors))
 
 

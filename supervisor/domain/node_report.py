@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
+from functools import partial
+from operator import attrgetter, is_not
 
 from supervisor.domain.text_safety import has_controls, is_identifier
 
@@ -141,8 +142,10 @@ _COUNTERS = (
 
 
 _COUNTER_VALUES = attrgetter(*_COUNTERS)
+_PRESENT = partial(is_not, None)
 _BOUNDS = (("util", 100), ("mem_util", 100), ("temp_c", 200), ("recovery", 255))
 _BOUNDED_VALUES = attrgetter(*(name for name, _ in _BOUNDS))
+_LOWEST_TOP = min(top for _, top in _BOUNDS)
 
 
 def _check_gpu(g: GpuSample, seen: set[int]) -> str | None:
@@ -166,12 +169,15 @@ def _gpu_text_problem(g: GpuSample) -> str | None:
 
 
 def _gpu_number_problem(g: GpuSample) -> str | None:
-    for name, value in zip(_COUNTERS, _COUNTER_VALUES(g), strict=True):
-        if value is not None and value < 0:
-            return f"gpu {g.i}: {name} must not be negative (got {value})"
-    for (name, top), value in zip(_BOUNDS, _BOUNDED_VALUES(g), strict=True):
-        if value is not None and not 0 <= value <= top:
-            return f"gpu {g.i}: {name} must be within 0..{top} (got {value})"
+    counters = _COUNTER_VALUES(g)
+    if min(filter(_PRESENT, counters), default=0) < 0:  # the common case costs one C-level pass
+        name, value = next((n, v) for n, v in zip(_COUNTERS, counters, strict=True) if v is not None and v < 0)
+        return f"gpu {g.i}: {name} must not be negative (got {value})"
+    bounded = [v for v in _BOUNDED_VALUES(g) if v is not None]
+    if bounded and not 0 <= min(bounded) <= max(bounded) <= _LOWEST_TOP:  # else look closer
+        for (name, top), value in zip(_BOUNDS, _BOUNDED_VALUES(g), strict=True):
+            if value is not None and not 0 <= value <= top:
+                return f"gpu {g.i}: {name} must be within 0..{top} (got {value})"
     if g.power_w is not None and not (math.isfinite(g.power_w) and 0 <= g.power_w < 1e5):
         return f"gpu {g.i}: power_w must be a finite number of watts (got {g.power_w})"
     return None
