@@ -127,22 +127,12 @@ def instance(slurm_cluster, accounts):
         shutil.rmtree(base, ignore_errors=True)
 
 
-def wait_for(what: str, predicate, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not within {timeout} s")
-
-
 def test_an_instance_runs_as_its_account_and_its_jobs_hold_no_node_rights(instance, slurm_cluster, accounts):
     instance.start()
     submitted = instance.cli(ALICE, "submit", str(instance.spec("llm", JOB)))
     assert submitted.returncode == 0, submitted.stderr
     drain = instance.home / "drain"
-    wait_for("the job's drain attempt", lambda: drain.exists() and "rc=" in drain.read_text())
+    slurm_cluster.wait_for(lambda: drain.exists() and "rc=" in drain.read_text(), 60, message="the job's drain attempt")
     jobs = slurm_cluster.run(["squeue", "-h", "-o", "%i %u %T %j"], check=True).stdout.split()
     assert jobs[1:4] == [ALICE, "RUNNING", "llm"], jobs  # squeue shows the job under the account
     assert (instance.home / "whoami").read_text().strip() == ALICE

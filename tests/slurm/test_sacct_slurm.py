@@ -30,16 +30,6 @@ exit 3
 """
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not within {timeout} s")
-
-
 def _specs(cluster, tmp_path):
     done = write_run(tmp_path, "done", nodes=1, partition=cluster.partition, script_body="sleep 3\n")
     env = {"MARK": str(tmp_path / "crashed-once")}
@@ -59,17 +49,18 @@ def test_outcomes_of_jobs_squeue_forgot_are_read_from_sacct(make_slurm, tmp_path
     sup.start()
     try:
         for spec in (done, crash):
-            _wait_for(lambda spec=spec: sup.cli("submit", str(spec), check=False).returncode == 0, 30, "submit")
+            sup.cli("submit", str(spec))  # start() waited for the daemon's API socket
         jobs = [sup.wait_running(name, attempt=0)["job_id"] for name in ("done", "crash")]
     finally:
         assert sup.stop() == 0
     stopped = time.monotonic()
     squeue = SlurmCli(slurm_conf=str(cluster.slurm_conf))
-    _wait_for(lambda: not set(jobs) & set(squeue.snapshot(include_nodes=False).jobs), 90, "squeue forgets both jobs")
+    wait = cluster.wait_for
+    wait(lambda: not set(jobs) & set(squeue.snapshot(include_nodes=False).jobs), 90, message="squeue forgets both jobs")
     print(f"squeue forgot both jobs {time.monotonic() - stopped:.1f} s after the daemon stopped")
     sup.start()
     try:
-        ended = _wait_for(lambda: sup.status("done")["state"] in ENDED and sup.status("done"), 30, "run done ended")
+        ended = wait(lambda: sup.status("done")["state"] in ENDED and sup.status("done"), 30, message="run done ended")
         assert ended["state"] == "completed", sup.logbook("done")[-1]["message"]
         second = sup.wait_running("crash", attempt=1, timeout=30)
     finally:
