@@ -4,9 +4,10 @@
 constant time) and a JSON ``ReportBatch`` body (``supervisor.domain.node_report``). Answers:
 
 * 200 ``{"accepted": N, "duplicates": D, "findings": F}``;
-* 400 malformed JSON or wrong types, 422 a well-formed batch that breaks the schema's rules (an
-  identifier that is not one, a control character, a report stamped more than ``max_skew_s``
-  ahead of the daemon's clock), 401 no bearer token, 403 a token that is not this run's — or a
+* 400 malformed JSON, wrong types or a value out of the schema's bounds (the decoder says the
+  field's path), 422 a well-formed batch that breaks the schema's other rules (an identifier that
+  is not one, a control character, a report stamped more than ``max_skew_s`` ahead of the daemon's
+  clock), 401 no bearer token, 403 a token that is not this run's — or a
   node that is not one of this run's current job's, or a kind of report the token may not send —
   404 an unknown run or path, 405 another method, 413 a body over ``max_body`` bytes — each with
   the reason as ``{"error": "..."}`` and a counter; nothing a client sends stops the server.

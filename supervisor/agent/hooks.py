@@ -25,8 +25,10 @@ import stat
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from msgspec.structs import replace
 
 from supervisor.agent.oneshot import CheckResult, check_once
 from supervisor.agent.sender import HttpSender, SenderSettings

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 
 from supervisor.domain.gpu_table import DEGRADED, FATAL, RECOVERY_ACTIONS, WATCH, Condition, GpuHealthSettings
 from supervisor.domain.health import Severity
@@ -21,6 +22,8 @@ from supervisor.domain.node_report import (
     XidEvent,
 )
 
+# What makes a sample worth a closer look when it is set at all (``quiet``).
+_ALARMS = attrgetter("lost", "errors", "ecc_unc_vol", "remap_failed", "remap_pending", "retired_pending")
 _HW_SLOWDOWN = CLOCKS_HW_SLOWDOWN | CLOCKS_HW_THERMAL | CLOCKS_HW_POWER_BRAKE
 _SLOWDOWN_KINDS = ((CLOCKS_HW_THERMAL, "thermal"), (CLOCKS_HW_POWER_BRAKE, "power brake"))
 
@@ -30,7 +33,9 @@ def report_conditions(report: NodeReport, prev: NodeReport | None, s: GpuHealthS
     found: list[Condition] = []
     prev_gpus = {g.i: g for g in prev.gpus} if prev is not None else {}
     for g in report.gpus:
-        found.extend(gpu_conditions(g, prev_gpus.get(g.i), s))
+        before = prev_gpus.get(g.i)
+        if not quiet(g, before, s):
+            found.extend(gpu_conditions(g, before, s))
     by_index = {g.i: g for g in report.gpus}
     found += [c for x in report.xids if (c := _xid_condition(x, by_index.get(x.gpu), s)) is not None]
     found.extend(_node_conditions(report, s))
@@ -51,6 +56,28 @@ def gpu_conditions(g: GpuSample, prev: GpuSample | None, s: GpuHealthSettings) -
     if prev is not None:
         yield from _rate_conditions(gpu, prev, s)
     yield from _sensor_conditions(gpu, s)
+
+
+def quiet(g: GpuSample, prev: GpuSample | None, s: GpuHealthSettings) -> bool:
+    """True when ``gpu_conditions`` would find nothing: the healthy sample, nearly every one, told in
+    a few C-level checks instead of a walk through every rule (it may say False of a sample that
+    shows nothing; never True of one that shows something — tests/unit/test_gpu_rules.py holds it)."""
+    if any(_ALARMS(g)) or g.recovery in RECOVERY_ACTIONS or (g.clocks or 0) & _HW_SLOWDOWN:
+        return False
+    if (g.retired_sbe or 0) + (g.retired_dbe or 0) >= s.retired_pages_max:
+        return False
+    if g.temp_c is not None and g.temp_c >= s.temp_watch_c:
+        return False
+    return prev is None or not _bursts(g, prev, s)
+
+
+def _bursts(g: GpuSample, prev: GpuSample, s: GpuHealthSettings) -> bool:
+    """Whether the error counters rose by a burst's worth since ``prev`` (what ``_rate_conditions``
+    looks at)."""
+    cor, cor_before = g.ecc_cor_vol, prev.ecc_cor_vol
+    if cor is not None and cor_before is not None and cor - cor_before >= s.ecc_corrected_burst:
+        return True
+    return g.nvlink_crc is not None and _link_errors(g) - _link_errors(prev) >= s.nvlink_error_burst
 
 
 @dataclass(frozen=True)

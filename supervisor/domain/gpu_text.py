@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+from msgspec.structs import replace
 
 from supervisor.domain.node_report import GpuSample, XidEvent
 from supervisor.domain.text_safety import printable

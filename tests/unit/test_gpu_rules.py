@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from msgspec.structs import replace
 
+from supervisor.domain.gpu_conditions import gpu_conditions, quiet
 from supervisor.domain.gpu_health import RULES_VERSION, HealthRules
 from supervisor.domain.gpu_table import XID_CATALOGUE, GpuHealthSettings
 from supervisor.domain.gpu_text import parse_smi_query, parse_xid_lines
@@ -229,3 +232,51 @@ def test_real_xid_lines_judged() -> None:
     gsp = parse_xid_lines((DATA / "gpud_dmesg-with-xid-119.log").read_text().splitlines())
     (g,) = HealthRules().evaluate(NodeReport(v=1, node="x", seq=1, at=1.0, xids=tuple(gsp)), 1.0)
     assert (g.rule, g.severity) == ("xid-119@1", Severity.FATAL)
+
+
+# ---------------------------------------------------------------- the healthy sample's shortcut
+_maybe_count = st.one_of(st.none(), st.integers(0, 40))
+_samples = st.builds(
+    GpuSample,
+    i=st.just(0),
+    lost=st.booleans(),
+    ecc_cor_vol=_maybe_count,
+    ecc_unc_vol=_maybe_count,
+    retired_sbe=_maybe_count,
+    retired_dbe=_maybe_count,
+    retired_pending=st.one_of(st.none(), st.booleans()),
+    remap_unc=_maybe_count,
+    remap_pending=st.one_of(st.none(), st.booleans()),
+    remap_failed=st.one_of(st.none(), st.booleans()),
+    clocks=st.one_of(st.none(), st.integers(0, 0xFF)),
+    temp_c=st.one_of(st.none(), st.integers(0, 120)),
+    nvlink_replay=_maybe_count,
+    nvlink_recovery=_maybe_count,
+    nvlink_crc=_maybe_count,
+    recovery=st.one_of(st.none(), st.integers(0, 8)),
+    errors=st.dictionaries(
+        st.sampled_from(["temp_c", "power_w"]), st.sampled_from(["Timeout", "Not Supported"]), max_size=1
+    ),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    _samples,
+    st.one_of(st.none(), _samples),
+    st.sampled_from(
+        [
+            GpuHealthSettings(),
+            GpuHealthSettings(retired_pages_max=1, ecc_corrected_burst=1, nvlink_error_burst=1, temp_watch_c=60),
+        ]
+    ),
+)
+def test_a_sample_called_quiet_shows_no_condition(g: GpuSample, prev: GpuSample | None, s: GpuHealthSettings) -> None:
+    """The ingest skips the rules for a sample ``quiet`` calls healthy: it must never hide one."""
+    if quiet(g, prev, s):
+        assert list(gpu_conditions(g, prev, s)) == []
+
+
+def test_the_healthy_sample_is_called_quiet() -> None:
+    """The shortcut takes the common case (else it saves nothing)."""
+    assert quiet(healthy(0), healthy(0), GpuHealthSettings())

@@ -7,9 +7,9 @@ import http.client
 import json
 import socket
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
+from msgspec.structs import replace
 
 from supervisor.adapters.ingest import IngestServer, ReportIngest, Request, Response
 from supervisor.agent.sender import HttpSender, SenderSettings

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -71,3 +73,15 @@ def test_markdown_text_renders_as_itself(text):
 
 def test_slack_pings_no_one():
     assert slack("<!channel> & <https://x|y>") == "&lt;!channel&gt; &amp; &lt;https://x|y&gt;"
+
+
+@given(
+    st.text(alphabet=st.characters(max_codepoint=0x3000), max_size=40)
+    | st.from_regex(r"[A-Za-z0-9:._/-]{0,140}", fullmatch=True)
+)
+def test_the_fast_checks_say_what_the_patterns_say(text):
+    """is_identifier and has_controls answer in C first; they must agree with the plain patterns."""
+    assert is_identifier(text) is (len(text) <= 128 and re.fullmatch(r"[A-Za-z0-9:._/-]*", text) is not None)
+    assert has_controls(text) is (
+        re.search("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]", text) is not None
+    )
