@@ -8,6 +8,11 @@ is dropped and counted as rejected — sending it again would not help; an authe
 (401, 403, 404: the daemon may not know the run yet) is retried with backoff. The token is sent
 as ``Authorization: Bearer`` and never logged.
 
+The connection is held only while a flush sends (``keep_alive=False``, the default): an agent
+reports every few seconds, and 2,048 agents each holding an idle connection would hold 2,048 of
+the daemon's descriptors (systemd's default soft limit is 1,024) for nothing; one connect per
+report costs a handshake (issue 14). ``keep_alive=True`` keeps it between flushes (few agents, TLS).
+
 ``timeout_s`` bounds each step of a send, the name lookup included: ``socket.create_connection``
 would wait on a dead DNS server as long as the resolver likes (a prolog must end within seconds),
 so the name is resolved in a helper thread that is given up on at the deadline.
@@ -71,6 +76,7 @@ class SenderSettings:
     timeout_s: float = 5.0
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
+    keep_alive: bool = False  # hold the connection between flushes (see the module's doc)
 
     def __post_init__(self) -> None:
         if (
@@ -133,6 +139,13 @@ class HttpSender:
         ``force`` ignores the backoff (an XID must not wait for it)."""
         if not force and now < self._next_try:
             return False
+        try:
+            return self._send_all(now)
+        finally:
+            if not self.settings.keep_alive:
+                self.close()  # the agent's side closes: the daemon holds no idle descriptor
+
+    def _send_all(self, now: float) -> bool:
         while self._buffer:
             batch = list(self._buffer)[: self.settings.batch_max]
             status, reason = self._post(batch)

@@ -48,9 +48,11 @@ def daemon(ctx: click.Context, daemon_config: str | None, once: bool, crash_at: 
         ctx.ensure_object(dict)["config_path"] = daemon_config
     from supervisor.adapters.lock import AlreadyRunning, StateDirLock
     from supervisor.adapters.logging import configure_logging
+    from supervisor.adapters.rlimits import raise_nofile
 
     cfg = context.config(ctx)
     configure_logging(cfg.logging.level, cfg.logging.format)
+    raise_nofile()  # before the probe and the ingest size their windows from the limit
     clock = wiring.clock()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: clock.stop())

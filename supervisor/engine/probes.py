@@ -1,14 +1,19 @@
 """Direct node probes, confirmed over time: a node is called dead only after it has failed every
 probe for at least ``confirm_s`` seconds (two failures at the least), so a slurmd restart or one
-lost packet does not cost a run its node."""
+lost packet does not cost a run its node.
+
+A node the probe leaves out of its answer was not probed (the daemon ran out of descriptors, could
+not resolve the name, cut the round short): that is the daemon's trouble, not evidence about the
+node, so it neither counts as a failure nor clears one (issue 14). A probe that raises OSError is
+the same for every node."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import structlog
 
-from supervisor.domain.cluster import ClusterSnapshot
+from supervisor.domain.cluster import ClusterSnapshot, NodeInfo
 from supervisor.ports import NodeProbe
 
 log = structlog.get_logger("supervisor.probes")
@@ -29,8 +34,26 @@ class ProbeTracker:
         """Probe ``nodes``; return the confirmed dead ones with their evidence."""
         if self.probe is None:
             return {}
-        infos = [snap.nodes[n] for n in sorted(set(nodes)) if n in snap.nodes]
-        results = self.probe.probe(infos) if infos else {}
+        wanted = sorted(set(nodes))
+        for name in set(self._failing) - set(wanted):
+            del self._failing[name]  # no longer probed: forget its failures
+        infos = [snap.nodes[n] for n in wanted if n in snap.nodes]
+        results = self._probe(infos)
+        not_run = len(infos) - len(results)
+        if not_run:
+            log.warning("probe_nodes_not_probed", nodes=not_run, probed=len(results))
+        return self._judge(results, now)
+
+    def _probe(self, infos: list[NodeInfo]) -> Mapping[str, str | None]:
+        if not infos:
+            return {}
+        try:
+            return self.probe.probe(infos) if self.probe is not None else {}
+        except OSError as exc:  # the daemon's own trouble (descriptors, memory): no node's fault
+            log.warning("probe_not_run", nodes=len(infos), error=f"{type(exc).__name__}: {exc}")
+            return {}
+
+    def _judge(self, results: Mapping[str, str | None], now: float) -> dict[str, str]:
         dead: dict[str, str] = {}
         for name, failure in results.items():
             if failure is None:
@@ -43,6 +66,4 @@ class ProbeTracker:
                 dead[name] = f"slurmd probe failed {count + 1} times over {now - first:.1f} s: {failure}"
             elif count == 0:
                 log.info("probe_failed", node=name, failure=failure)
-        for name in set(self._failing) - set(results):
-            del self._failing[name]
         return dead
