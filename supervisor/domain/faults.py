@@ -242,13 +242,16 @@ def _handled(run: RunRecord, node: str, obs: Observation) -> bool:
 def _recover_hang(
     run: RunRecord, a: AttemptRecord, job: JobInfo, hang: Mapping[str, Any], obs: Observation
 ) -> Decision:
-    """The job runs but its log shows no progress: stop it and restart (no node is blamed)."""
+    """The job runs but its log shows no progress: stop it and restart. No node is blamed unless
+    per-rank progress singled it out (``suspect_nodes``): then it is kept out of the restart."""
     why = f"hang: {hang.get('reason', 'no progress')}"
     evidence = {**hang, "nodes": list(job.nodes)}
-    records = (
+    records: tuple[Record, ...] = (
         event_for(run, a, EventKind.FAULT, f"{a.label}: {why}", obs, evidence, "hang"),
         SetState(run.name, RunState.RECOVERING, reason=why),
     )
+    suspects = [n for n in hang.get("suspect_nodes") or () if n in job.nodes]
+    records += tuple(Exclude(run.name, n, f"hang: {hang.get('suspects', 'singled out')}") for n in suspects)
     return Decision(records, (Cancel(run.name, job.job_id, "hang: no training progress"),))
 
 

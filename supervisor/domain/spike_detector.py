@@ -36,8 +36,18 @@ Rules (each outcome carries its rule name and the numbers, worded for the logboo
   (the streak may start before the onset: a creeping rise), spanning at least
   ``diverge_min_steps`` steps, and the last record is the spike's new high → ROLLBACK without
   waiting for the heal window.
+  A streak that began before the onset counts only if it crept up on two records or more, by more
+  than noise (a spike logged across two records is no creep).
+* ``trend`` (domain.divergence): a steady climb of the loss against the run's own recent history
+  (Mann-Kendall rank test, level vs reference), no jump needed → ROLLBACK, onset where the climb
+  began; inside an open spike, a loss that keeps making new highs significantly does the same.
+* ``plateau`` / ``aftershock`` (domain.spike_trajectory): the spike settled above the band and is
+  not coming down, with the grad norm several times its pre-spike median, or after a further
+  spike → ROLLBACK now, without waiting for the heal window.
 * ``not_healed``: a record more than ``heal_window_steps`` after the onset still outside the band
-  → ROLLBACK.
+  and not coming down, or more than ``heal_cap`` after it even though coming down → ROLLBACK.
+  Every outcome carries ``figures`` (the rule's numbers) and ``steps_after_onset`` (the decision
+  latency).
 * A grad-norm spike without a loss excursion is logged and left alone (rule ``grad_norm_only``).
 
 After a ROLLBACK outcome the loss baseline is relearned from the following records (the engine
@@ -49,9 +59,20 @@ from __future__ import annotations
 
 import math
 
+from supervisor.domain.divergence import TrendWatch
 from supervisor.domain.progress.record import ProgressRecord
 from supervisor.domain.spike_watches import GradWatch, LossWatch
-from supervisor.domain.spikes import Notice, Peak, SpikeEvent, SpikeKind, SpikeSettings, SpikeStatus, outcome
+from supervisor.domain.spikes import (
+    Decision,
+    Notice,
+    Peak,
+    SpikeEvent,
+    SpikeKind,
+    SpikeOutcome,
+    SpikeSettings,
+    SpikeStatus,
+    outcome,
+)
 
 
 class SpikeDetector:
@@ -64,6 +85,7 @@ class SpikeDetector:
         self._loss = LossWatch(self.settings)
         self._grad = GradWatch(self.settings)
         self._scale = ScaleWatch(self.settings)
+        self._trend = TrendWatch(self.settings)
         self._last_step: int | None = None
         self._nonfinite_run = 0
 
@@ -83,11 +105,26 @@ class SpikeDetector:
         self._last_step = step
         out = self._check_nonfinite(record, step)
         out += self._scale.check(record.loss_scale, step)
-        if record.loss is not None and math.isfinite(record.loss):
-            out += self._loss.check(record.loss, step)
         g = record.grad_norm
-        if g is not None and math.isfinite(g) and g > 0:
+        lgrad = math.log10(g) if g is not None and math.isfinite(g) and g > 0 else None
+        if record.loss is not None and math.isfinite(record.loss):
+            out += self._check_loss(record.loss, lgrad, step)
+        if lgrad is not None and g is not None:
             out += self._grad.check(g, step)
+        return out
+
+    def _check_loss(self, loss: float, lgrad: float | None, step: int) -> list[Notice]:
+        """The jump and trajectory rules, then — for a healthy record — the trend rule. Any
+        rollback outcome resets the trend's history too (the engine restarts the job anyway)."""
+        was_open = self._loss.spike is not None
+        out = self._loss.check(loss, step, lgrad)
+        if self._loss.spike is not None and not was_open:
+            self._trend.forget()  # the level after a spike is compared with what follows it, not with before
+        elif not was_open and self.settings.trend_detection:
+            out += self._trend.check(loss, lgrad, step)
+        if any(isinstance(n, SpikeOutcome) and n.decision is Decision.ROLLBACK for n in out):
+            self._loss.forget()
+            self._trend.forget()
         return out
 
     def feed_all(self, records: list[ProgressRecord]) -> list[Notice]:
@@ -105,6 +142,7 @@ class SpikeDetector:
         if self._nonfinite_run != tolerated + 1:
             return []
         self._loss.forget()  # superseded
+        self._trend.forget()
         return _nonfinite(record, step, self._nonfinite_run, tolerated)
 
 

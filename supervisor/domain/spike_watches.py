@@ -11,6 +11,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from supervisor.domain.spike_trajectory import Judgement, Trajectory
 from supervisor.domain.spikes import (
     Notice,
     Peak,
@@ -19,6 +20,7 @@ from supervisor.domain.spikes import (
     SpikeOutcome,
     SpikeSettings,
     SpikeStatus,
+    median_of_sorted,
     outcome,
     robust_stats,
 )
@@ -34,6 +36,7 @@ class OpenSpike:
     peak_step: int
     peak_value: float
     in_band: int = 0
+    trajectory: Trajectory | None = None  # loss spikes: the records since the onset
 
     def climb(self, value: float, step: int) -> bool:
         """Record ``value`` as the new peak if it is one; whether it was."""
@@ -44,26 +47,34 @@ class OpenSpike:
 
 
 class LossWatch:
-    """The loss rules: a spike opens against the baseline, then heals, diverges or is not healed."""
+    """The loss rules: a spike opens against the baseline, then heals, diverges, settles on a
+    plateau, shakes again, or is not healed (domain.spike_trajectory says which, and when)."""
 
     def __init__(self, settings: SpikeSettings) -> None:
         self.settings = settings
         self.spike: OpenSpike | None = None
         self._baseline: deque[float] = deque(maxlen=settings.window)
+        self._grad_baseline: deque[float] = deque(maxlen=settings.window)  # log10, of the same healthy records
         self._prev: float | None = None
+        self._prev_step = 0
         self._rises = 0
         self._rise_start = 0
+        self._rise_from = 0.0  # the loss where the current streak of rises began
+        self._before: float | None = None  # the record before the current one
+        self._before_step = 0
 
     def forget(self) -> None:
         """Drop the open spike and relearn the baseline (after a rollback outcome)."""
         self.spike = None
         self._baseline.clear()
+        self._grad_baseline.clear()
 
-    def check(self, loss: float, step: int) -> list[Notice]:
+    def check(self, loss: float, step: int, lgrad: float | None = None) -> list[Notice]:
+        """The notices of one record; ``lgrad`` is its log10 grad norm where one was printed."""
         self._count_rise(loss, step)
         if self.spike is None:
-            return self._watch(loss, step)
-        decided = self._judge(self.spike, loss, step)
+            return self._watch(loss, step, lgrad)
+        decided = self._judge(self.spike, loss, step, lgrad)
         return [] if decided is None else [decided]
 
     def _count_rise(self, loss: float, step: int) -> None:
@@ -71,19 +82,33 @@ class LossWatch:
             self._rises += 1
         else:
             self._rises = 0
-            self._rise_start = step
-        self._prev = loss
+            self._rise_start, self._rise_from = step, loss
+        self._before, self._before_step = self._prev, self._prev_step
+        self._prev, self._prev_step = loss, step
 
-    def _watch(self, loss: float, step: int) -> list[Notice]:
+    def _creep_or_restart(self, median: float, sigma: float) -> None:
+        """At an onset: a streak of rises before it counts only if it crept up on two records or more
+        by more than noise (two sigmas and ``heal_band_rel`` of the median) — a spike logged across
+        two records (Megatron averages over the log interval) is no creep, nor are a few noisy
+        records; otherwise the streak starts at the record before the onset."""
+        least = max(2 * sigma, self.settings.heal_band_rel * abs(median))
+        crept = self._rises - 1 >= 2 and self._before is not None and self._before - self._rise_from >= least
+        if self._before is not None and not crept:
+            self._rises = 1
+            self._rise_start, self._rise_from = self._before_step, self._before
+
+    def _watch(self, loss: float, step: int, lgrad: float | None) -> list[Notice]:
         event = self._onset(loss, step) if len(self._baseline) >= self.settings.min_baseline else None
         if event is None:
             self._baseline.append(loss)
+            if lgrad is not None:
+                self._grad_baseline.append(lgrad)
             return []
         return [event]
 
     def _onset(self, loss: float, step: int) -> SpikeEvent | None:
         s = self.settings
-        median, sigma = robust_stats(list(self._baseline), s.rel_sigma_floor)
+        median, sigma = robust_stats(self._baseline, s.rel_sigma_floor)
         z = (loss - median) / sigma
         if not (z >= s.spike_z and loss - median >= s.min_rel_jump * abs(median)):
             return None
@@ -95,13 +120,17 @@ class LossWatch:
             else f"loss spike at step {step}: {loss:.4g} (z {z:.1f})"
         )
         event = SpikeEvent(SpikeKind.LOSS, step, loss, median, sigma, z, reason)
-        self.spike = OpenSpike(event, band, step, loss)
+        self._creep_or_restart(median, sigma)
+        jump = max(s.spike_z * sigma, s.min_rel_jump * abs(median))
+        grad_ref = median_of_sorted(sorted(self._grad_baseline)) if self._grad_baseline else None
+        self.spike = OpenSpike(event, band, step, loss, trajectory=Trajectory(s, step, loss, jump, band, grad_ref))
         return event
 
-    def _judge(self, spike: OpenSpike, loss: float, step: int) -> SpikeOutcome | None:
-        ev = spike.event
-        assert ev.baseline is not None and ev.sigma is not None
+    def _judge(self, spike: OpenSpike, loss: float, step: int, lgrad: float | None) -> SpikeOutcome | None:
+        ev, path = spike.event, spike.trajectory
+        assert ev.baseline is not None and ev.sigma is not None and path is not None
         new_high = spike.climb(loss, step)
+        path.add(step, loss, lgrad)
         peak = Peak(spike.peak_step, spike.peak_value, (spike.peak_value - ev.baseline) / ev.sigma)
         if new_high and self._rises >= self.settings.diverge_rises and self._rise_span(step):
             self.forget()
@@ -109,10 +138,36 @@ class LossWatch:
         if loss <= spike.band_hi:
             return self._back_in_band(spike, ev.baseline, loss, step, peak)
         spike.in_band = 0
+        if self.settings.early_decisions:
+            return self._by_trajectory(spike, path, new_high, step, peak)
         if step - ev.onset_step <= self.settings.heal_window_steps:
             return None
         self.forget()  # a new level: relearn the baseline rather than re-fire on it
-        return self._not_healed(spike, ev.baseline, loss, step, peak)
+        return self._not_healed(spike, ev.baseline, loss, step, peak, Judgement(judged=False))
+
+    def _by_trajectory(
+        self, spike: OpenSpike, path: Trajectory, new_high: bool, step: int, peak: Peak
+    ) -> SpikeOutcome | None:
+        """Roll back as soon as the trajectory shows the spike will not heal; wait while it is
+        returning, up to the cap; the fixed heal window for the rest."""
+        ev, s = spike.event, self.settings
+        assert ev.baseline is not None
+        climb_z = path.climbing() if new_high else None
+        if climb_z is not None:
+            self.forget()
+            return trajectory_outcome(ev, "trend", step, peak, path, Judgement(True, mann_kendall_z=climb_z))
+        j = path.judge(step)
+        rule = path.rollback_rule(j)
+        elapsed = step - ev.onset_step
+        out_of_time = elapsed > s.heal_cap or (elapsed > s.heal_window_steps and not j.returning)
+        if rule is None and out_of_time:
+            rule = "not_healed"
+        if rule is None:
+            return None
+        self.forget()
+        if rule == "not_healed":
+            return self._not_healed(spike, ev.baseline, path.last_loss, step, peak, j)
+        return trajectory_outcome(ev, rule, step, peak, path, j)
 
     def _rise_span(self, step: int) -> bool:
         return step - self._rise_start >= self.settings.diverge_min_steps
@@ -123,7 +178,8 @@ class LossWatch:
             f"{self._rise_start}), now {loss:.4g} vs baseline {baseline:.4g} (z {peak.z:.1f}) "
             f"→ roll back"
         )
-        return outcome(ev, SpikeStatus.DIVERGED, "diverged", step, peak, reason)
+        figures = {"rises": self._rises, "rise_steps": step - self._rise_start, "loss": loss}
+        return outcome(ev, SpikeStatus.DIVERGED, "diverged", step, peak, reason, figures)
 
     def _back_in_band(
         self, spike: OpenSpike, baseline: float, loss: float, step: int, peak: Peak
@@ -132,20 +188,62 @@ class LossWatch:
         if spike.in_band < self.settings.heal_confirm_records:
             return None
         self.spike = None
+        shocks = spike.trajectory.aftershocks if spike.trajectory else []
         reason = (
             f"loss back to {loss:.4g} (band ≤ {spike.band_hi:.4g} around baseline "
             f"{baseline:.4g}) {step - spike.event.onset_step} steps after onset, peak {peak.value:.4g} at "
-            f"step {peak.step} (z {peak.z:.1f}); healed by itself → leave it"
+            f"step {peak.step} (z {peak.z:.1f}){aftershock_text(shocks)}; healed by itself → leave it"
         )
-        return outcome(spike.event, SpikeStatus.HEALED, "healed", step, peak, reason)
+        figures = {"loss": loss, "band_hi": spike.band_hi, "aftershocks": len(shocks)}
+        return outcome(spike.event, SpikeStatus.HEALED, "healed", step, peak, reason, figures)
 
-    def _not_healed(self, spike: OpenSpike, baseline: float, loss: float, step: int, peak: Peak) -> SpikeOutcome:
-        reason = (
-            f"loss still {loss:.4g} at step {step}, {step - spike.event.onset_step} steps after onset (heal window "
-            f"{self.settings.heal_window_steps}), above the band ≤ {spike.band_hi:.4g} around baseline "
-            f"{baseline:.4g}; peak {peak.value:.4g} (z {peak.z:.1f}) → roll back"
+    def _not_healed(
+        self, spike: OpenSpike, baseline: float, loss: float, step: int, peak: Peak, j: Judgement
+    ) -> SpikeOutcome:
+        elapsed = step - spike.event.onset_step
+        limit = (
+            f"still returning but past the cap of {self.settings.heal_cap} steps"
+            if j.returning
+            else f"heal window {self.settings.heal_window_steps}"
         )
-        return outcome(spike.event, SpikeStatus.NOT_HEALED, "not_healed", step, peak, reason)
+        reason = (
+            f"loss still {loss:.4g} at step {step}, {elapsed} steps after onset ({limit}), above the band "
+            f"≤ {spike.band_hi:.4g} around baseline {baseline:.4g}; peak {peak.value:.4g} (z {peak.z:.1f}) → roll back"
+        )
+        figures = {"loss": loss, "band_hi": spike.band_hi, **(j.figures(baseline) if j.judged else {})}
+        return outcome(spike.event, SpikeStatus.NOT_HEALED, "not_healed", step, peak, reason, figures)
+
+
+def aftershock_text(shocks: list[tuple[int, float]]) -> str:
+    if not shocks:
+        return ""
+    where = ", ".join(f"{v:.4g}@{s}" for s, v in shocks[:5])
+    return f", {len(shocks)} aftershock(s) ({where})"
+
+
+def trajectory_outcome(
+    ev: SpikeEvent, rule: str, step: int, peak: Peak, path: Trajectory, j: Judgement
+) -> SpikeOutcome:
+    """The ROLLBACK outcome of a trajectory rule (``plateau``, ``aftershock``, ``trend``), with its
+    figures and a reason that says which rule fired on what."""
+    assert ev.baseline is not None
+    figures = {**j.figures(ev.baseline), "band_hi": path.band_hi, "aftershocks": len(path.aftershocks)}
+    elapsed = step - ev.onset_step
+    if rule == "trend":
+        why = (
+            f"loss kept climbing after the spike at step {ev.onset_step}: new high {peak.value:.4g} at step {step}, "
+            f"Mann-Kendall z {j.mann_kendall_z:.1f} over the last {len(path)} records → roll back"
+        )
+        figures = {"mann_kendall_z": round(j.mann_kendall_z, 2), "records": len(path)}
+        return outcome(ev, SpikeStatus.DIVERGED, rule, step, peak, why, figures)
+    grad = f", grad norm x{j.grad_ratio:.3g} its pre-spike median" if j.grad_ratio is not None else ""
+    why = (
+        f"loss settled at {j.level:.4g} ({figures['level_pct']:+}% over baseline {ev.baseline:.4g}, band ≤ "
+        f"{path.band_hi:.4g}) {elapsed} steps after onset and is not coming down (Mann-Kendall z "
+        f"{j.mann_kendall_z:.1f} over {j.records} records, slope {j.slope * 100:+.3g}/100 steps){grad}"
+        f"{aftershock_text(path.aftershocks)}; peak {peak.value:.4g} at step {peak.step} → roll back ({rule})"
+    )
+    return outcome(ev, SpikeStatus.NOT_HEALED, rule, step, peak, why, figures)
 
 
 class GradWatch:
@@ -173,7 +271,7 @@ class GradWatch:
 
     def _onset(self, lg: float, g: float, step: int) -> SpikeEvent | None:
         s = self.settings
-        median, sigma = robust_stats(list(self._baseline), 0.0, s.grad_sigma_floor)
+        median, sigma = robust_stats(self._baseline, 0.0, s.grad_sigma_floor)
         z = (lg - median) / sigma
         if not (z >= s.grad_spike_z and lg - median >= math.log10(s.grad_min_ratio)):
             return None

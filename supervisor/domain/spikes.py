@@ -8,7 +8,8 @@ on a ROLLBACK outcome is :mod:`supervisor.domain.rollback`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 
 _MAD_TO_SIGMA = 1.4826
@@ -19,6 +20,7 @@ class SpikeKind(str, Enum):
     GRAD_NORM = "grad_norm"
     NONFINITE = "nonfinite"
     LOSS_SCALE = "loss_scale"
+    TREND = "trend"  # a steady climb of the loss (and grad norm) with no single jump
 
 
 class SpikeStatus(str, Enum):
@@ -54,6 +56,23 @@ class SpikeSettings:
     max_nonfinite_records: int = 0  # consecutive non-finite records tolerated
     loss_scale_floor: float = 1.0  # fp16 loss scale at or below this is a collapse (OPT: >= 1)
     loss_scale_max_halvings: int = 10  # consecutive records with a falling loss scale
+    # trajectory of an open loss spike (domain.spike_trajectory): judged once it has settled
+    early_decisions: bool = True  # False: the issue-6 rules only (a fixed heal window, no plateau rule)
+    heal_cap_steps: int = 1000  # a spike still returning toward its band is waited on this long at most
+    settle_steps: int = 20  # steps after the peak before the trajectory is judged ...
+    settle_records: int = 6  # ... and records after the peak
+    return_z: float = 1.0  # Mann-Kendall z at or below -this over the recent records: coming down
+    grad_elevated_ratio: float = 3.0  # grad norm this many times its pre-spike median: still unstable
+    # trend (domain.divergence): a climb relative to the run's own recent history, no jump needed
+    trend_detection: bool = True
+    trend_history: int = 96  # healthy records kept: the older part is the reference ...
+    trend_window: int = 48  # ... the newest (at most) this many the window tested for a trend
+    trend_min_records: int = 8  # records needed in the window and in the reference
+    trend_z: float = 3.0  # Mann-Kendall z of the window at or above this: a significant climb ...
+    trend_min_rise: float = 0.08  # ... that put the newest level this fraction above the reference ...
+    trend_rise_z: float = 4.0  # ... and this many reference sigmas above it;
+    trend_min_rise_grad: float = 0.03  # or a smaller rise while the grad norm climbs ...
+    grad_trend_ratio: float = 4.0  # ... to this multiple of its reference, significantly too
     # rollback policy (PaLM: restart ~100 steps before the spike, skip ~200-500 batches)
     min_steps_before: int = 100  # checkpoint at least this many steps before the onset
     skip_batches: int = 300  # iterations skipped from the restart step on (at least) ...
@@ -64,6 +83,15 @@ class SpikeSettings:
             raise ValueError("window, min_baseline and heal_confirm_records must be >= 1")
         if self.heal_window_steps < 0 or self.min_steps_before < 0 or self.skip_batches < 0:
             raise ValueError("step counts must be >= 0")
+        if self.settle_records < 2 or self.trend_min_records < 3 or self.trend_window < self.trend_min_records:
+            raise ValueError("settle_records >= 2, trend_min_records >= 3 and trend_window >= trend_min_records")
+        if self.trend_history < self.trend_window + self.trend_min_records:
+            raise ValueError("trend_history must hold trend_window plus trend_min_records reference records")
+
+    @property
+    def heal_cap(self) -> int:
+        """The longest a returning spike is waited on: never shorter than the fixed heal window."""
+        return max(self.heal_cap_steps, self.heal_window_steps)
 
 
 @dataclass(frozen=True)
@@ -92,8 +120,9 @@ class SpikeOutcome:
     peak_step: int
     peak_value: float
     peak_z: float | None
-    steps_after_onset: int
+    steps_after_onset: int  # the decision latency: steps from the onset to the decision
     reason: str
+    figures: Mapping[str, float | int | str] = field(default_factory=dict)  # the rule's numbers, for the logbook
 
 
 Notice = SpikeEvent | SpikeOutcome
@@ -108,7 +137,15 @@ class Peak:
     z: float | None
 
 
-def outcome(event: SpikeEvent, status: SpikeStatus, rule: str, step: int, peak: Peak, reason: str) -> SpikeOutcome:
+def outcome(
+    event: SpikeEvent,
+    status: SpikeStatus,
+    rule: str,
+    step: int,
+    peak: Peak,
+    reason: str,
+    figures: Mapping[str, float | int | str] | None = None,
+) -> SpikeOutcome:
     """The outcome of ``event`` decided at ``step``: LEAVE when it healed, ROLLBACK otherwise."""
     decision = Decision.LEAVE if status is SpikeStatus.HEALED else Decision.ROLLBACK
     return SpikeOutcome(
@@ -122,6 +159,7 @@ def outcome(event: SpikeEvent, status: SpikeStatus, rule: str, step: int, peak: 
         peak_z=peak.z,
         steps_after_onset=step - event.onset_step,
         reason=reason,
+        figures=dict(figures or {}),
     )
 
 
@@ -134,16 +172,17 @@ def decide(notices: list[Notice]) -> Decision:
     return Decision.LEAVE
 
 
-def robust_stats(values: list[float], rel_floor: float, abs_floor: float = 0.0) -> tuple[float, float]:
-    """Median and robust sigma (1.4826 x MAD, floored) of a non-empty list."""
+def robust_stats(values: Iterable[float], rel_floor: float, abs_floor: float = 0.0) -> tuple[float, float]:
+    """Median and robust sigma (1.4826 x MAD, floored) of a non-empty collection. Plain sorting:
+    for the few dozen values of a baseline it is several times faster than numpy's median."""
     ordered = sorted(values)
-    median = _median(ordered)
-    mad = _median(sorted(abs(v - median) for v in ordered))
+    median = median_of_sorted(ordered)
+    mad = median_of_sorted(sorted(abs(v - median) for v in ordered))
     sigma = max(_MAD_TO_SIGMA * mad, rel_floor * abs(median), abs_floor, 1e-12)
     return median, sigma
 
 
-def _median(ordered: list[float]) -> float:
+def median_of_sorted(ordered: Sequence[float]) -> float:
     n = len(ordered)
     mid = n // 2
     return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])

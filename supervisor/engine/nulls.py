@@ -10,6 +10,7 @@ from typing import Any
 from supervisor.domain.actions import Record
 from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.health import NodeFinding
+from supervisor.domain.peer_groups import Imbalance
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import RunRecord
 from supervisor.domain.resume import ResumePlan
@@ -26,6 +27,9 @@ class NoProgress:
         return {}
 
     def take_notices(self) -> list[SpikeNotice]:
+        return []
+
+    def take_imbalances(self) -> list[tuple[str, tuple[int, int], Imbalance]]:
         return []
 
     def take_slowdowns(self) -> list[tuple[str, tuple[int, int], dict[str, Any]]]:

@@ -29,7 +29,7 @@ from supervisor.engine.forgotten import ForgottenJobs
 from supervisor.engine.nodes import NodeFacts, NodeWatch, running_nodes
 from supervisor.engine.nulls import NoCheckpoints, NoProgress
 from supervisor.engine.probes import ProbeTracker
-from supervisor.engine.progress import ProgressWatch
+from supervisor.engine.progress import ProgressWatch, imbalance_events
 from supervisor.engine.spikes import pending_rollbacks, spike_records
 from supervisor.ports import Accounting, Clock, NodeGuard, PortError, Scheduler, Store
 
@@ -137,6 +137,7 @@ class Observer:
             self.progress.take_notices(), runs, self.store, self.clock, lambda r: watch.refresh(r, self.store)
         )
         records += _slowdown_events(runs, self.progress, now)
+        records += imbalance_events(runs, self.progress.take_imbalances(), now)
         self.checkpoints.update(runs, self.store)  # writes what it finds through the executor
         nodes = self.nodes.observe(runs, snap, self.store, self.progress.take_findings(), now)
         records += nodes.records

@@ -5,7 +5,10 @@
   order, as ``srun``'s default block distribution does — and scored across nodes
   (``domain.stragglers.StragglerScorer``: robust z, CUSUM). A node named is a *degraded* finding:
   the engine keeps it out from the next restart, or restarts at the next verified checkpoint and
-  drains it then — work since the last checkpoint is not thrown away for a 5 % slowdown.
+  drains it then — work since the last checkpoint is not thrown away for a 5 % slowdown. With the
+  record's ``rank_peer_groups`` (pipeline stages) a node is compared only with its peers; without
+  them, nodes slower together from the start (a stage) are learned as a block: an *imbalance*,
+  logged once as a note, never drained (``domain.peer_groups``).
 * Throughput (tokens/s, samples/s, else 1 / step time) against the attempt's own baseline
   (``SlowdownDetector``): a sustained drop is reported once per attempt, with the straggler that
   explains it when one was named.
@@ -19,8 +22,15 @@ from typing import Any
 import numpy as np
 
 from supervisor.domain.health import NodeFinding, Severity
+from supervisor.domain.peer_groups import Imbalance
 from supervisor.domain.progress import ProgressRecord
-from supervisor.domain.stragglers import SlowdownDetector, SlowdownState, StragglerScorer, node_step_times
+from supervisor.domain.stragglers import (
+    SlowdownDetector,
+    SlowdownState,
+    StragglerScorer,
+    node_peer_groups,
+    node_step_times,
+)
 
 STRAGGLER_RULE = "straggler@1"
 
@@ -33,6 +43,8 @@ class Pace:
     slowdown: SlowdownDetector = field(default_factory=SlowdownDetector)
     named: dict[str, NodeFinding] = field(default_factory=dict)
     slow_reported: bool = False
+    groups: tuple[int, ...] | None = None  # the rank peer groups the scorer was built with
+    imbalances_reported: bool = False
 
     def feed(self, record: ProgressRecord, now: float) -> tuple[list[NodeFinding], dict[str, Any] | None]:
         """New straggler findings, and the slowdown evidence when the drop is first sustained."""
@@ -42,11 +54,17 @@ class Pace:
         ranks = record.per_rank_step_time_s
         if not ranks or not self.nodes or len(ranks) % len(self.nodes):
             return []
-        if self.scorer is None:
+        per_node = len(ranks) // len(self.nodes)
+        groups = (
+            record.rank_peer_groups if record.rank_peer_groups and len(record.rank_peer_groups) == len(ranks) else None
+        )
+        if self.scorer is None or (groups is not None and groups != self.groups):
             if len(self.nodes) < 3:
                 return []  # a median of two says nothing
-            self.scorer = StragglerScorer(len(self.nodes), self.nodes)
-        times = node_step_times(np.asarray(ranks, dtype=np.float64), len(ranks) // len(self.nodes))
+            node_groups = node_peer_groups(groups, per_node) if groups is not None else None
+            self.scorer = StragglerScorer(len(self.nodes), self.nodes, groups=node_groups)
+            self.groups, self.imbalances_reported = groups, False
+        times = node_step_times(np.asarray(ranks, dtype=np.float64), per_node)
         new = []
         for v in self.scorer.update(times):
             if v.name in self.named:
@@ -64,11 +82,19 @@ class Pace:
                     "score": round(v.score, 2),
                     "steps_observed": v.steps_observed,
                     "step": record.step,
+                    "compared_with": v.compared_with,
                 },
             )
             self.named[v.name] = finding
             new.append(finding)
         return new
+
+    def take_imbalances(self) -> tuple[Imbalance, ...]:
+        """The start-up imbalances the scorer learned, once per scorer (then nothing)."""
+        if self.scorer is None or self.scorer.learning or self.imbalances_reported:
+            return ()
+        self.imbalances_reported = True
+        return self.scorer.imbalances
 
     def _slowdown(self, record: ProgressRecord) -> dict[str, Any] | None:
         rate = record.tokens_per_s or record.samples_per_s

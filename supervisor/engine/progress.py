@@ -17,12 +17,15 @@ import structlog
 
 from supervisor.domain.cluster import ClusterSnapshot, JobState
 from supervisor.domain.health import NodeFinding
+from supervisor.domain.peer_groups import Imbalance
 from supervisor.domain.progress import ProgressParser, ProgressRecord, parser_for
 from supervisor.domain.progress.hang import HangDetector, HangPace, HangSettings, HangVerdict
 from supervisor.domain.progress.loads import LoadWatch, load_segments
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.progress.pauses import ends_pause, pause_of
-from supervisor.domain.records import RunRecord
+from supervisor.domain.progress.ranks import RankProgress, suspects
+from supervisor.domain.progress.ssv import NAME as SSV_FORMAT
+from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import SpikePolicy
 from supervisor.domain.spike_detector import SpikeDetector
 from supervisor.domain.spikes import Notice, SpikeSettings
@@ -46,6 +49,7 @@ class _Watch:
     problem: str | None = None  # why the file cannot be read now (logged once, not every tick)
     recent: list[str] = field(default_factory=list)
     load: LoadWatch = field(default_factory=LoadWatch)  # what the log said of its checkpoint load
+    ranks: RankProgress = field(default_factory=RankProgress)  # each self-reporting rank's last step
     save_started: float | None = None  # when the read that brought a save's start line came
     saves: deque[float] = field(default_factory=lambda: deque(maxlen=32))  # measured save stalls (s)
     # (step, loss, grad_norm, lr) of the last records: the evidence around a spike
@@ -77,9 +81,10 @@ def spike_settings(policy: SpikePolicy) -> SpikeSettings:
 
 
 class ProgressWatch:
-    def __init__(self, opener: LogOpener, settings: HangSettings) -> None:
+    def __init__(self, opener: LogOpener, settings: HangSettings, log_format: str | None = None) -> None:
         self.opener = opener
         self.settings = settings
+        self.log_format = log_format  # a format name (or alias) every log is read as; None: detect per log
         self._watches: dict[str, _Watch] = {}
         self._notices: list[SpikeNotice] = []
         self._last_steps: dict[tuple[int, int], int] = {}  # (job id, restart count) -> newest step logged
@@ -88,6 +93,7 @@ class ProgressWatch:
         self._before_load: dict[tuple[int, int], str] = {}  # ... -> what it died of before any load
         self._findings: list[NodeFinding] = []  # stragglers named from per-rank step times
         self._slowdowns: list[tuple[str, tuple[int, int], dict[str, Any]]] = []
+        self._imbalances: list[tuple[str, tuple[int, int], Imbalance]] = []
 
     def last_step(self, job_id: int, restart_count: int) -> int | None:
         """The newest step an attempt logged (None: never followed, or nothing parsed)."""
@@ -129,6 +135,12 @@ class ProgressWatch:
         out, self._slowdowns = self._slowdowns, []
         return out
 
+    def take_imbalances(self) -> list[tuple[str, tuple[int, int], Imbalance]]:
+        """(run, attempt key, imbalance) of nodes found slower together from the start (uneven work,
+        not stragglers) since the last call."""
+        out, self._imbalances = self._imbalances, []
+        return out
+
     def take_notices(self) -> list[SpikeNotice]:
         """Spike events and outcomes read since the last call."""
         out, self._notices = self._notices, []
@@ -158,8 +170,18 @@ class ProgressWatch:
         return hangs
 
     def _hang_evidence(self, watch: _Watch, verdict: HangVerdict) -> dict[str, Any]:
-        return {
-            "reason": verdict.reason,
+        """The hang's numbers, and which rank (node) stopped when per-rank progress singles it out."""
+        found = suspects(watch.ranks, watch.pace.nodes if watch.pace is not None else ())
+        who: dict[str, Any] = {}
+        if found is not None:
+            who = {
+                "suspects": found.summary,
+                "ranks_reporting": len(watch.ranks.steps),
+                "ranks_behind": list(found.ranks[:64]),
+                "suspect_nodes": list(found.nodes),
+            }
+        return who | {
+            "reason": verdict.reason + (f"; {found.summary}" if found is not None else ""),
             "last_step": verdict.last_step,
             "silent_s": round(verdict.since_s, 1),
             "step_interval_s": verdict.interval_s,
@@ -199,7 +221,7 @@ class ProgressWatch:
             key,
             path,
             self.opener(path, same_file),
-            parser_for(None),
+            parser_for(self.log_format),
             HangDetector(self.settings, started_at=started_at),
             SpikeDetector(spike_settings(run.spec.spikes)),
             Pace(run.name, tuple(nodes)),
@@ -216,6 +238,8 @@ class ProgressWatch:
         (bounded memory: the newest 256 attempts), the series spike notices carry."""
         assert record.step is not None
         watch.detector.observe(record.step, now)
+        if record.rank is not None and record.source_format == SSV_FORMAT:
+            watch.ranks.observe(record.rank, record.step, now)  # the protocol's rank is global
         if record.step > self._last_steps.get(watch.key, -1):
             _bounded_put(self._last_steps, watch.key, record.step)
         if record.step_time_s and record.step_time_s > 0:
@@ -236,6 +260,7 @@ class ProgressWatch:
                 self._findings += found
                 if slow is not None:
                     self._slowdowns.append((run, watch.key, slow))
+                self._imbalances += [(run, watch.key, imb) for imb in watch.pace.take_imbalances()]
             if watch.spikes is not None:
                 for notice in watch.spikes.feed(record):
                     self._notices.append(SpikeNotice(run, watch.key, notice, tuple(watch.series)))
@@ -308,3 +333,32 @@ def _bounded_put(memory: dict[tuple[int, int], Any], key: tuple[int, int], value
     memory[key] = value
     if len(memory) > 256:
         memory.pop(next(iter(memory)))
+
+
+def imbalance_events(
+    runs: Iterable[RunRecord], taken: list[tuple[str, tuple[int, int], Imbalance]], now: float
+) -> list[Event]:
+    """A logbook note per imbalance of the current attempts: nodes slower together from the start
+    (a pipeline stage), reported, never drained."""
+    by_name = {r.name: r for r in runs}
+    out = []
+    for name, key, imb in taken:
+        run = by_name.get(name)
+        a = run.attempt if run else None
+        if a is None or (a.job_id, a.restart_count) != key:
+            continue
+        evidence = {"nodes": list(imb.names[:256]), "level": round(imb.level, 4), "steps": imb.steps}
+        message = f"{a.label}: imbalance: {imb.reason}"
+        out.append(
+            Event(
+                name,
+                EventKind.NOTE,
+                message,
+                f"{name}:{a.seq}:imbalance:{imb.names[0]}",
+                now,
+                a.seq,
+                a.job_id,
+                evidence=evidence,
+            )
+        )
+    return out

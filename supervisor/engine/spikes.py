@@ -1,9 +1,11 @@
 """Loss spikes in the tick: log every spike and how it ended; roll back the ones that do not heal.
 
 The detector (domain.spikes) runs on each attempt's log inside ProgressWatch. Here its notices
-become logbook events, and an outcome that asks for a rollback becomes a decision
+become logbook events — each outcome with the rule that fired (healed, diverged, trend, plateau,
+aftershock, not_healed, nonfinite, loss_scale_*), its figures and its decision latency — and an
+outcome that asks for a rollback becomes a decision
 (domain.rollback.decide_rollback): the newest verified checkpoint at least M steps before the
-onset, a data-skip range, an LR scale that shrinks on repeats, at most N automatic rollbacks per
+onset (for a loss trend: before the climb began), a data-skip range, an LR scale that shrinks on repeats, at most N automatic rollbacks per
 window — past that, or without a checkpoint to go back to, a page for a human.
 
 The decision is a typed record (``RollbackRecord``, planned or blocked), returned with its
@@ -30,7 +32,7 @@ from supervisor.domain.rollback import (
     decide_rollback,
     pending_rollback,
 )
-from supervisor.domain.spikes import Decision, SpikeEvent, SpikeOutcome
+from supervisor.domain.spikes import Decision, SpikeEvent, SpikeKind, SpikeOutcome
 from supervisor.engine.progress import SpikeNotice, spike_settings
 from supervisor.ports import Clock, Store
 
@@ -88,10 +90,11 @@ def _series(n: SpikeNotice) -> list[list[Any]]:
 def _spike_event(run: RunRecord, n: SpikeNotice, ev: SpikeEvent, clock: Clock) -> Event:
     a = run.attempt
     assert a is not None
+    what = "loss trend" if ev.kind is SpikeKind.TREND else f"{ev.kind.value} spike"
     return Event(
         run.name,
         EventKind.SPIKE,
-        f"{ev.kind.value} spike at step {ev.onset_step}: {ev.reason}",
+        f"{what} at step {ev.onset_step}: {ev.reason}",
         f"{run.name}:{a.seq}:spike:{ev.kind.value}:{ev.onset_step}",
         clock.now(),
         a.seq,
@@ -119,6 +122,8 @@ def _outcome_evidence(out: SpikeOutcome, n: SpikeNotice) -> dict[str, Any]:
         "peak_value": out.peak_value,
         "peak_z": out.peak_z,
         "steps_after_onset": out.steps_after_onset,
+        "decision_steps": out.steps_after_onset,  # the decision latency, the figure issue 20 reports
+        "figures": dict(out.figures),  # the numbers of the rule that fired (plateau, trend, ...)
         "series": _series(n),
     }
 
@@ -164,16 +169,25 @@ def _rollback(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, c
                 checkpoint_step=plan.checkpoint_step, skip_first=plan.skip.first, skip_last=plan.skip.last,
                 lr_scale=action.lr_scale, escalation=action.escalation,
             )  # fmt: skip
-            message = f"rollback: spike at step {onset} {out.status.value} ({out.reason}); {action.reason}"
+            message = (
+                f"rollback: {_what(out)} at step {onset} {out.status.value}, rule {out.rule}, decided "
+                f"{out.steps_after_onset} steps after onset ({out.reason}); {action.reason}"
+            )
             log.warning("rollback_decided", run=run.name, onset=onset, checkpoint=plan.checkpoint_step)
             key = f"{run.name}:{a.seq}:rollback:{onset}"
             return [record, Event(run.name, EventKind.ROLLBACK, message, key, now, a.seq, a.job_id, evidence=evidence)]
         blocked = action.reason
     record = RollbackRecord(run.name, a.seq, onset, RollbackStatus.BLOCKED, now, blocked)
-    message = f"spike at step {onset} {out.status.value} ({out.reason}); not rolled back: {blocked}"
+    message = (
+        f"{_what(out)} at step {onset} {out.status.value}, rule {out.rule} ({out.reason}); not rolled back: {blocked}"
+    )
     key = f"{run.name}:{a.seq}:rollback-blocked:{onset}"
     page = {**evidence, "page": True}
     return [record, Event(run.name, EventKind.ROLLBACK_BLOCKED, message, key, now, a.seq, a.job_id, evidence=page)]
+
+
+def _what(out: SpikeOutcome) -> str:
+    return "loss trend" if out.event.kind is SpikeKind.TREND else "spike"
 
 
 def _not_allowed(run: RunRecord) -> str | None:

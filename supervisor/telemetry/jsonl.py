@@ -4,7 +4,9 @@ docs/telemetry-jsonl.md).
     from supervisor.telemetry.jsonl import report
 
     report(step, loss=loss.item(), step_time_s=dt, tokens_per_s=tps)
-    report(step, loss=loss, step_time_s=dt, rank_step_times_s=all_gathered_times)  # rank 0 only
+    report(step, loss=loss, step_time_s=dt, rank_step_times_s=all_gathered_times,  # rank 0 only
+           rank_peer_groups=megatron_peer_groups(world_size, pipeline=pp, tensor=tp))
+    report(step, rank=rank)  # each rank, for itself: who stopped, when the job hangs
 
 Standard library only, and no import of the rest of slurm-supervisor: this file may be copied into
 a trainer's code base. Call it from one rank (usually the last pipeline stage or rank 0) unless
@@ -47,6 +49,8 @@ COUNT_FIELDS = frozenset(
     }
 )
 RANK_TIMES = "rank_step_times_s"
+RANK_GROUPS = "rank_peer_groups"
+MEGATRON_ORDER = "tp-cp-ep-dp-pp"  # Megatron-LM's default --rank-order: tp varies fastest
 
 
 def encode(step: int, **metrics: Any) -> str:
@@ -68,8 +72,10 @@ def encode(step: int, **metrics: Any) -> str:
             doc[name] = _count(name, value)
         elif name == RANK_TIMES:
             doc[name] = _times(value)
+        elif name == RANK_GROUPS:
+            doc[name] = [_count(name, v) for v in value]
         else:
-            known = ", ".join(sorted(FLOAT_FIELDS | COUNT_FIELDS | {RANK_TIMES}))
+            known = ", ".join(sorted(FLOAT_FIELDS | COUNT_FIELDS | {RANK_TIMES, RANK_GROUPS}))
             raise TypeError(f"report() got an unknown metric {name!r}; known: {known}")
     return json.dumps(doc)
 
@@ -82,6 +88,35 @@ def report(step: int, *, stream: TextIO | None = None, **metrics: Any) -> str:
     out.write(line + "\n")
     out.flush()
     return line
+
+
+def megatron_peer_groups(
+    world_size: int,
+    pipeline: int,
+    tensor: int = 1,
+    context: int = 1,
+    order: str = MEGATRON_ORDER,
+) -> list[int]:
+    """Each rank's pipeline stage under Megatron-style rank ordering: the ``rank_peer_groups`` to
+    report, so that a rank is compared only with ranks doing the same work (the first and last
+    stages, with the embedding and the loss, are slower by design).
+
+    ``order`` lists the parallel dimensions from fastest- to slowest-varying (Megatron's
+    ``--rank-order``, torchtitan's mesh read right to left: ``"tp-cp-dp-pp"``); the data-parallel
+    size is what is left of ``world_size``; ``ep`` is a split of data parallelism in Megatron and
+    does not move the stage. ``ValueError`` when the sizes do not divide ``world_size``."""
+    sizes = {"tp": tensor, "cp": context, "pp": pipeline, "ep": 1}
+    if min(world_size, pipeline, tensor, context) < 1 or world_size % (pipeline * tensor * context):
+        raise ValueError(f"world size {world_size} is not a multiple of pp x tp x cp = {pipeline * tensor * context}")
+    sizes["dp"] = world_size // (pipeline * tensor * context)
+    dims = order.split("-")
+    missing = [d for d, n in sizes.items() if n > 1 and d not in dims]
+    if "pp" not in dims or missing or any(d not in sizes for d in dims) or len(set(dims)) != len(dims):
+        raise ValueError(f"rank order {order!r}: dimensions among tp, cp, ep, dp, pp, each once, pp included")
+    stride = 1
+    for dim in dims[: dims.index("pp")]:
+        stride *= sizes[dim]
+    return [(rank // stride) % pipeline for rank in range(world_size)]
 
 
 def _count(name: str, value: Any) -> int:

@@ -138,3 +138,23 @@ def test_a_checkpoint_is_not_passed_over_when_the_failed_attempts_had_trained_pa
         t.step = 1000
         t.train(1050, seq + 1)  # it loaded 1000 and trained on
     assert not [e for e in t.events(EventKind.WARNING) if "passed over" in e.message]
+
+
+def test_a_loss_climbing_without_a_jump_is_rolled_back_to_a_checkpoint_before_the_climb(tmp_path):
+    """Issue 20: a steady climb (+1 % per logged record, never a jump) is a divergence, handled like
+    a spike that did not heal: the checkpoint lies before the climb began, the rule and its figures
+    and the decision latency are in the logbook."""
+    t = Trainer(tmp_path)
+    t.until(lambda: t.running(0))
+    base = t.loss
+    t.loss = lambda s: base(s) * (1 + max(0, s - 2130) / 1000)
+    t.train(2600, 0)
+    t.until(lambda: t.running(1))
+    (rollback,) = t.events(EventKind.ROLLBACK)
+    ev = rollback.evidence
+    assert ev["rule"] == "trend" and ev["kind"] == "trend" and 2130 <= ev["onset_step"] <= 2150
+    assert ev["checkpoint_step"] == 2000 and ev["decision_steps"] == ev["steps_after_onset"] <= 120
+    assert ev["figures"]["mann_kendall_z"] >= 3 and ev["figures"]["rise_pct"] >= 8
+    assert rollback.message.startswith("rollback: loss trend at step") and "rule trend" in rollback.message
+    assert [e for e in t.events(EventKind.SPIKE) if e.message.startswith("loss trend at step")]
+    assert t.submitted_env()["SSV_RESUME_STEP"] == "2000"

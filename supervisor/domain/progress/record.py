@@ -42,6 +42,7 @@ class ProgressRecord:
     epoch: float | None = None
     rank: int | None = None  # from a multi-rank prefix, or the reporting rank of a JSONL line
     per_rank_step_time_s: tuple[float, ...] | None = None  # index = rank; NaN = no measurement
+    rank_peer_groups: tuple[int, ...] | None = None  # index = rank: its peer group (stage); -1 = not said
     nonfinite: bool = False
 
     def __post_init__(self) -> None:

@@ -6,7 +6,9 @@ logger prefixes in front are fine); ``ssv`` must be the integer 1 and ``step`` a
 integer, otherwise the line is not a record. Each other known field that has the wrong type is
 ignored on its own; unknown fields are ignored. Numbers may be JSON numbers, Python's ``NaN`` /
 ``Infinity`` / ``-Infinity`` tokens, or the strings ``"nan"``, ``"inf"``, ``"-inf"``; ``null``
-means absent, and inside ``rank_step_times_s`` means "no measurement" (NaN).
+means absent, and inside ``rank_step_times_s`` means "no measurement" (NaN). ``rank_peer_groups``
+is each rank's peer group (its pipeline stage, or any role id): ranks are compared with their peers
+only; an element that is not a non-negative integer is -1 ("not said").
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ INT_FIELDS = (
     "rank",
 )
 RANK_TIMES = "rank_step_times_s"
+RANK_GROUPS = "rank_peer_groups"
+MAX_RANKS = 1 << 20  # longer rank arrays are not read (a hostile or broken line)
+MAX_GROUP = 1 << 31  # a peer group id at or above this is "not said" (it must fit an int64 array)
 
 _DECODER = json.JSONDecoder()
 
@@ -95,6 +100,7 @@ def parse_object(text: str, prefix_rank: int | None = None) -> ProgressRecord | 
         step=step,
         source_format=NAME,
         per_rank_step_time_s=_times(doc.get(RANK_TIMES)),
+        rank_peer_groups=_groups(doc.get(RANK_GROUPS)),
         **values,
     )
 
@@ -121,10 +127,17 @@ def _int(value: Any) -> int | None:
 
 
 def _times(value: Any) -> tuple[float, ...] | None:
-    if not isinstance(value, list):
+    if not isinstance(value, list) or len(value) > MAX_RANKS:
         return None
     out = []
     for item in value:
         as_float = _float(item)
         out.append(math.nan if as_float is None else as_float)
     return tuple(out)
+
+
+def _groups(value: Any) -> tuple[int, ...] | None:
+    """Peer group ids per rank: non-negative integers; ``null`` or anything else is -1 (not said)."""
+    if not isinstance(value, list) or len(value) > MAX_RANKS:
+        return None
+    return tuple(item if type(item) is int and 0 <= item < MAX_GROUP else -1 for item in value)
