@@ -7,7 +7,7 @@ again later; nothing is known to have changed) or ``PermanentError`` (retrying w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -67,8 +67,9 @@ class Clock(Protocol):
 class Scheduler(Protocol):
     """The batch system. One ``snapshot`` per tick serves every supervised run."""
 
-    def snapshot(self, include_nodes: bool = True) -> ClusterSnapshot:
-        """All jobs and (unless ``include_nodes`` is False) all nodes, now.
+    def snapshot(self, include_nodes: bool | Collection[str] = True) -> ClusterSnapshot:
+        """The jobs the scheduler supervises (an adapter may be scoped to one account's) and nodes:
+        all (True), none (False), or at least those named (a collection; the answer may hold more).
 
         Raises TransientError when the controller is unreachable."""
         ...

@@ -1,35 +1,40 @@
 """The Scheduler port over Slurm's command-line clients (squeue, sinfo, sbatch, scontrol, scancel).
 
-Three layers, each small: argv builders (pure, below), parsers (pure, ``slurm_json``), and one
-runner (``SlurmCli._run``) that executes an argv with a timeout and maps failures onto the port's
-errors through ``classify``. One ``snapshot`` runs one ``squeue --json`` (one controller RPC,
-REQUEST_JOB_INFO) and, unless ``include_nodes`` is False, one ``sinfo --json`` (two RPCs in 22.05:
-REQUEST_NODE_INFO and REQUEST_PARTITION_INFO, measured with sdiag). Slurm 22.05 ignores
-``-j``/``-u``/``-t`` with ``--json``, so the snapshot holds every job and the engine filters.
+Three layers, each small: argv builders (pure, below and in ``squeue_format``), parsers (pure,
+``slurm_json`` and ``squeue_format``), and one runner (``SlurmCli._run``) that executes an argv
+with a timeout and maps failures onto the port's errors through ``classify``.
+
+What a ``snapshot`` reads depends on ``user``, the account whose jobs the instance supervises:
+
+* ``user=None`` (the node guard, tools): every job (``squeue --all --json``) and, with nodes, every
+  node (``sinfo --all --Node --json``) — one REQUEST_JOB_INFO, plus REQUEST_NODE_INFO and
+  REQUEST_PARTITION_INFO (measured with sdiag).
+* ``user`` set (the daemon): that user's jobs only, and only the nodes asked for (``include_nodes``
+  a set of names) or all of them (``True``). Slurm 22.05 ignores every filter with ``--json``
+  (bench/README.md), so below ``slurm_reads.JSON_FILTERS_FROM`` the reads are ``squeue -u USER -O ...`` (which
+  slurmctld itself filters: REQUEST_JOB_USER_INFO) and ``sinfo -N -n NODES -O ...``, parsed by
+  ``squeue_format``; from that version on the ``--json`` reads carry the same filters. A JSON answer
+  that still holds another user's job switches the adapter to the formatted reads for good.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import IO, Any
+from typing import IO
 
 import hostlist
 import structlog
 
 from supervisor.adapters.slurm_config import parse_show_config, show_config_argv
-from supervisor.adapters.slurm_json import (
-    ParseError,
-    document_errors,
-    parse_sinfo,
-    parse_squeue,
-)
+from supervisor.adapters.slurm_json import ParseError
+from supervisor.adapters.slurm_reads import SnapshotReader
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange, SubmitRequest
 from supervisor.domain.text_safety import printable
 from supervisor.ports import PermanentError, PermissionDenied, PortError, TransientError
@@ -101,15 +106,6 @@ def already_ended(error: PortError) -> bool:
 def compress(nodes: Sequence[str]) -> str:
     """A compact hostlist ("n[1-3,7]") for a list of node names."""
     return hostlist.collect_hostlist(list(nodes)) if nodes else ""
-
-
-def squeue_argv() -> list[str]:
-    return ["squeue", "--all", "--json"]
-
-
-def sinfo_argv() -> list[str]:
-    # --Node: one entry per node in 23.11+ (22.05 always lists nodes with --json).
-    return ["sinfo", "--all", "--Node", "--json"]
 
 
 def sbatch_argv(request: SubmitRequest, export_file: str | None = None) -> list[str]:
@@ -249,12 +245,16 @@ class SlurmCli:
         slurm_conf: str | None = None,
         timeout: float = 20.0,
         env: Mapping[str, str] | None = None,
+        user: str | None = None,
     ) -> None:
         self.bin_dir = bin_dir
         self.slurm_conf = slurm_conf
         self.timeout = timeout
         self.env = dict(env or {})
         self.programs = resolve_clients(bin_dir, self.env.get("PATH", os.environ.get("PATH")))
+        self.user = user  # whose jobs a snapshot reads; None: every user's (see the module's doc)
+        self.bytes_read: Counter[str] = Counter()  # stdout bytes per client, for benchmarks
+        self._reader = SnapshotReader(self._run, user)
 
     # -- runner
 
@@ -264,11 +264,19 @@ class SlurmCli:
             raise PermanentError(f"cannot run {name}: not found on the daemon's PATH at start (set [slurm] bin_dir)")
         return path
 
-    def _run(self, argv: Sequence[str], *, job_keys: frozenset[str] = frozenset(), fds: tuple[int, ...] = ()) -> str:
+    def _run(
+        self,
+        argv: Sequence[str],
+        *,
+        job_keys: frozenset[str] = frozenset(),
+        fds: tuple[int, ...] = (),
+        extra_env: Mapping[str, str] | None = None,
+    ) -> str:
         """Run one client; return its stdout or raise the mapped port error. ``fds`` are inherited
-        by the client (the job's --export-file); ``job_keys`` are kept out of its environment."""
+        by the client (the job's --export-file); ``job_keys`` are kept out of its environment;
+        ``extra_env`` are the client's own settings (SLURM_TIME_FORMAT)."""
         full = [self._program(argv[0]), *argv[1:]]
-        env = client_env(os.environ, self.env, self.slurm_conf, job_keys)
+        env = {**client_env(os.environ, self.env, self.slurm_conf, job_keys), **(extra_env or {})}
         log.debug("slurm.call", argv=list(argv), job_env_keys=sorted(job_keys))
         started = time.monotonic()
         try:
@@ -283,32 +291,22 @@ class SlurmCli:
         if error is not None:
             log.debug("slurm.failed", argv=list(argv), error=str(error))
             raise error
-        log.debug("slurm.done", command=argv[0], seconds=round(time.monotonic() - started, 3))
+        self.bytes_read[argv[0]] += len(proc.stdout)
+        seconds = round(time.monotonic() - started, 3)
+        log.debug("slurm.done", command=argv[0], seconds=seconds, bytes=len(proc.stdout))
         return proc.stdout
-
-    def _json(self, argv: Sequence[str]) -> Any:
-        out = self._run(argv)
-        try:
-            doc = json.loads(out)
-        except ValueError as exc:
-            raise TransientError(f"{argv[0]} printed no valid JSON ({len(out)} bytes)") from exc
-        errors = document_errors(doc) if isinstance(doc, Mapping) else []
-        if errors:
-            # 22.05 exits 0 with an "errors" list and no jobs when the controller is down.
-            raise TransientError(f"{argv[0]} --json reported: {'; '.join(errors)}")
-        return doc
 
     # -- Scheduler
 
-    def snapshot(self, include_nodes: bool = True) -> ClusterSnapshot:
+    def snapshot(self, include_nodes: bool | Collection[str] = True) -> ClusterSnapshot:
+        """Jobs (the ``user``'s, or everyone's) and nodes: none (False), all (True), or at least
+        those named (a set of names; the answer may hold more)."""
         taken_at = time.time()
-        jobs_doc = self._json(squeue_argv())
-        nodes_doc = self._json(sinfo_argv()) if include_nodes else None
         try:
-            jobs = parse_squeue(jobs_doc)
-            nodes = parse_sinfo(nodes_doc) if nodes_doc is not None else {}
-        except (ParseError, TypeError, ValueError, AttributeError) as exc:
-            raise PermanentError(f"unexpected squeue/sinfo JSON: {exc}") from exc
+            jobs = self._reader.jobs()
+            nodes = self._reader.nodes(include_nodes)
+        except (ParseError, TypeError, ValueError, AttributeError, KeyError) as exc:
+            raise PermanentError(f"unexpected squeue/sinfo answer: {exc}") from exc
         return ClusterSnapshot(taken_at=taken_at, jobs=jobs, nodes=nodes)
 
     def test_submit(self, request: SubmitRequest) -> None:

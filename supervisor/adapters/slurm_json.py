@@ -255,7 +255,8 @@ def split_node_state(state: Any, flags: Any = None) -> tuple[NodeState, frozense
     return base, frozenset(w for w in words if w != base.value)
 
 
-def _prolog_failed(reason: str) -> bool:
+def prolog_error(reason: str) -> bool:
+    """Slurm took the node out because a job's prolog failed there (22.05: \"Prolog error\")."""
     return reason.lower().startswith(_PROLOG_ERROR)
 
 
@@ -270,7 +271,7 @@ def _node_from_record(rec: Mapping[str, Any]) -> NodeInfo:
         partitions=tuple(text(p) for p in rec.get("partitions") or ()),
         address=text(rec.get("address")),
         port=number(rec.get("port")),
-        prolog_failed=_prolog_failed(reason),
+        prolog_failed=prolog_error(reason),
     )
 
 
@@ -291,7 +292,7 @@ def _nodes_from_group(entry: Mapping[str, Any]) -> list[NodeInfo]:
             partitions=(partition,) if partition else (),
             address=text(addresses[i]) if len(addresses) == len(names) else "",
             port=number(entry.get("port")) if len(names) == 1 else None,
-            prolog_failed=_prolog_failed(reason),
+            prolog_failed=prolog_error(reason),
         )
         for i, name in enumerate(names)
     ]

@@ -25,6 +25,7 @@ from supervisor.adapters.sacct import SacctCli
 from supervisor.adapters.secrets import read_secret as read_secret_file
 from supervisor.adapters.slurm_cli import SlurmCli
 from supervisor.adapters.slurm_config import has_accounting, kill_wait_s
+from supervisor.adapters.slurm_reads import own_user
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.tokens import TokenBook
 from supervisor.config import DaemonConfig
@@ -46,10 +47,13 @@ log = structlog.get_logger(__name__)
 
 
 def scheduler(cfg: DaemonConfig) -> SlurmCli:
+    """Slurm, read as the instance's account sees its own work: that account's jobs only (it
+    submits every job it supervises as itself), not every user's (bench/README.md, issue 14)."""
     return SlurmCli(
         bin_dir=str(cfg.slurm.bin_dir) if cfg.slurm.bin_dir else None,
         slurm_conf=str(cfg.slurm.slurm_conf) if cfg.slurm.slurm_conf else None,
         timeout=cfg.slurm.command_timeout_s,
+        user=own_user(),
     )
 
 

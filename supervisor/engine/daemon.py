@@ -13,7 +13,7 @@ the watchdog only while the last stamp is recent, so a loop stuck for good is st
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar
 
 import structlog
@@ -81,7 +81,7 @@ class StampedScheduler:
         finally:
             self._heartbeat.beat()
 
-    def snapshot(self, include_nodes: bool = True) -> ClusterSnapshot:
+    def snapshot(self, include_nodes: bool | Collection[str] = True) -> ClusterSnapshot:
         return self._stamped(lambda: self._inner.snapshot(include_nodes))
 
     def submit(self, request: SubmitRequest) -> int:

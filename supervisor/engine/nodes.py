@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import structlog
 
 from supervisor.domain.actions import ActiveFindings, NodeMark, Record
-from supervisor.domain.cluster import ClusterSnapshot
+from supervisor.domain.cluster import ClusterSnapshot, JobInfo
 from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity, stale_heartbeats, worst
 from supervisor.domain.lemon import Fault
 from supervisor.domain.observation import REASON_PREFIX
@@ -42,6 +42,11 @@ class NodeWatch:
         self.finding_ttl_s = finding_ttl_s
         self._findings: dict[str, NodeFinding] = {}  # node -> active finding (degraded or fatal)
         self._loaded = False  # the findings a previous daemon held are read from the store once
+
+    @property
+    def finding_nodes(self) -> frozenset[str]:
+        """Nodes with an active finding (their state in Slurm says when it has done its work)."""
+        return frozenset(self._findings)
 
     def observe(
         self, runs: list[RunRecord], snap: ClusterSnapshot, store: Store, new: list[NodeFinding], now: float
@@ -122,6 +127,20 @@ def forget_returned(returned: Iterable[str], now: float) -> list[Record]:
         NodeVerdict(node=node, verdict=Verdict.HEALTHY, reason="back in service in Slurm", action="returned", at=now)
         for node in sorted(returned)
     ]
+
+
+def focus_nodes(runs: Iterable[RunRecord], jobs: Mapping[int, JobInfo]) -> frozenset[str]:
+    """The nodes the runs' decisions read every tick: their current jobs' (as Slurm shows them and
+    as their attempts started), and their named spares."""
+    nodes: set[str] = set()
+    for run in runs:
+        nodes.update(run.spec.spare_nodes)
+        a = run.attempt
+        if a is not None:
+            nodes.update(a.nodes)
+            job = jobs.get(a.job_id)
+            nodes.update(job.nodes if job is not None else ())
+    return frozenset(nodes)
 
 
 def running_nodes(runs: Iterable[RunRecord], snap: ClusterSnapshot) -> set[str]:

@@ -20,13 +20,13 @@ from typing import Any, Protocol, runtime_checkable
 import structlog
 
 from supervisor.domain.actions import AttemptLoadFailed, AttemptProgress, Record
-from supervisor.domain.cluster import ClusterSnapshot, JobState
+from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeInfo
 from supervisor.domain.lemon import Quarantine, QuarantineSettings, quarantined
 from supervisor.domain.observation import Forgotten, Observation
-from supervisor.domain.records import Event, EventKind, RunRecord
+from supervisor.domain.records import Event, EventKind, RunRecord, Verdict
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.forgotten import ForgottenJobs
-from supervisor.engine.nodes import NodeFacts, NodeWatch, running_nodes
+from supervisor.engine.nodes import NodeFacts, NodeWatch, focus_nodes, running_nodes
 from supervisor.engine.nulls import NoCheckpoints, NoProgress
 from supervisor.engine.probes import ProbeTracker
 from supervisor.engine.progress import ProgressWatch, imbalance_events
@@ -80,6 +80,7 @@ class Observer:
         accounting: Accounting | None = None,
         guard: NodeGuard | None = None,
         roster: NodeRoster | None = None,
+        whole_cluster_s: tuple[float, float] = (15.0, 60.0),
     ) -> None:
         self.scheduler, self.store, self.clock = scheduler, store, clock
         self.roster = roster  # told each tick which nodes each run's job holds (the ingest)
@@ -89,31 +90,67 @@ class Observer:
         self.quarantine = quarantine
         self.guard = guard  # the node guard's shared quarantine, when a site runs one
         self.node_refresh_ticks = max(1, node_refresh_ticks)
-        self._nodes: Mapping[str, Any] | None = None  # the last node info read from Slurm
+        self.whole_min_s, self.whole_max_s = whole_cluster_s
+        self._nodes: Mapping[str, NodeInfo] | None = None  # every node: the last whole read + newer focus reads
+        self._whole_at = float("-inf")  # when the whole node table was last read
+        self._jobs: Mapping[int, JobInfo] = {}  # the last snapshot's jobs (what the next focus starts from)
         self._ticks = 0
 
     # ------------------------------------------------------------------ Slurm
 
-    def snapshot(self, nodes_needed: bool) -> ClusterSnapshot:
-        """Jobs every tick; nodes when ``nodes_needed``, every ``node_refresh_ticks``-th tick, or
-        when a job of ours started or ended since (its decision reads its nodes' state). Jobs of ours
-        squeue no longer lists come from accounting (``ForgottenJobs``)."""
+    def snapshot(self, nodes_needed: bool, cluster_needed: bool = False) -> ClusterSnapshot:
+        """Jobs every tick. Nodes when ``nodes_needed``, every ``node_refresh_ticks``-th tick, or
+        when a job of ours started or ended since (its decision reads its nodes' state) — and then
+        only the nodes in focus (``focus_nodes``: our jobs', spares, nodes under watch), merged into
+        the last whole read. The whole table is read when ``cluster_needed`` (a run is being placed)
+        at most every ``whole_min_s``, and at least every ``whole_max_s`` (Slurm's hook drains and
+        the partitions' idle nodes elsewhere). Jobs of ours squeue no longer lists come from
+        accounting (``ForgottenJobs``)."""
         self._ticks += 1
+        runs = self.store.runs(active_only=True)
         fresh = nodes_needed or self._nodes is None or self._ticks % self.node_refresh_ticks == 0
-        snap = self.scheduler.snapshot(include_nodes=fresh)
-        if not fresh and self._a_job_moved(snap):
-            snap, fresh = self.scheduler.snapshot(include_nodes=True), True
-        if fresh:
-            self._nodes = snap.nodes
-        else:
-            snap = ClusterSnapshot(snap.taken_at, snap.jobs, self._nodes or {})
-        snap, self._forgotten = self.forgotten.look_up(self.store.runs(active_only=True), snap)
+        scope = self._scope(runs, fresh, cluster_needed)
+        snap = self.scheduler.snapshot(include_nodes=scope)
+        again = self._unread(runs, snap, scope)
+        if again:
+            snap, scope = self.scheduler.snapshot(include_nodes=again), again
+        snap = self._merged(snap, scope)
+        self._jobs = snap.jobs
+        snap, self._forgotten = self.forgotten.look_up(runs, snap)
         return snap
 
-    def _a_job_moved(self, snap: ClusterSnapshot) -> bool:
-        """A job of ours ended, or started since it was last seen (maybe on a node that came back
-        since the node info was read: stale info would call that node down)."""
-        for run in self.store.runs(active_only=True):
+    def _scope(self, runs: list[RunRecord], fresh: bool, cluster_needed: bool) -> bool | frozenset[str]:
+        """What to read of the nodes: all (True), those in focus (a set), or none (False)."""
+        age = self.clock.now() - self._whole_at
+        if self._nodes is None or (fresh and (age >= self.whole_max_s or (cluster_needed and age >= self.whole_min_s))):
+            return True
+        return self._focus(runs, self._jobs) or False if fresh else False
+
+    def _unread(self, runs: list[RunRecord], snap: ClusterSnapshot, scope: bool | frozenset[str]) -> frozenset[str]:
+        """Nodes to read once more: a job of ours moved since the nodes were last read (maybe onto a
+        node that came back since: stale info would call it down), or holds nodes not read."""
+        if scope is True:
+            return frozenset()
+        focus = self._focus(runs, snap.jobs)
+        if scope is False:
+            return focus if self._a_job_moved(runs, snap) else frozenset()
+        return focus if focus - scope else frozenset()
+
+    def _focus(self, runs: list[RunRecord], jobs: Mapping[int, JobInfo]) -> frozenset[str]:
+        watched = {v.node for v in self.store.verdicts() if v.verdict is not Verdict.HEALTHY}
+        intents = {str(a["params"]["node"]) for a in self.store.open_actions() if "node" in (a.get("params") or {})}
+        return focus_nodes(runs, jobs) | watched | intents | self.nodes.finding_nodes
+
+    def _merged(self, snap: ClusterSnapshot, scope: bool | frozenset[str]) -> ClusterSnapshot:
+        if scope is True:
+            self._nodes, self._whole_at = with_addresses(snap.nodes, self._nodes or {}), self.clock.now()
+        elif scope:
+            self._nodes = {**(self._nodes or {}), **snap.nodes}  # a new mapping: snapshots stay as taken
+        return ClusterSnapshot(snap.taken_at, snap.jobs, self._nodes or {})
+
+    def _a_job_moved(self, runs: list[RunRecord], snap: ClusterSnapshot) -> bool:
+        """A job of ours ended, or started since it was last seen."""
+        for run in runs:
             a = run.attempt
             if a is not None and a.ended_at is None:
                 job = snap.jobs.get(a.job_id)
@@ -177,6 +214,17 @@ class Observer:
         except PortError as exc:
             log.warning("guard_quarantine_unavailable", error=str(exc))
             return {}
+
+
+def with_addresses(read: Mapping[str, NodeInfo], before: Mapping[str, NodeInfo]) -> Mapping[str, NodeInfo]:
+    """A whole-table read without addresses (the formatted one groups nodes) keeps those known
+    from earlier reads of the nodes in focus: a node's address and port are its configuration."""
+    kept = {
+        name: replace(info, address=old.address, port=old.port)
+        for name, info in read.items()
+        if not info.address and (old := before.get(name)) is not None and old.address
+    }
+    return {**read, **kept} if kept else read
 
 
 def _progress_records(runs: list[RunRecord], progress: ProgressWatch | NoProgress) -> list[AttemptProgress]:

@@ -13,6 +13,7 @@ import structlog
 
 from supervisor.domain.actions import Decision
 from supervisor.domain.blast import WINDOW_S, BlastRadius, HookDrain, drains_left, hook_drained, track_hook_drains
+from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.health import HeartbeatSettings
 from supervisor.domain.lemon import QuarantineSettings
 from supervisor.domain.policy import Observation, Policy, decide
@@ -119,12 +120,14 @@ class Engine:
         self._waiting: set[str] = set()  # runs that cannot be placed: nodes read every tick, no urgency
         self._outage: tuple[float, str] | None = None  # Slurm silent since, and its last error
         self._hook_drains: dict[str, float] = {}  # node drained by a Slurm hook -> first seen so (blast radius)
+        self._hooked_in: ClusterSnapshot | None = None  # the snapshot _hook_drains was last read from
 
     # ------------------------------------------------------------------ the tick
 
     def tick(self) -> TickResult:
         try:
-            snap = self.observer.snapshot(nodes_needed=self._urgent or bool(self._waiting) or self._in_motion())
+            placing = bool(self._waiting) or self._in_motion()  # a run is being placed: its partition
+            snap = self.observer.snapshot(nodes_needed=self._urgent or placing, cluster_needed=placing)
         except TransientError as exc:
             log.warning("slurm_unreachable", error=str(exc), retry_in=exc.delay)
             self._outage = self._outage or (self.clock.now(), str(exc))
@@ -231,8 +234,7 @@ class Engine:
         s = self.settings
         now = self.clock.now()
         caps = BlastRadius(s.max_drains_per_hour, s.max_drains_per_run_per_hour)
-        self._hook_drains = track_hook_drains(self._hook_drains, hook_drained(obs.snapshot.nodes.values()), now)
-        hooked = [HookDrain(n, at) for n, at in self._hook_drains.items()]
+        hooked = self._hooked(obs, now)
         mine = run.attempt.nodes if run.attempt else ()
         left = drains_left(self.store.node_changes(now - WINDOW_S), run.name, now, caps, hooked, mine)
         left = 0 if self.executor.guard_capped(now) else left  # the node guard's cluster-wide cap
@@ -246,6 +248,15 @@ class Engine:
             storm=left == 0 and min(caps.per_hour, caps.per_run_per_hour) > 0,  # spent, not merely zero
             kill_wait_s=s.kill_wait_s,
         )
+
+    def _hooked(self, obs: Observation, now: float) -> list[HookDrain]:
+        """Nodes Slurm's hooks drained, read from the tick's snapshot once, not once per run (a
+        walk over every node)."""
+        if self._hooked_in is not obs.snapshot:
+            drained = hook_drained(obs.snapshot.nodes.values())
+            self._hook_drains = track_hook_drains(self._hook_drains, drained, now)
+            self._hooked_in = obs.snapshot
+        return [HookDrain(n, at) for n, at in self._hook_drains.items()]
 
     def _note(self, run: RunRecord, decision: Decision) -> None:
         """What the decision asks of the loop: look again at a given time, or wait for nodes."""

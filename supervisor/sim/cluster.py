@@ -14,7 +14,7 @@ Error choices follow slurmctld: requeue of a pending job or of a job submitted w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import MappingProxyType
 
@@ -80,7 +80,7 @@ class SimCluster:
 
     # -- Scheduler port -------------------------------------------------------------------------
 
-    def snapshot(self, include_nodes: bool = True) -> ClusterSnapshot:
+    def snapshot(self, include_nodes: bool | Collection[str] = True) -> ClusterSnapshot:
         with self._call("snapshot", include_nodes):
             snap = self.inspect()
             return snap if include_nodes else ClusterSnapshot(snap.taken_at, snap.jobs, {})

@@ -6,6 +6,7 @@ import os
 import pwd
 import socket
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -54,16 +55,44 @@ def base_settings(root: Path, ctld_port: int, munge_socket: Path) -> dict[str, s
     }
 
 
+@dataclass(frozen=True)
+class ExtraNodes:
+    """Nodes defined in slurm.conf whose slurmd never starts (a large cluster's node table on one
+    host): ``count`` nodes ``{prefix}1..{prefix}count`` in ``state`` (a NodeName State= value:
+    DOWN, DRAIN, FUTURE, CLOUD), all in the cluster's partition. ``port``: a port no slurmd listens
+    on (slurmctld's pings of such nodes are refused at once)."""
+
+    count: int
+    prefix: str = "x"
+    state: str = "DOWN"
+    port: int = 9
+
+    def names(self) -> str:
+        return f"{self.prefix}[1-{self.count}]" if self.count else ""
+
+    def line(self) -> str:
+        reason = ' Reason="defined, never started"' if self.state in ("DOWN", "DRAIN") else ""
+        return (
+            f"NodeName={self.names()} NodeHostname=localhost NodeAddr=127.0.0.1 Port={self.port} CPUs=1 "
+            f"State={self.state}{reason}"
+        )
+
+
 def render(
     settings: Mapping[str, str],
     node_ports: Mapping[str, int],
     partition: str,
     cpus_per_node: int,
+    extra: ExtraNodes | None = None,
 ) -> str:
     lines = [f"{key}={value}" for key, value in settings.items()]
     for name, port in node_ports.items():
         lines.append(
             f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={cpus_per_node} State=UNKNOWN"
         )
-    lines.append(f"PartitionName={partition} Nodes={','.join(node_ports)} Default=YES MaxTime=INFINITE State=UP")
+    members = list(node_ports)
+    if extra is not None and extra.count:
+        lines.append(extra.line())
+        members.append(extra.names())
+    lines.append(f"PartitionName={partition} Nodes={','.join(members)} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"

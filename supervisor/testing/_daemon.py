@@ -4,6 +4,7 @@ cgroup), stopping them, and describing a failure with the tail of the daemon's l
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -60,17 +61,37 @@ def clean_env(extra: Mapping[str, str]) -> dict[str, str]:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on 127.0.0.1 right now (held open until all are chosen)."""
+    """``count`` distinct TCP ports free on 127.0.0.1 right now (held open until all are chosen).
+
+    Drawn below the kernel's ephemeral range: a port from bind(0) may also be the local end of
+    another program's client connections in TIME_WAIT, and slurmctld/slurmd then fail to listen
+    on it ("Address already in use") on a host where other tests open many connections."""
+    low, high = 10_000, _ephemeral_start() - 1
     socks: list[socket.socket] = []
     try:
-        for _ in range(count):
+        for port in random.sample(range(low, high), k=min(high - low, 50 * count + 50)):
+            if len(socks) == count:
+                break
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
+        if len(socks) < count:
+            raise LocalSlurmError(f"found only {len(socks)} of {count} free ports below {high + 1}")
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def tail(path: Path | None, lines: int = 25) -> str:

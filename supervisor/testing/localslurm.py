@@ -53,6 +53,8 @@ class LocalSlurm:
     PATH for clients), ``nodes`` (names), ``partition``, ``ctld_port``, ``node_ports``.
     With ``accounting=True`` the cluster keeps job records in a real slurmdbd over a private
     MariaDB (``accounting``, see supervisor.testing.accounting): ``sacct`` answers.
+    ``extra_nodes`` (``ExtraNodes``) adds thousands of nodes to the node table and the partition
+    whose slurmd never starts (a large cluster's controller load, for benchmarks).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class LocalSlurm:
         ready_timeout: float = 30.0,
         keep_dir: bool = False,
         accounting: bool = False,
+        extra_nodes: _conf.ExtraNodes | None = None,
     ) -> None:
         self.nodes = [f"{prefix}{i}" for i in range(1, nodes + 1)]
         self.partition = partition
@@ -86,6 +89,7 @@ class LocalSlurm:
         self._slurmd: dict[str, Daemon] = {}
         self.accounting: Accounting | None = None
         self._with_accounting = accounting
+        self.extra_nodes = extra_nodes  # defined only: their slurmd never starts
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -174,7 +178,7 @@ class LocalSlurm:
         settings = _conf.base_settings(self.root, self.ctld_port, self.munge_socket)
         settings.update(self.accounting.slurm_settings() if self.accounting is not None else {})
         settings.update(self.extra_conf)
-        return _conf.render(settings, self.node_ports, self.partition, self.cpus_per_node)
+        return _conf.render(settings, self.node_ports, self.partition, self.cpus_per_node, self.extra_nodes)
 
     def _env(self) -> dict[str, str]:
         return clean_env(self.env)
@@ -227,7 +231,9 @@ class LocalSlurm:
 
     def node_states(self) -> dict[str, str]:
         """sinfo's long state per node: 'idle', 'down*', 'drained', 'mixed', 'idle*', ..."""
-        out = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=True, timeout=15).stdout
+        # only the nodes with a slurmd: ``extra_nodes`` stay as defined (and are never resumed)
+        argv = ["sinfo", "-h", "-N", "-n", ",".join(self.nodes), "-o", "%N %T"]
+        out = self.run(argv, check=True, timeout=15).stdout
         return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
 
     def active_jobs(self) -> list[int]:

@@ -467,3 +467,189 @@ def test_client_env_keeps_the_daemons_secrets_out_of_submitted_jobs() -> None:
     }
     env = client_env(base, {"SLURM_SUPERVISOR_TOKEN": "run-token", "AWS_REGION": "from-the-run-spec"})
     assert env == {"PATH": "/bin", "SLURM_SUPERVISOR_TOKEN": "run-token", "AWS_REGION": "from-the-run-spec"}
+
+
+# ---------------------------------------------------------------------------- formatted reads (issue 14)
+
+from supervisor.adapters import squeue_format as fmt  # noqa: E402
+from supervisor.adapters.slurm_json import ParseError  # noqa: E402
+from supervisor.adapters.slurm_reads import SnapshotReader, parse_version  # noqa: E402
+
+SEPS = fmt.Separators("\x1fF00D\x1f", "\x1eF00D\x1e")
+
+
+def formatted(rows: list[dict[str, str]], fields: tuple[tuple[str, str], ...]) -> str:
+    """Output the way squeue/sinfo -O print it with SEPS: field, separator, ..., record end, newline."""
+    lines = [SEPS.field.join(row[key] for _, key in fields) + SEPS.record + "\n" for row in rows]
+    return "".join(lines)
+
+
+def job_row(**values: str) -> dict[str, str]:
+    row = {
+        "job_id": "7", "user_id": "1017", "job_state": "RUNNING", "state_reason": "None", "priority": "4294901759",
+        "restart_cnt": "0", "exit_code": "0", "submit_time": "1796129386", "start_time": "1796129387",
+        "end_time": "1827665387", "partition": "main", "nodes": "n[1-2]", "excluded_nodes": "", "name": "train",
+        "comment": "(null)", "standard_output": "/tmp/out-%j.txt",
+    }  # fmt: skip
+    row.update(values)
+    return row
+
+
+def node_row(**values: str) -> dict[str, str]:
+    row = {
+        "name": "n1",
+        "state": "idle",
+        "partitions": "main",
+        "address": "127.0.0.1",
+        "port": "6818",
+        "reason": "none",
+    }
+    row.update(values)
+    return row
+
+
+def test_format_asks_for_every_field_unpadded_with_the_separators():
+    spec = SEPS.format(fmt.JOB_FIELDS)
+    assert spec.startswith("JobID:0\x1fF00D\x1f,UserID:0") and spec.endswith("STDOUT:0\x1eF00D\x1e")
+    assert spec.count(",") == len(fmt.JOB_FIELDS) - 1  # no separator holds -O's comma
+    fresh = fmt.Separators.fresh()
+    assert fresh != fmt.Separators.fresh() and "," not in fresh.field + fresh.record
+
+
+def test_formatted_jobs_read_like_the_json_ones():
+    hostile = "a|b,c\n;d\te\x1fF00 \\ (null)"
+    out = formatted(
+        [
+            job_row(),
+            job_row(job_id="8", job_state="FAILED", exit_code="768", state_reason="NonZeroExitCode", nodes="n3"),
+            job_row(job_id="9", job_state="PENDING", priority="0", state_reason="JobHeldUser", name=hostile,
+                    comment=hostile, start_time="N/A", end_time="N/A", nodes=""),
+            job_row(job_id="10", job_state="PENDING", priority="0", state_reason="launch failed requeued held"),
+        ],
+        fmt.JOB_FIELDS,
+    )  # fmt: skip
+    jobs = fmt.parse_jobs(out, SEPS)
+    assert jobs[7].nodes == ("n1", "n2") and jobs[7].state is JobState.RUNNING and jobs[7].comment == ""
+    assert jobs[7].start_time == 1796129387.0 and jobs[7].user_id == 1017 and not jobs[7].held
+    assert jobs[8].exit_code == 3 and jobs[8].state is JobState.FAILED
+    assert jobs[9].name == hostile and jobs[9].comment == hostile and jobs[9].hold is JobHold.USER
+    assert jobs[9].start_time is None and jobs[9].nodes == ()
+    assert jobs[10].hold is JobHold.LAUNCH_FAILED
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        "7\x1fF00D\x1f1017\x1eF00D\x1e\n",  # too few fields
+        formatted([job_row()], fmt.JOB_FIELDS) + "8\x1fF00D\x1f",  # cut short inside a record
+        formatted([job_row(comment="x\x1fF00D\x1fy")], fmt.JOB_FIELDS),  # the separator inside a value
+    ],
+)
+def test_a_formatted_answer_that_does_not_split_exactly_is_refused(out):
+    with pytest.raises(ParseError):
+        fmt.parse_jobs(out, SEPS)
+
+
+def test_formatted_nodes_merge_partitions_and_unchanged_lines_are_not_rebuilt():
+    parser = fmt.NodeParser()
+    rows = [
+        node_row(),
+        node_row(partitions="gpu"),
+        node_row(name="n2", state="idle+drain", reason="Prolog error"),
+        node_row(name="n3", state="down+not_responding", reason="Not responding"),
+    ]
+    first = parser.parse(formatted(rows, fmt.NODE_FIELDS), SEPS)
+    assert first["n1"].partitions == ("main", "gpu") and first["n1"].reason == "" and first["n1"].port == 6818
+    assert first["n2"].drained and first["n2"].prolog_failed
+    assert first["n3"].down and not first["n3"].responding
+    rows[3] = node_row(name="n3", state="idle", reason="none")
+    second = parser.parse(formatted(rows, fmt.NODE_FIELDS), SEPS)
+    assert second["n2"] is first["n2"]  # the same line: the same value, not a new one
+    assert second["n3"].idle and second["n3"] is not first["n3"]
+
+
+def test_version_string():
+    assert parse_version("slurm-wlm 22.05.8\n") == (22, 5)
+    assert parse_version("slurm 24.05.2") == (24, 5)
+    assert parse_version("garbage") is None
+
+
+class ScriptedSlurm:
+    """Answers each client by its argv (the runner the reader is given), and remembers the calls."""
+
+    def __init__(self, version: str, json_jobs: list[dict]) -> None:
+        self.version, self.json_jobs, self.calls = version, json_jobs, []
+
+    def __call__(self, argv, *, extra_env=None):
+        self.calls.append(list(argv))
+        if argv[:2] == ["squeue", "--version"]:
+            return self.version
+        if argv[0] == "squeue" and "--json" in argv:
+            return json.dumps({"meta": {}, "errors": [], "jobs": self.json_jobs})
+        if argv[0] == "squeue":
+            assert extra_env == fmt.TIME_FORMAT_ENV
+            seps = fmt.Separators(*_separators(argv[-1]))
+            return (
+                formatted([job_row()], fmt.JOB_FIELDS).replace(SEPS.field, seps.field).replace(SEPS.record, seps.record)
+            )
+        seps = fmt.Separators(*_separators(argv[-1]))
+        return (
+            formatted([node_row()], fmt.NODE_FIELDS).replace(SEPS.field, seps.field).replace(SEPS.record, seps.record)
+        )
+
+
+def _separators(format_arg: str) -> tuple[str, str]:
+    spec = format_arg.split("=", 1)[1]
+    first = spec.split(",")[0]
+    return first[first.index(":0") + 2 :], spec[spec.rindex(":0") + 2 :]
+
+
+def json_job(job_id: int, user: str) -> dict:
+    return {"job_id": job_id, "user_name": user, "job_state": "RUNNING", "nodes": "n1"}
+
+
+def test_reader_without_a_user_reads_everything_as_json():
+    slurm = ScriptedSlurm("slurm-wlm 22.05.8", [json_job(1, "alice"), json_job(2, "bob")])
+    assert set(SnapshotReader(slurm, None).jobs()) == {1, 2}
+    assert slurm.calls == [["squeue", "--all", "--json"]]
+
+
+def test_reader_for_a_user_on_2205_reads_formatted_and_filtered():
+    slurm = ScriptedSlurm("slurm-wlm 22.05.8", [json_job(1, "alice"), json_job(2, "bob")])
+    reader = SnapshotReader(slurm, "alice")
+    assert set(reader.jobs()) == {7}
+    assert set(reader.nodes(frozenset({"n1", "n2", "n3"}))) == {"n1"}
+    assert reader.nodes(frozenset()) == {} and reader.nodes(False) == {}
+    squeue, sinfo = slurm.calls[1], slurm.calls[2]
+    assert "--user=alice" in squeue and "--states=all" in squeue and "--json" not in squeue
+    assert "--nodes=n[1-3]" in sinfo and "--json" not in sinfo
+    reader.jobs()
+    assert sum(c == ["squeue", "--version"] for c in slurm.calls) == 1  # asked once
+
+
+def test_reader_uses_filtered_json_where_slurm_honours_it_and_falls_back_when_it_does_not():
+    honest = ScriptedSlurm("slurm 24.05.2", [json_job(1, "alice")])
+    assert set(SnapshotReader(honest, "alice").jobs()) == {1}
+    assert honest.calls[1] == ["squeue", "--all", "--json", "--states=all", "--user=alice"]
+    liar = ScriptedSlurm("slurm 24.05.2", [json_job(1, "alice"), json_job(2, "bob")])
+    reader = SnapshotReader(liar, "alice")
+    assert set(reader.jobs()) == {7}  # bob's job seen: the formatted read, and from now on only it
+    reader.jobs()
+    assert sum("--json" in c for c in liar.calls) == 1
+
+
+def test_the_whole_table_is_read_grouped_and_known_addresses_are_kept():
+    from supervisor.engine.observe import with_addresses
+
+    rows = [{"name": "x[1-3]", "state": "down+not_responding", "partitions": "main", "reason": "gone"}]
+    rows.append({"name": "n1", "state": "idle", "partitions": "main", "reason": "none"})
+    out = formatted(rows, fmt.GROUP_FIELDS)
+    nodes = fmt.NodeParser().parse(out, SEPS, grouped=True)
+    assert set(nodes) == {"x1", "x2", "x3", "n1"} and nodes["x2"].down and nodes["x2"].reason == "gone"
+    assert nodes["n1"].address == "" and nodes["n1"].port is None
+    before = fmt.NodeParser().parse(formatted([node_row()], fmt.NODE_FIELDS), SEPS)
+    merged = with_addresses(nodes, before)
+    assert merged["n1"].address == "127.0.0.1" and merged["n1"].port == 6818 and merged["x1"] is nodes["x1"]
+    assert fmt.sinfo_argv(None, SEPS)[:3] == ["sinfo", "--noheader", "--all"] and "--Node" not in fmt.sinfo_argv(
+        None, SEPS
+    )
