@@ -26,6 +26,7 @@ import pytest
 from supervisor.testing import LocalSlurm, LocalSlurmError, unavailable_reason
 
 SLURM_FIXTURES = frozenset({"slurm_cluster", "fresh_slurm", "make_slurm"})
+PROMETHEUS_FIXTURES = frozenset({"prometheus_installed", "start_prometheus"})  # tests/prometheus/
 
 
 def _under_ci() -> bool:
@@ -58,6 +59,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slurm)
+        if PROMETHEUS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.prometheus)
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,19 @@ RECOVERY_BUCKETS = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 
 VERIFIED = "checkpoint_verified"
 ALL_KINDS = tuple(EventKind)
 _ENDS = frozenset({EventKind.COMPLETED, EventKind.GAVE_UP, EventKind.CANCELLED})
+# Counted from 0 for every run, so Prometheus' increase() sees a run's first one (a series born at 1 has no
+# earlier sample to increase from): the kinds deploy/prometheus/alerts.yml and the Grafana dashboard watch.
+ZERO_KINDS = tuple(
+    k.value
+    for k in (
+        EventKind.GAVE_UP,
+        EventKind.MASS_FAULT,
+        EventKind.ROLLBACK,
+        EventKind.CRASH_LOOP,
+        EventKind.CHECKPOINT_STALE,
+        EventKind.FAULT,
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -194,7 +207,7 @@ def _event_counts(per_run: Sequence[RunFigures]) -> Metric:
         P + "events", "Logbook events by kind (gave_up, mass_fault, rollback, ...).", labels=["run", "kind"]
     )
     for f in per_run:
-        for kind, n in sorted(f.events.items()):
+        for kind, n in sorted((dict.fromkeys(ZERO_KINDS, 0) | f.events).items()):
             fam.add_metric([f.run.name, kind], n)
     return fam
 
