@@ -17,6 +17,7 @@ from supervisor.domain.cluster import ClusterSnapshot, JobInfo, NodeChange, Node
 from supervisor.domain.health import NodeFinding
 from supervisor.domain.lemon import Fault, Quarantine
 from supervisor.domain.progress.hang import HangPace
+from supervisor.domain.progress_series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.resume import ResumePlan
 from supervisor.domain.rollback import RollbackRecord
@@ -265,7 +266,15 @@ class RollbackLedger(Protocol):
     def rollbacks(self, run: str) -> list[RollbackRecord]: ...
 
 
-class Store(RunStore, IntentJournal, Logbook, NodeMemory, CheckpointLedger, RollbackLedger, Protocol):
+class ProgressLedger(Protocol):
+    """The progress series the daemon read from each attempt's log, bounded per run (thinned)."""
+
+    def record_progress(self, points: Sequence[ProgressPoint]) -> None: ...
+
+    def progress(self, run: str) -> list[ProgressPoint]: ...
+
+
+class Store(RunStore, IntentJournal, Logbook, NodeMemory, CheckpointLedger, RollbackLedger, ProgressLedger, Protocol):
     """Everything the daemon remembers (SQLite in production, one class implementing every part)."""
 
 

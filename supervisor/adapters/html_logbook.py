@@ -19,8 +19,10 @@ from supervisor.adapters.html_assets import CSS, JS
 from supervisor.adapters.html_markdown import markdown_to_html
 from supervisor.domain.chronicle import last_record, render_markdown
 from supervisor.domain.chronicle_text import stamp
+from supervisor.domain.figures import restarts
 from supervisor.domain.goodput import OPENERS, Goodput, goodput
 from supervisor.domain.goodput_text import gpus_of, hours, percent
+from supervisor.domain.progress_series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.ports import Store
 
@@ -43,22 +45,32 @@ def render_html(
     series: Sequence[Point] | None = None,
     *,
     now: float | None = None,
+    progress: Sequence[ProgressPoint] | None = None,
 ) -> str:
     """The run's logbook as one HTML document; ``series`` adds the progress curves.
 
-    ``now`` ends a live run's accounting (default: the newest record, so the same records give the
-    same page)."""
+    ``progress``: the series the daemon kept (the store's): the curves, when ``series`` is not
+    given, and the goodput account from the steps. ``now`` ends a live run's accounting (default:
+    the newest record, so the same records give the same page)."""
     attempts, events = list(attempts), list(events)
     now = last_record(attempts, events) if now is None else max(now, last_record(attempts, events))
-    points = list(series) if series is not None else series_from_events(events)
-    return _page(f"Logbook of run {run.name}", _sections(run, attempts, events, points, now))
+    if series is not None:
+        points = list(series)
+    else:
+        points = svg.page_points(progress) if progress else series_from_events(events)
+    return _page(f"Logbook of run {run.name}", _sections(run, attempts, events, points, now, progress))
 
 
 def _sections(
-    run: RunRecord, attempts: list[AttemptRecord], events: list[Event], points: Sequence[Point], now: float
+    run: RunRecord,
+    attempts: list[AttemptRecord],
+    events: list[Event],
+    points: Sequence[Point],
+    now: float,
+    progress: Sequence[ProgressPoint] | None,
 ) -> list[str]:
     """Header, timeline, curves, lost time by cause, chronicle and event table, in that order."""
-    g = goodput(run.name, attempts, events, now=now)
+    g = goodput(run.name, attempts, events, now=now, series=progress)
     starts = [a.submitted_at for a in attempts] + [e.at for e in events]
     scale = svg.Scale(min(starts, default=now), now)
     marks = _marks(events)
@@ -73,7 +85,7 @@ def _sections(
         svg.cause_bars(g.by_cause, _counts(g)) if g.by_cause else "<p class=muted>No time lost.</p>",
         "</section>",
         '<section id="chronicle"><h2>Chronicle</h2>',
-        markdown_to_html(render_markdown(run, attempts, events, now=now), skip_title=True),
+        markdown_to_html(render_markdown(run, attempts, events, now=now, series=progress), skip_title=True),
         "</section>",
         _event_table(events),
     ]
@@ -111,7 +123,7 @@ def logbook_page(
     if record is None:
         text = f"unknown run {run!r}; `slurm-supervisor status` lists the runs\n"
         return 404, [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")], text.encode()
-    page = render_html(record, store.attempts(run), store.events(run), series, now=now)
+    page = render_html(record, store.attempts(run), store.events(run), series, now=now, progress=store.progress(run))
     headers = [
         ("Content-Type", "text/html; charset=utf-8"),
         ("Cache-Control", "no-store"),
@@ -137,7 +149,7 @@ def _header(run: RunRecord, g: Goodput, now: float) -> str:
         ("interruptions", str(len(g.interruptions))),
         ("per day", "-" if g.interruptions_per_day is None else f"{g.interruptions_per_day:.2f}"),
         ("MTBI", "-" if g.mtbi_s is None else hours(g.mtbi_s)),
-        ("restarts", f"{run.restarts_spent} / {run.spec.max_restarts}"),
+        ("restarts", restarts(run.restarts_spent, run.spec.max_restarts)),
         ("lost", hours(g.lost.total_s) + (f" · {g.lost.total_s * gpus / 3600:,.0f} GPU-h" if gpus else "")),
     ]
     html = [

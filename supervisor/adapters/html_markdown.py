@@ -1,104 +1,51 @@
-"""The chronicle's Markdown as HTML: the small subset ``render_markdown`` writes (headings, lists two
-deep, quotes, tables, inline code and bold, plain text), every piece of text escaped."""
+"""The chronicle's Markdown as HTML, by markdown-it-py (CommonMark-exact, with GFM tables).
+
+Raw HTML is off (``{"html": False}``: a ``<script>`` that slipped into the Markdown is shown as
+text, never run), and so are links, images and autolinks: the chronicle writes none, so any that
+appear came from a record and must not become a ``javascript:`` link. The chronicle escapes what
+records say before this (domain.text_safety.markdown); this is the second wall.
+
+Headings go one level down (the page's own ``<h1>`` is the run's title, the chronicle sits in a
+section under an ``<h2>``) and get an ``id`` for linking to an incident.
+"""
 
 from __future__ import annotations
 
 import re
-from html import escape
 
-_INLINE = re.compile(r"(?<!\\)`([^`]+)`|(?<!\\)\*\*([^*]+)\*\*")  # not where a backslash escapes the mark
-_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")  # Markdown's backslash escape: the punctuation itself
-_HEADING = re.compile(r"^(#{1,6}) (.*)$")
-_ITEM = re.compile(r"^( *)- (.*)$")
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+
+# breaks: a note's lines stay lines (the chronicle writes every other paragraph on one line).
+_MD = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable("table").disable(["link", "image", "autolink"])
+_NOT_IN_ID = re.compile(r"[^a-z0-9]+")
 
 
 def markdown_to_html(md: str, *, skip_title: bool = False) -> str:
-    """The subset of Markdown the chronicle writes (headings, lists two deep, quotes, tables, text)."""
-    page = _Page(skip_title)
-    for line in md.splitlines():
-        page.add(line)
-    return page.html()
+    """The chronicle as HTML; ``skip_title`` leaves out its ``#`` title (the page has one)."""
+    tokens = _MD.parse(md)
+    if skip_title:
+        tokens = _without_title(tokens)
+    _headings(tokens)
+    return str(_MD.renderer.render(tokens, _MD.options, {}))
 
 
-def inline(text: str) -> str:
-    """Text with its `code` and **bold** spans as HTML; everything else escaped."""
-    out, pos = [], 0
-    for m in _INLINE.finditer(text):
-        out.append(escape(_ESCAPED.sub(r"\1", text[pos : m.start()])))
-        out.append(f"<code>{escape(m.group(1))}</code>" if m.group(1) is not None else f"<b>{escape(m.group(2))}</b>")
-        pos = m.end()
-    return "".join(out) + escape(_ESCAPED.sub(r"\1", text[pos:]))
+def _without_title(tokens: list[Token]) -> list[Token]:
+    """The tokens less the first level-1 heading (its open, inline and close tokens)."""
+    for i, t in enumerate(tokens):
+        if t.type == "heading_open" and t.tag == "h1":
+            return tokens[:i] + tokens[i + 3 :]
+    return tokens
 
 
-class _Page:
-    """The HTML so far, line by line; open lists and a table's pending rows are the only state."""
-
-    def __init__(self, skip_title: bool) -> None:
-        self.skip_title = skip_title
-        self.out: list[str] = []
-        self.depth = 0  # nesting depth of the open <ul>s
-        self.table: list[list[str]] = []
-
-    def add(self, line: str) -> None:
-        if line.startswith("|"):
-            self._close_lists()
-            self._table_row(line)
-            return
-        self._flush_table()
-        if m := _HEADING.match(line):
-            self._close_lists()
-            self._heading(len(m.group(1)), m.group(2))
-        elif m := _ITEM.match(line):
-            self._item(len(m.group(1)) // 2 + 1, m.group(2))
-        else:
-            self._close_lists()
-            self._text(line)
-
-    def html(self) -> str:
-        self._flush_table()
-        self._close_lists()
-        return "".join(self.out).replace("</blockquote><blockquote>", "<br>")
-
-    def _table_row(self, line: str) -> None:
-        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]  # not at an escaped \|
-        if not all(set(c) <= {"-", ":"} for c in cells):  # not the |---|---| rule under the head
-            self.table.append(cells)
-
-    def _flush_table(self) -> None:
-        if not self.table:
-            return
-        head, *rest = self.table
-        self.out.append(
-            "<table><thead><tr>"
-            + "".join(f"<th>{inline(c)}</th>" for c in head)
-            + "</tr></thead><tbody>"
-            + "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in rest)
-            + "</tbody></table>"
-        )
-        self.table.clear()
-
-    def _heading(self, level: int, text: str) -> None:
-        if self.skip_title and level == 1:
-            return
-        ident = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:80]
-        self.out.append(f'<h{level + 1} id="{ident}">{inline(text)}</h{level + 1}>')
-
-    def _item(self, depth: int, text: str) -> None:
-        if depth > self.depth:
-            self.out.append("<ul><li>" * (depth - self.depth))
-            self.depth = depth
-        else:
-            self._close_lists(depth)
-            self.out.append("</li><li>")
-        self.out.append(inline(text))
-
-    def _text(self, line: str) -> None:
-        if line.startswith(">"):
-            self.out.append(f"<blockquote>{inline(line[1:].strip())}</blockquote>")
-        elif line.strip():
-            self.out.append(f"<p>{inline(line)}</p>")
-
-    def _close_lists(self, depth: int = 0) -> None:
-        while self.depth > depth:
-            self.out.append("</li></ul>")
-            self.depth -= 1
+def _headings(tokens: list[Token]) -> None:
+    """Each heading one level down, with a unique ``id`` made of its words."""
+    seen: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        if t.type not in ("heading_open", "heading_close"):
+            continue
+        t.tag = f"h{min(6, int(t.tag[1:]) + 1)}"
+        if t.type == "heading_open":
+            ident = _NOT_IN_ID.sub("-", tokens[i + 1].content.lower()).strip("-")[:80] or "section"
+            seen[ident] = seen.get(ident, 0) + 1
+            t.attrSet("id", ident if seen[ident] == 1 else f"{ident}-{seen[ident]}")

@@ -15,11 +15,12 @@ from html import escape
 from supervisor.domain.goodput import KINDS
 from supervisor.domain.goodput_sweep import Lost
 from supervisor.domain.goodput_text import hours
+from supervisor.domain.progress_series import ProgressPoint
 
 WIDTH = 1000
 LEFT = 70  # room for the y-axis labels
 RIGHT = 16
-COLORS = {"detection": "#d9480f", "restart": "#e8590c", "queue": "#fab005", "rework": "#c92a2a"}
+COLORS = {"detection": "#d9480f", "restart": "#e8590c", "queue": "#fab005", "rework": "#c92a2a", "overhead": "#868e96"}
 MAX_POINTS = 1500  # a curve is thinned to this many points (min and max of each bucket kept)
 
 
@@ -159,8 +160,10 @@ def curve(
 
 
 def cause_bars(by_cause: Mapping[str, Lost], counts: Mapping[str, int]) -> str:
-    """Lost time per cause, one stacked bar each (detection, restart, queue, rework)."""
-    rows = sorted(by_cause.items(), key=lambda kv: (-kv[1].total_s, kv[0]))
+    """Lost time per cause, one stacked bar each (detection, restart, queue, rework, overhead); a
+    cause whose interruptions cost no time still has its row."""
+    every = {**{cause: Lost() for cause in counts}, **by_cause}
+    rows = sorted(every.items(), key=lambda kv: (-kv[1].total_s, kv[0]))
     label_w, row_h = 260, 24
     height = 30 + row_h * max(1, len(rows))
     most = max((lost.total_s for _, lost in rows), default=0.0) or 1.0
@@ -192,3 +195,8 @@ def cause_bars(by_cause: Mapping[str, Lost], counts: Mapping[str, int]) -> str:
         out.append(f'<text class="tick" x="{x + 6:.1f}" y="{y + 15}">{hours(lost.total_s)}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def page_points(series: Sequence[ProgressPoint]) -> list[tuple[float, int | None, float | None, float | None]]:
+    """The store's progress series as the page's curve points: (time, step, loss, throughput)."""
+    return [(p.at, p.step, p.loss, p.throughput) for p in sorted(series, key=lambda p: (p.at, p.attempt, p.step))]

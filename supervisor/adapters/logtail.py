@@ -127,6 +127,13 @@ class LogTail:
                 break
         return out
 
+    def finish(self) -> list[str]:
+        """The file ends for good (a finished log read offline to its end): its partial last line,
+        as a line (``[]`` when there is none)."""
+        out: list[str] = []
+        self._end_of_file(out)
+        return out
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)

@@ -61,7 +61,8 @@ class RunFigures:
 
 def run_figures(store: Store, run: RunRecord, now: float) -> RunFigures:
     attempts, events = store.attempts(run.name), store.events(run.name)
-    account = goodput(run.name, attempts, events, now=max(now, last_record(attempts, events))) if attempts else None
+    end = max(now, last_record(attempts, events))
+    account = goodput(run.name, attempts, events, now=end, series=store.progress(run.name)) if attempts else None
     counts: dict[str, int] = {}
     for e in events:
         counts[e.kind.value] = counts.get(e.kind.value, 0) + 1

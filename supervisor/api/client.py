@@ -12,6 +12,7 @@ import msgspec
 
 from supervisor.api import wire
 from supervisor.domain.lemon import Fault
+from supervisor.domain.progress_series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
 
 T = TypeVar("T")
@@ -41,6 +42,8 @@ class Reader(Protocol):
     def attempts(self, run: str) -> list[AttemptRecord]: ...
 
     def events(self, run: str | None = None) -> list[Event]: ...
+
+    def progress(self, run: str) -> list[ProgressPoint]: ...
 
     def verdicts(self) -> list[NodeVerdict]: ...
 
@@ -117,6 +120,10 @@ class RemoteStore:
 
     def attempts(self, run: str) -> list[AttemptRecord]:
         return self._get(list[AttemptRecord], "attempts", run=run)
+
+    def progress(self, run: str) -> list[ProgressPoint]:
+        """The run's progress series (bounded per run by the store)."""
+        return self._get(list[ProgressPoint], "progress", run=run)
 
     def events(self, run: str | None = None, offset: int = 0) -> list[Event]:
         """Every event from ``offset`` on, page by page."""

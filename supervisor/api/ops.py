@@ -80,6 +80,8 @@ class Operations:
                 return None if record is None else self._allow(self._check_run(caller, record, "read"), record)
             case wire.Attempts(run=name):
                 return self._store.attempts(self._run(caller, name, "read").name)
+            case wire.Progress(run=name):
+                return self._store.progress(self._run(caller, name, "read").name)
             case wire.Events():
                 return self._events(caller, request)
             case wire.Nodes() | wire.Faults() | wire.Clears():

@@ -49,6 +49,10 @@ class Attempts(_Request, tag="attempts", frozen=True):
     run: Name
 
 
+class Progress(_Request, tag="progress", frozen=True):
+    run: Name
+
+
 class Events(_Request, tag="events", frozen=True):
     run: Name | None = None
     offset: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -87,7 +91,19 @@ class ClearQuarantine(_Request, tag="clear", frozen=True):
 
 
 Request = (
-    Whoami | Runs | GetRun | Attempts | Events | Nodes | Faults | Clears | Submit | Cancel | Note | ClearQuarantine
+    Whoami
+    | Runs
+    | GetRun
+    | Attempts
+    | Progress
+    | Events
+    | Nodes
+    | Faults
+    | Clears
+    | Submit
+    | Cancel
+    | Note
+    | ClearQuarantine
 )
 
 _decoder = msgspec.json.Decoder(Request)

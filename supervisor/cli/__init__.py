@@ -8,6 +8,7 @@ import click
 
 from supervisor.api.client import ApiFailure, ApiUnavailable
 from supervisor.cli.agent import agent
+from supervisor.cli.analyze import analyze
 from supervisor.cli.ckpt import ckpt
 from supervisor.cli.context import DEFAULT_CONFIG, unreachable
 from supervisor.cli.daemon import daemon
@@ -60,5 +61,19 @@ def main(ctx: click.Context, instance: str | None, config_path: str | None, stat
 
 
 main.add_command(guard)
-for _command in (daemon, submit, status, logbook, nodes, cancel, demo, ckpt, agent, quarantine, hook, simulate):
+for _command in (
+    daemon,
+    submit,
+    status,
+    logbook,
+    nodes,
+    cancel,
+    demo,
+    ckpt,
+    agent,
+    quarantine,
+    hook,
+    simulate,
+    analyze,
+):
     main.add_command(_command)

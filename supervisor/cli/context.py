@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,29 @@ def config(ctx: click.Context) -> DaemonConfig:
         if obj.get("state_dir"):
             cfg = cfg.model_copy(update={"daemon": cfg.daemon.model_copy(update={"state_dir": obj["state_dir"]})})
         obj["cfg"] = cfg
+        configure_logging(cfg)
     return obj["cfg"]  # type: ignore[no-any-return]
+
+
+class _Stderr:
+    """Whatever ``sys.stderr`` is when a line is written (a test runner swaps it per command)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
+def configure_logging(cfg: DaemonConfig) -> None:
+    """Logs to stderr at the instance's ``[logging] level`` and format, so that stdout carries
+    only a command's result (unconfigured, structlog would print every level to stdout)."""
+    from supervisor.adapters.logging import configure_logging as configure
+
+    configure(cfg.logging.level, cfg.logging.format, _Stderr())  # type: ignore[arg-type]
 
 
 def config_path(obj: dict[str, Any]) -> str | None:

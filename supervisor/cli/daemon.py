@@ -150,7 +150,7 @@ def _engine(
         probe=TcpProbe(timeout=cfg.probe.timeout_s) if cfg.probe.enabled else None,
         fencer=wiring.fencer(cfg),
         crash_hook=_crash_hook(crash_at),
-        progress=wiring.progress(cfg),
+        progress=wiring.progress(cfg, store),
         checkpoints=wiring.checkpoints(clock, cfg),
         health=ingest[0] if ingest else None,
         accounting=wiring.accounting(scheduler),

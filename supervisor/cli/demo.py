@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import click
 
 from supervisor.cli import render
+from supervisor.cli.logbook_view import folded_lines
+from supervisor.domain.figures import restarts
 
 if TYPE_CHECKING:
     from supervisor.sim.demo import DemoOutcome
@@ -55,14 +57,14 @@ def _print_summary(o: DemoOutcome) -> None:
         f"overlapping incarnations: {o.overlaps}"
     )
     click.echo(
-        f"run state: {o.run.state.value}; restarts spent: {o.run.restarts_spent}/{o.run.spec.max_restarts}; "
+        f"run state: {o.run.state.value}; restarts spent: {restarts(o.run.restarts_spent, o.run.spec.max_restarts)}; "
         f"excluded: {', '.join(sorted(o.run.excluded)) or 'none'}\n"
     )
 
 
 def _print_records(o: DemoOutcome) -> None:
     click.echo("LOGBOOK")
-    for line in render.logbook_lines(o.events):
+    for line in folded_lines(o.events):
         click.echo(line)
     click.echo("\nNODES")
     for line in render.node_lines(o.verdicts):

@@ -46,6 +46,13 @@ _WHEN = "UTC ISO time (2026-11-29T03:00) or a span back from now (90m, 2h, 1d)"
 @click.argument("run", required=False)
 @click.option("--evidence", is_flag=True, help="Show each event's evidence.")
 @click.option(
+    "--all",
+    "every_line",
+    is_flag=True,
+    help="Every event on a line of its own (text format); by default runs of routine events, such as "
+    "checkpoint verifications, are folded into one line and incidents are set apart.",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["text", "markdown", "json", "html"]),
@@ -73,6 +80,7 @@ def logbook_show(
     ctx: click.Context,
     run: str | None,
     evidence: bool,
+    every_line: bool,
     fmt: str,
     as_json: bool,
     output: str | None,
@@ -98,7 +106,7 @@ def logbook_show(
         raise click.ClickException("--follow writes to the terminal; drop -o/--output (or redirect stdout)")
     out = open(output, "w", encoding="utf-8") if output else None  # noqa: SIM115 - closed below
     try:
-        emit = _emitter(_console(out), fmt, filt, evidence)
+        emit = _emitter(_console(out), fmt, filt, evidence, fold=not every_line)
         read = _events_reader(store, run)
         events = read()
         emit(events)
@@ -143,14 +151,26 @@ def _console(out: Any) -> Console:
     return Console(file=out, soft_wrap=True, highlight=False, markup=False, emoji=False)
 
 
-def _emitter(console: Console, fmt: str, filt: render.EventFilter, evidence: bool) -> Callable[[list[Event]], None]:
-    """What prints a batch of events: JSON lines, or one line of text per event."""
+def _emitter(
+    console: Console, fmt: str, filt: render.EventFilter, evidence: bool, *, fold: bool
+) -> Callable[[list[Event]], None]:
+    """What prints a batch of events: JSON lines, or text: the first batch (the logbook so far)
+    folded unless ``fold`` is off, then (following) one line per event as it comes."""
+    batches = 0
 
     def emit(events: list[Event]) -> None:
+        nonlocal batches
+        batches += 1
         if fmt == "json":
             for e in events:
                 if filt.matches(e):
                     console.out(render.json_line(e), highlight=False)
+        elif fold and batches == 1:
+            from supervisor.cli.logbook_view import folded_texts
+
+            shown = [e for e in events if filt.matches(e)]
+            for text in folded_texts(shown, evidence=evidence, incidents=not filt.active):
+                console.print(text)
         else:
             render.print_events(console, events, filt, evidence=evidence)
 
@@ -189,13 +209,14 @@ def _follow(read: Any, emit: Any, clock: SystemClock, interval: float, seen: int
 def _document(fmt: str, record: RunRecord, store: Reader, now: float) -> str:
     attempts, events = store.attempts(record.name), store.events(record.name)
     until = now if not record.state.terminal else None
+    series = store.progress(record.name)
     if fmt == "markdown":
         from supervisor.domain.chronicle import render_markdown
 
-        return str(render_markdown(record, attempts, events, now=until))
+        return str(render_markdown(record, attempts, events, now=until, series=series))
     from supervisor.adapters.html_logbook import render_html
 
-    return render_html(record, attempts, events, now=until)
+    return render_html(record, attempts, events, now=until, progress=series)
 
 
 def _write(output: str | None, text: str) -> None:
@@ -247,11 +268,17 @@ def logbook_goodput(
     if record is None:
         raise context.unknown_run(run)
     attempts, events = store.attempts(run), store.events(run)
-    now = max(wiring.clock().now(), last_record(attempts, events))
+    series = store.progress(run)
+    # Supervised until now while the daemon answers; else the store's last record is where the
+    # supervision stopped: no time after it is counted (as productive or at all).
+    now = last_record(attempts, events)
+    now = max([now, *(p.at for p in series or ())])
+    if isinstance(store, RemoteStore):
+        now = max(wiring.clock().now(), now)
     filt = _event_filter(since, until, (), (), now)
-    g = goodput(run, attempts, events, now=now, start=filt.since, end=filt.until)
+    g = goodput(run, attempts, events, now=now, start=filt.since, end=filt.until, series=series)
     advice = g.advice(save_s if save_s is not None else measured_save_s(events, attempts))
-    parts = windows(run, attempts, events, now=now, width_s=window_h * 3600) if window_h else []
+    parts = windows(run, attempts, events, now=now, width_s=window_h * 3600, series=series) if window_h else []
     if as_json:
         click.echo(json.dumps(render.goodput_dict(g, advice, parts), indent=2))
         return

@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from supervisor.domain.figures import restarts
 from supervisor.domain.goodput import CheckpointAdvice, Goodput, Interruption
 from supervisor.domain.goodput_text import cause_rows, hours, percent, summary_rows
 from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
@@ -71,7 +72,7 @@ def status_lines(runs: Iterable[RunRecord]) -> list[str]:
                 r.state.value,
                 str(a.job_id) if a else "-",
                 str(a.seq) if a else "-",
-                f"{r.restarts_spent}/{r.spec.max_restarts}",
+                restarts(r.restarts_spent, r.spec.max_restarts),
                 printable(",".join(sorted(r.excluded))) or "-",
             )
         )
@@ -293,7 +294,7 @@ def _period_dict(x: Goodput) -> dict[str, Any]:
         "running_s": x.running_s,
         "idle_s": x.idle_s,
         "ettr": x.ettr,
-        "ettr_upper_bound": bool(x.unknown_lost_work),
+        "ettr_upper_bound": x.upper_bound,
         "lost_s": asdict(x.lost),
         "interruptions": len(x.interruptions),
     }

@@ -29,7 +29,10 @@ def submit(ctx: click.Context, spec_path: str, no_slurm_check: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def status(ctx: click.Context, run: str | None, as_json: bool) -> None:
-    """Show supervised runs (all you may see, or one with its attempts)."""
+    """Supervised runs, one a line: state and since when, ETTR, restarts, what pages. With RUN:
+    that run on one screen, with its last incident and when the next checkpoint is due."""
+    from supervisor.cli import status_view, wiring
+
     store = context.reader(ctx)
     if run is not None:
         record = store.get_run(run)
@@ -41,7 +44,13 @@ def status(ctx: click.Context, run: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([render.run_dict(r, store.attempts(r.name)) for r in runs], indent=2))
         return
-    for line in render.status_lines(runs):
+    now = wiring.clock().now()
+    summaries = [
+        status_view.run_summary(r, store.attempts(r.name), store.events(r.name), now, store.progress(r.name))
+        for r in runs
+    ]
+    lines = status_view.summary_lines(summaries[0]) if run is not None else status_view.table_lines(summaries)
+    for line in lines:
         click.echo(line)
 
 

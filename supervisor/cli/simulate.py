@@ -324,8 +324,10 @@ def _print_logbook(state_dir: Path, run: str) -> None:
 
     store = SqliteStore(state_dir)
     try:
+        from supervisor.cli.logbook_view import folded_lines
+
         click.echo("\nLOGBOOK")
-        for line in render.logbook_lines(store.events(run)):
+        for line in folded_lines(store.events(run)):
             click.echo(line)
         verdicts = store.verdicts()
         if verdicts:

@@ -38,7 +38,7 @@ from supervisor.domain.run import RunSpec
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.reconcile import EngineSettings
-from supervisor.ports import CheckpointStore, PortError
+from supervisor.ports import CheckpointStore, PortError, ProgressLedger
 
 if TYPE_CHECKING:
     from supervisor.api.server import ApiServer
@@ -128,8 +128,9 @@ def guard(cfg: DaemonConfig) -> GuardClient | None:
     return GuardClient(str(g.socket), timeout_s=g.timeout_s) if g.socket is not None else None
 
 
-def progress(cfg: DaemonConfig) -> ProgressWatch | None:
-    """Hang detection from each running attempt's output file (``[hang]``)."""
+def progress(cfg: DaemonConfig, ledger: ProgressLedger | None = None) -> ProgressWatch | None:
+    """Hang detection from each running attempt's output file (``[hang]``); the loss, step-time
+    and throughput series it reads are kept in ``ledger`` (the store) for goodput and the page."""
     if not cfg.hang.enabled:
         return None
     settings = HangSettings(
@@ -140,7 +141,8 @@ def progress(cfg: DaemonConfig) -> ProgressWatch | None:
         pause_cap_s=cfg.hang.pause_cap_s,
     )
     dirs = daemon_dirs(cfg)
-    return ProgressWatch(lambda path, at_end: LogTail(path, start_at_end=at_end, protected=dirs), settings)
+    opener = lambda path, at_end: LogTail(path, start_at_end=at_end, protected=dirs)  # noqa: E731
+    return ProgressWatch(opener, settings, ledger=ledger)
 
 
 def daemon_dirs(cfg: DaemonConfig) -> tuple[str, ...]:

@@ -11,6 +11,8 @@ event's evidence reads is domain.chronicle_text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from supervisor.domain.chronicle_incidents import TERMINAL, Incident, group, incident_lines
 from supervisor.domain.chronicle_text import (
     attempt_words,
@@ -22,8 +24,10 @@ from supervisor.domain.chronicle_text import (
     stamp,
     strip_label,
 )
+from supervisor.domain.figures import count, restarts, step_span
 from supervisor.domain.goodput import Interruption, goodput, measured_save_s
 from supervisor.domain.goodput_text import gpus_of, markdown_lines
+from supervisor.domain.progress_series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.text_safety import markdown
 
@@ -56,14 +60,20 @@ _CAUSAL = {
 
 
 def render_markdown(
-    run: RunRecord, attempts: list[AttemptRecord], events: list[Event], now: float | None = None
+    run: RunRecord,
+    attempts: list[AttemptRecord],
+    events: list[Event],
+    now: float | None = None,
+    series: Sequence[ProgressPoint] | None = None,
 ) -> str:
     """The run's chronicle as Markdown; deterministic for the same records.
 
-    ``now`` ends the goodput accounting of a run still going; by default the last record's time."""
-    g = goodput(run.name, attempts, events, now=last_record(attempts, events) if now is None else now)
+    ``now`` ends the goodput accounting of a run still going; by default the last record's time.
+    ``series``: the progress series the daemon kept, for the goodput account from the steps."""
+    end = last_record(attempts, events) if now is None else now
+    g = goodput(run.name, attempts, events, now=end, series=series)
     attempts = [safe_attempt(a) for a in attempts]  # what records quote is plain text from here on
-    timeline, blocks = group([safe_event(e) for e in sorted(events, key=_order)])
+    timeline, blocks = group([safe_event(e) for e in sorted(events, key=causal_order)])
     out = _title(run, attempts)
     out += ["## Timeline", ""]
     out += _timeline_lines(timeline) or ["- (no routine events)"]
@@ -122,10 +132,9 @@ def _verified_run_end(timeline: list[Event], i: int) -> int:
 def _verified_line(run: list[Event]) -> str:
     first, last = run[0], run[-1]
     steps = [int(x.evidence["step"]) for x in run if isinstance(x.evidence.get("step"), int)]
-    span = f"steps {min(steps)} to {max(steps)}" if steps else "checkpoints"
-    return (
-        f"- {stamp(first.at)} to {stamp(last.at)} [{first.actor}]: {len(run)} checkpoint verifications passed ({span})"
-    )
+    span = f" ({step_span(min(steps), max(steps))})" if steps else ""
+    when = stamp(first.at) if first.at == last.at else f"{stamp(first.at)} to {stamp(last.at)}"
+    return f"- {when} [{first.actor}]: {count(len(run))} checkpoint verifications passed{span}"
 
 
 def last_record(attempts: list[AttemptRecord], events: list[Event]) -> float:
@@ -136,7 +145,8 @@ def last_record(attempts: list[AttemptRecord], events: list[Event]) -> float:
     return max(times, default=0.0)
 
 
-def _order(e: Event) -> tuple[float, int, int, str, str]:
+def causal_order(e: Event) -> tuple[float, int, int, str, str]:
+    """A sort key: by time, then attempt, then the causal order of kinds recorded in the same instant."""
     attempt = -1 if e.attempt is None else e.attempt
     return (e.at, attempt, _CAUSAL.get(e.kind, len(_CAUSAL)), e.key, e.message)
 
@@ -153,7 +163,7 @@ def _title(run: RunRecord, attempts: list[AttemptRecord]) -> list[str]:
         f"Written by slurm-supervisor from the run's logbook; all times UTC. "
         f"{spec.nodes} nodes on partition {markdown(spec.partition)}; state **{run.state.value}**; "
         f"{len(attempts)} attempt{'s' if len(attempts) != 1 else ''}; "
-        f"restarts spent {run.restarts_spent} of {spec.max_restarts}; nodes kept out: {excluded}.",
+        f"restarts spent {restarts(run.restarts_spent, spec.max_restarts)}; nodes kept out: {excluded}.",
         "",
     ]
     if run.end_reason:
@@ -176,7 +186,7 @@ def _terminal(run: RunRecord, e: Event, attempts: list[AttemptRecord]) -> list[s
     span = f"; {seconds(e.at - min(started))} since the first attempt started" if started else ""
     lines.append(
         f"- **Totals**: {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}; restarts spent "
-        f"{run.restarts_spent} of {run.spec.max_restarts}{span}."
+        f"{restarts(run.restarts_spent, run.spec.max_restarts)}{span}."
     )
     return [*lines, ""]
 

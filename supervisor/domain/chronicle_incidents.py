@@ -21,6 +21,7 @@ from supervisor.domain.chronicle_text import (
     strip_label,
     subject,
 )
+from supervisor.domain.figures import restart_limit, restarts
 from supervisor.domain.goodput import Interruption
 from supervisor.domain.goodput_text import gpus_of, hours
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
@@ -155,16 +156,25 @@ def incident_lines(
 
 
 def _heading(run: RunRecord, inc: Incident) -> str:
-    cause = _cause(inc)
-    if inc.restarted:
-        what = f"restart after {cause}"
-    elif inc.closed:
-        what = f"{cause}; not restarted"
-    else:
-        what = f"{cause}; recovery under way"
     faults = inc.of(EventKind.FAULT)
     actor = (faults[0] if faults else inc.events[0]).actor
-    return f"### {heading_stamp(inc.at)} [{actor}]: Run {run.name}{attempt_words(inc.attempt)} — {what}"
+    return f"### {heading_stamp(inc.at)} [{actor}]: Run {run.name}{attempt_words(inc.attempt)} — {incident_title(inc)}"
+
+
+def incident_title(inc: Incident) -> str:
+    """What happened and where it stands, in a few words: ``restart after node fault on n013``."""
+    cause = _cause(inc)
+    if inc.restarted:
+        return f"restart after {cause}"
+    if inc.closed:
+        return f"{cause}; not restarted"
+    return f"{cause}; recovery under way"
+
+
+def recovered_by(inc: Incident) -> Event | None:
+    """The start of the attempt that replaced the one the incident hit (None while none runs)."""
+    started = [e for e in inc.of(EventKind.STARTED) if e.attempt != inc.attempt]
+    return started[-1] if started else None
 
 
 def _decision_lines(inc: Incident) -> list[str]:
@@ -195,17 +205,16 @@ def _cost(run: RunRecord, inc: Incident, by_seq: Mapping[int, AttemptRecord]) ->
     spent = [e.evidence.get("restarts_spent") for e in inc.of(EventKind.RESTARTED)]
     spent_n = next((int(x) for x in reversed(spent) if isinstance(x, int)), None)
     if spent_n is not None:
-        parts.append(f"restarts spent {spent_n} of {run.spec.max_restarts}")
+        parts.append(f"restarts spent {restarts(spent_n, run.spec.max_restarts)}")
     elif inc.has(EventKind.REQUEUED):
-        parts.append(f"one restart spent of {run.spec.max_restarts}")
+        parts.append(f"one restart spent of {restart_limit(run.spec.max_restarts)}")
     return "; ".join(parts) + "."
 
 
 def _recovery(inc: Incident) -> str:
-    started = [e for e in inc.of(EventKind.STARTED) if e.attempt != inc.attempt]
-    if not started:
+    s = recovered_by(inc)
+    if s is None:
         return f"no new attempt running yet (fault at {stamp(inc.at)})"
-    s = started[-1]
     return f"{seconds(s.at - inc.at)} from the fault ({stamp(inc.at)}) to attempt {s.attempt} running ({stamp(s.at)})"
 
 

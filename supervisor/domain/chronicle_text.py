@@ -63,16 +63,16 @@ def heading_stamp(t: float) -> str:
 
 
 def seconds(s: float) -> str:
-    """A duration in seconds, with hours and minutes spelled out when it is longer than a minute."""
+    """A duration as a person writes it: ``4.7 s``, ``45 s``, ``1 min 50 s``, ``2 h 38 min 56 s``,
+    ``3 h`` (parts that are zero left out), ``2 d 1 h`` past two days."""
     s = max(0.0, s)
-    text = f"{s:.0f} s" if abs(s - round(s)) < 0.05 else f"{s:.1f} s"
     if s < 60:
-        return text
+        return f"{s:.0f} s" if abs(s - round(s)) < 0.05 else f"{s:.1f} s"
     whole = int(round(s))
-    h, rest = divmod(whole, 3600)
+    d, rest = divmod(whole, 86400) if whole >= 2 * 86400 else (0, whole)
+    h, rest = divmod(rest, 3600)
     m, sec = divmod(rest, 60)
-    parts = ([f"{h} h"] if h else []) + ([f"{m} min"] if m or h else []) + [f"{sec} s"]
-    return f"{text} ({' '.join(parts)})"
+    return " ".join(f"{n:,} {unit}" for n, unit in ((d, "d"), (h, "h"), (m, "min"), (sec, "s")) if n)
 
 
 def attempt_words(attempt: int | None) -> str:

@@ -11,13 +11,17 @@ The wall time of a window is split, piece by piece, into
 * **detection** — the job was broken but not yet known to be (a hang's silent time, or an
   ``evidence["detection_s"]``);
 * **restart** — from the fault's detection to the next attempt's submission (stopping, draining,
-  fencing, resubmitting);
+  fencing, resubmitting), and from that attempt's start to its first step after the resume
+  (launch, checkpoint load: read from the progress series);
 * **queue** — from a submission to the attempt running (the first start included);
-* **idle** — none of the above (before the first submission, after the run ended).
+* **overhead** — running, but computing no step the model kept: checkpoint saves, slow steps (with
+  the progress series: productive time is the kept steps times the run's pace, goodput_steps);
+* **idle** — none of the above (before the first submission, after the run ended or after the
+  supervision's last record).
 
-ETTR = productive / wall. Where the work lost since the checkpoint is not recorded it is *unknown*,
-not zero: it stays in "productive", the report counts such interruptions and says that the ETTR is
-then an upper bound. Each interruption's cause is mapped onto the categories of Llama 3 405B's
+ETTR = productive / wall. Given the progress series the daemon read, productive time is measured
+from the steps kept; without it (or where work lost since the checkpoint is not recorded) running
+time counts as productive and the report says that the ETTR is then an upper bound. Each interruption's cause is mapped onto the categories of Llama 3 405B's
 Table 5 (GPU, Host, Network, Dependency, Unplanned Maintenance, Unknown) where the evidence names
 one, and onto a category of our own, flagged as outside the table, where it does not.
 """
@@ -30,15 +34,25 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from supervisor.domain.causes import Cause, classify
+from supervisor.domain.goodput_advice import SAVE_KEYS, CheckpointAdvice, checkpoint_advice, measured_save_s
+from supervisor.domain.goodput_steps import (
+    AttemptSteps,
+    Known,
+    attempt_steps,
+    overhead,
+    pace_s,
+    productive_s,
+    unmeasured_note,
+)
 from supervisor.domain.goodput_sweep import Claim, Lost, back_from, sweep
+from supervisor.domain.progress_series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, EventKind
 
 DAY_S = 86400.0
-KINDS = ("rework", "detection", "restart", "queue")
+KINDS = ("rework", "detection", "restart", "queue", "overhead")
 # Event kinds that open an interruption: ours, and those other issues add (matched by value, so an
 # older store without them still loads).
 OPENERS = frozenset({"fault", "requeued", "rollback", "hang", "mass_fault"})
-SAVE_KEYS = ("save_s", "write_s")  # evidence of a checkpoint save's duration
 
 
 @dataclass(frozen=True)
@@ -69,23 +83,6 @@ class Interruption:
 
 
 @dataclass(frozen=True)
-class CheckpointAdvice:
-    """Young's interval sqrt(2·δ·M) for save cost δ and mean time between interruptions M."""
-
-    interval_s: float | None
-    save_s: float | None
-    mtbi_s: float | None
-    reason: str
-
-    @property
-    def expected_waste(self) -> float | None:
-        """Share of time spent saving plus redoing work, δ/τ + τ/(2M), at that interval."""
-        if self.interval_s is None or self.save_s is None or self.mtbi_s is None:
-            return None
-        return self.save_s / self.interval_s + self.interval_s / (2 * self.mtbi_s)
-
-
-@dataclass(frozen=True)
 class Goodput:
     run: str
     start: float
@@ -97,6 +94,9 @@ class Goodput:
     by_cause: Mapping[str, Lost]
     interruptions: tuple[Interruption, ...]
     notes: tuple[str, ...] = field(default=())
+    # productive time measured from the kept steps (True), not measurable from the series given
+    # (False), or no series given (None: running time counts as productive)
+    measured: bool | None = None
 
     @property
     def wall_s(self) -> float:
@@ -112,6 +112,11 @@ class Goodput:
         return sum(1 for i in self.interruptions if i.lost_work_s is None)
 
     @property
+    def upper_bound(self) -> bool:
+        """The ETTR may be too high: lost work not on record, or productive time not measured."""
+        return bool(self.unknown_lost_work) or self.measured is False
+
+    @property
     def interruptions_per_day(self) -> float | None:
         return len(self.interruptions) / (self.wall_s / DAY_S) if self.wall_s > 0 else None
 
@@ -124,38 +129,24 @@ class Goodput:
         return checkpoint_advice(self.mtbi_s, save_s)
 
 
-def checkpoint_advice(mtbi_s: float | None, save_s: float | None) -> CheckpointAdvice:
-    if mtbi_s is None:
-        return CheckpointAdvice(None, save_s, None, "no interruption observed yet: no rate to plan for")
-    if save_s is None or save_s <= 0:
-        return CheckpointAdvice(
-            None, None, mtbi_s, "no checkpoint save time on record (evidence save_s); give the measured save cost"
-        )
-    tau = math.sqrt(2.0 * save_s * mtbi_s)
-    return CheckpointAdvice(tau, save_s, mtbi_s, f"Young: sqrt(2 x {save_s:.0f} s x {mtbi_s:.0f} s)")
-
-
-def measured_save_s(events: Iterable[Event], attempts: Iterable[AttemptRecord] = ()) -> float | None:
-    """The median checkpoint save time on record (evidence ``save_s``/``write_s``, and what each
-    attempt's log showed, so a run still in its first attempt has one too), or None."""
-    values = [float(e.evidence[k]) for e in events for k in SAVE_KEYS if _number(e.evidence.get(k))]
-    values = sorted(values or [a.save_s for a in attempts if a.save_s is not None])
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
 # ---------------------------------------------------------------- interruptions
 
 
-def interruptions(attempts: Sequence[AttemptRecord], events: Iterable[Event]) -> list[Interruption]:
-    """One per attempt that a fault, rollback or requeue ended, oldest first."""
+def interruptions(
+    attempts: Sequence[AttemptRecord],
+    events: Iterable[Event],
+    steps: Mapping[int, AttemptSteps] | None = None,
+    pace: float | None = None,
+) -> list[Interruption]:
+    """One per attempt that a fault, rollback or requeue ended, oldest first. ``steps`` (the
+    progress series, goodput_steps) and the run's ``pace`` fill in what the events leave out: the
+    last step the attempt logged, its successor's start-up."""
     by_attempt: dict[int | None, list[Event]] = {}
     for e in events:
         by_attempt.setdefault(e.attempt, []).append(e)
     seqs = sorted(a.seq for a in attempts)
     by_seq = {a.seq: a for a in attempts}
+    known = Known(steps or {}, pace)
     out = []
     for seq, evs in by_attempt.items():
         opening = [e for e in evs if e.kind.value in OPENERS]
@@ -164,7 +155,8 @@ def interruptions(attempts: Sequence[AttemptRecord], events: Iterable[Event]) ->
         later = [s for s in seqs if seq is not None and s > seq]
         first_at = min(e.at for e in opening)
         incident = [e for e in evs if e.at >= first_at] + _restart_events(by_attempt, later)
-        out.append(_interruption(opening, incident, by_seq.get(later[0]) if later else None))
+        failed = by_seq.get(seq) if seq is not None else None
+        out.append(_interruption(opening, incident, failed, by_seq.get(later[0]) if later else None, known))
     return sorted(out, key=lambda i: (i.at, i.attempt if i.attempt is not None else -1))
 
 
@@ -175,27 +167,60 @@ def _restart_events(by_attempt: Mapping[int | None, list[Event]], later: list[in
     return [e for e in by_attempt.get(later[0], []) if e.kind in (EventKind.RESTARTED, EventKind.SUBMITTED)]
 
 
-def _interruption(opening: list[Event], incident: list[Event], nxt: AttemptRecord | None) -> Interruption:
+def _interruption(
+    opening: list[Event], incident: list[Event], failed: AttemptRecord | None, nxt: AttemptRecord | None, known: Known
+) -> Interruption:
     first = min(opening, key=lambda e: e.at)
     ev = _merged(incident)
-    detection = _num(ev, "detection_s")
-    if detection is None and any(k in first.evidence for k in ("silent_s",)):
-        detection = _num(first.evidence, "silent_s")
     resume = _int(ev, "resume_step")
+    resume = resume if resume is not None else known.resume_step(nxt)
+    lost_steps, lost_work = _lost_work(ev, resume, known.last_step(failed), known.pace)
+    restart = queue = None
+    if nxt is not None:
+        startup = known.startup_s(nxt) or 0.0
+        restart = max(0.0, nxt.submitted_at - first.at) + startup
+        queue = max(0.0, nxt.started_at - nxt.submitted_at) if nxt.started_at is not None else None
+    return Interruption(
+        first.run,
+        first.attempt,
+        first.at,
+        classify(opening),
+        _detection(ev, first, failed),
+        restart,
+        queue,
+        lost_work,
+        lost_steps,
+        resume,
+    )
+
+
+def _detection(ev: Mapping[str, Any], first: Event, failed: AttemptRecord | None) -> float | None:
+    """Onset to detection: the evidence's ``detection_s``, a hang's silence, else the time from
+    the job's end (Slurm's, when it ended by itself before the supervisor knew)."""
+    detection = _num(ev, "detection_s")
+    if detection is None and "silent_s" in first.evidence:
+        detection = _num(first.evidence, "silent_s")
+    if detection is None and failed is not None and failed.ended_at is not None and failed.ended_at < first.at:
+        detection = first.at - failed.ended_at
+    return detection
+
+
+def _lost_work(
+    ev: Mapping[str, Any], resume: int | None, logged: int | None, pace: float | None
+) -> tuple[int | None, float | None]:
+    """(steps, seconds) of work since the checkpoint the restart used: the evidence's figures, else
+    the last step logged less the resume step, at the step time on record (else the run's pace)."""
     lost_steps = _int(ev, "lost_steps")
-    if lost_steps is None and resume is not None and _int(ev, "last_step") is not None:
-        lost_steps = max(0, int(ev["last_step"]) - resume)
+    last = _int(ev, "last_step")
+    last = last if last is not None else logged
+    if lost_steps is None and resume is not None and last is not None:
+        lost_steps = max(0, last - resume)
     step_time = _num(ev, "step_time_s")  # per step; a hang's step_interval_s is per log record
+    step_time = pace if pace is not None else step_time
     lost_work = _num(ev, "lost_work_s")
     if lost_work is None and lost_steps is not None and step_time is not None:
         lost_work = lost_steps * step_time
-    restart = queue = None
-    if nxt is not None:
-        restart = max(0.0, nxt.submitted_at - first.at)
-        queue = max(0.0, nxt.started_at - nxt.submitted_at) if nxt.started_at is not None else None
-    return Interruption(
-        first.run, first.attempt, first.at, classify(opening), detection, restart, queue, lost_work, lost_steps, resume
-    )
+    return lost_steps, lost_work
 
 
 def _merged(events: list[Event]) -> dict[str, Any]:
@@ -232,34 +257,55 @@ def goodput(
     now: float,
     start: float | None = None,
     end: float | None = None,
+    series: Sequence[ProgressPoint] | None = None,
 ) -> Goodput:
-    """The run's goodput over [start, end] (default: first submission to the run's end, or ``now``)."""
+    """The run's goodput over [start, end] (default: first submission to the run's end, or ``now``).
+
+    ``series``: the progress series the daemon read (the store's); with it, productive time is the
+    kept steps' time and the start-up after each restart is lost. ``now`` is also where the record
+    ends: no running after it is counted (the supervision's last record, for a run no longer
+    supervised)."""
     attempts = sorted((a for a in attempts if a.run == run), key=lambda a: a.seq)
     events = [e for e in events if e.run == run]
+    mine = [p for p in series if p.run == run] if series is not None else None
+    pace = pace_s(mine) if mine else None
+    steps = attempt_steps(attempts, events, mine, pace) if mine is not None else {}
     run_end = _run_end(events, now)
     lo = start if start is not None else (attempts[0].submitted_at if attempts else run_end)
     hi = min(end if end is not None else run_end, now)
-    found = interruptions(attempts, events)
+    found = interruptions(attempts, events, steps, pace)
     segments = [
-        (a.started_at, a.ended_at if a.ended_at is not None else run_end) for a in attempts if a.started_at is not None
+        (a.started_at, min(a.ended_at, run_end) if a.ended_at is not None else run_end)
+        for a in attempts
+        if a.started_at is not None
     ]
-    claims = _claims(attempts, found, segments, run_end)
+    claims = _claims(attempts, found, segments, run_end, Known(steps, pace))
     productive, running, idle, lost, by_cause = sweep(lo, hi, segments, claims)
+    measured = None if mine is None else productive_s(steps, attempts, pace, lo, hi)
+    if measured is not None:
+        productive, lost, by_cause = overhead(productive, measured, lost, by_cause)
     inside = tuple(i for i in found if lo <= i.at < hi or (i.at == hi == run_end))
-    notes = _notes(inside)
-    return Goodput(run, lo, max(lo, hi), productive, running, idle, lost, by_cause, inside, notes)
+    notes = _notes(inside) + (unmeasured_note(mine) if mine is not None and measured is None else ())
+    flag = None if mine is None else measured is not None
+    return Goodput(run, lo, max(lo, hi), productive, running, idle, lost, by_cause, inside, notes, flag)
 
 
 def windows(
-    run: str, attempts: Sequence[AttemptRecord], events: Sequence[Event], *, now: float, width_s: float = DAY_S
+    run: str,
+    attempts: Sequence[AttemptRecord],
+    events: Sequence[Event],
+    *,
+    now: float,
+    width_s: float = DAY_S,
+    series: Sequence[ProgressPoint] | None = None,
 ) -> list[Goodput]:
     """Goodput per consecutive window of ``width_s`` (a day by default) from the first submission."""
     if width_s <= 0:
         raise ValueError(f"window width must be positive, got {width_s}")
-    whole = goodput(run, attempts, events, now=now)
+    whole = goodput(run, attempts, events, now=now, series=series)
     out, t = [], whole.start
     while t < whole.end:
-        out.append(goodput(run, attempts, events, now=now, start=t, end=min(t + width_s, whole.end)))
+        out.append(goodput(run, attempts, events, now=now, start=t, end=min(t + width_s, whole.end), series=series))
         t += width_s
     return out
 
@@ -276,13 +322,14 @@ def _claims(
     found: Sequence[Interruption],
     segments: Sequence[tuple[float, float]],
     run_end: float,
+    known: Known,
 ) -> list[Claim]:
     claims: list[Claim] = []
     if attempts:
         a0 = attempts[0]
-        claims.append(
-            (a0.submitted_at, a0.started_at if a0.started_at is not None else run_end, "queue", "First start")
-        )
+        began = a0.started_at if a0.started_at is not None else run_end
+        claims.append((a0.submitted_at, began, "queue", "First start"))
+        claims.append((began, began + (known.startup_s(a0) or 0.0), "restart", "First start"))
     for i in found:
         cat = i.cause.category
         if i.detection_s:
@@ -293,7 +340,9 @@ def _claims(
         submitted = nxt.submitted_at if nxt is not None else run_end
         claims.append((i.at, submitted, "restart", cat))
         if nxt is not None:
-            claims.append((nxt.submitted_at, nxt.started_at if nxt.started_at is not None else run_end, "queue", cat))
+            began = nxt.started_at if nxt.started_at is not None else run_end
+            claims.append((nxt.submitted_at, began, "queue", cat))
+            claims.append((began, began + (known.startup_s(nxt) or 0.0), "restart", cat))
     return [c for c in claims if c[1] > c[0]]
 
 
@@ -313,3 +362,19 @@ def _notes(found: Sequence[Interruption]) -> tuple[str, ...]:
             "counted from the moment the supervisor knew"
         )
     return tuple(notes)
+
+
+__all__ = [  # the advice lives in goodput_advice; readers import it from here too
+    "DAY_S",
+    "KINDS",
+    "OPENERS",
+    "SAVE_KEYS",
+    "CheckpointAdvice",
+    "Goodput",
+    "Interruption",
+    "checkpoint_advice",
+    "goodput",
+    "interruptions",
+    "measured_save_s",
+    "windows",
+]

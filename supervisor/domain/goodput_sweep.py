@@ -21,10 +21,11 @@ class Lost:
     detection_s: float = 0.0
     restart_s: float = 0.0
     queue_s: float = 0.0
+    overhead_s: float = 0.0  # running, but no kept step computed: checkpoint saves, slow steps
 
     @property
     def total_s(self) -> float:
-        return self.rework_s + self.detection_s + self.restart_s + self.queue_s
+        return self.rework_s + self.detection_s + self.restart_s + self.queue_s + self.overhead_s
 
     def plus(self, kind: str, s: float) -> Lost:
         return Lost(**{**self.__dict__, f"{kind}_s": getattr(self, f"{kind}_s") + s})

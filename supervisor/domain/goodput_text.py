@@ -6,6 +6,7 @@ import re
 from datetime import UTC, datetime
 
 from supervisor.domain.goodput import KINDS, CheckpointAdvice, Goodput
+from supervisor.domain.goodput_sweep import Lost
 from supervisor.domain.run import RunSpec
 
 
@@ -27,7 +28,7 @@ def percent(x: float | None) -> str:
 def summary_rows(g: Goodput, advice: CheckpointAdvice, gpus: int | None = None) -> list[tuple[str, str]]:
     """(label, value) pairs: ETTR, where the time went, the interruption rate and the checkpoint advice."""
     rows = [
-        ("ETTR (productive / wall)", percent(g.ettr) + (" (upper bound)" if g.unknown_lost_work else "")),
+        ("ETTR (productive / wall)", percent(g.ettr) + (" (upper bound)" if g.upper_bound else "")),
         ("wall time", hours(g.wall_s)),
         ("productive", hours(g.productive_s)),
         *((f"lost: {k}", hours(getattr(g.lost, f"{k}_s"))) for k in KINDS),
@@ -51,15 +52,17 @@ def summary_rows(g: Goodput, advice: CheckpointAdvice, gpus: int | None = None) 
 
 
 def cause_rows(g: Goodput) -> list[tuple[str, str, str, str]]:
-    """(cause, interruptions, lost, Table 5) rows, most lost time first."""
+    """(cause, interruptions, lost, Table 5) rows, most lost time first: every interruption in its
+    cause's row (one that cost no time too), and the rows of time lost outside any interruption."""
     counts: dict[str, int] = {}
     table5: dict[str, str] = {}
     for i in g.interruptions:
         counts[i.cause.category] = counts.get(i.cause.category, 0) + 1
         table5[i.cause.category] = "yes" if i.cause.table5 else "no"
+    lost = {cause: g.by_cause.get(cause, Lost()).total_s for cause in {*g.by_cause, *counts}}
     rows = []
-    for cause, lost in sorted(g.by_cause.items(), key=lambda kv: (-kv[1].total_s, kv[0])):
-        rows.append((cause, str(counts.get(cause, 0)), hours(lost.total_s), table5.get(cause, "-")))
+    for cause, s in sorted(lost.items(), key=lambda kv: (-kv[1], kv[0])):
+        rows.append((cause, str(counts.get(cause, 0)), hours(s), table5.get(cause, "-")))
     return rows
 
 

@@ -25,12 +25,13 @@ from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.progress.pauses import ends_pause, pause_of
 from supervisor.domain.progress.ranks import RankProgress, suspects
 from supervisor.domain.progress.ssv import NAME as SSV_FORMAT
+from supervisor.domain.progress_series import ProgressPoint, finite
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import SpikePolicy
 from supervisor.domain.spike_detector import SpikeDetector
 from supervisor.domain.spikes import Notice, SpikeSettings
 from supervisor.engine.pace import Pace
-from supervisor.ports import LogOpener, LogSource
+from supervisor.ports import LogOpener, LogSource, ProgressLedger
 
 log = structlog.get_logger("supervisor.progress")
 
@@ -44,6 +45,8 @@ class _Watch:
     detector: HangDetector
     spikes: SpikeDetector | None = None
     pace: Pace | None = None
+    seq: int | None = None  # the attempt's seq: the progress series' points carry it (with the run)
+    run: str = ""
     last_step: int | None = None
     records: int = 0
     problem: str | None = None  # why the file cannot be read now (logged once, not every tick)
@@ -81,9 +84,17 @@ def spike_settings(policy: SpikePolicy) -> SpikeSettings:
 
 
 class ProgressWatch:
-    def __init__(self, opener: LogOpener, settings: HangSettings, log_format: str | None = None) -> None:
+    def __init__(
+        self,
+        opener: LogOpener,
+        settings: HangSettings,
+        log_format: str | None = None,
+        ledger: ProgressLedger | None = None,
+    ) -> None:
         self.opener = opener
         self.settings = settings
+        self.ledger = ledger  # where the points read go (the store): curves and goodput's evidence
+        self._points: list[ProgressPoint] = []
         self.log_format = log_format  # a format name (or alias) every log is read as; None: detect per log
         self._watches: dict[str, _Watch] = {}
         self._notices: list[SpikeNotice] = []
@@ -167,6 +178,9 @@ class ProgressWatch:
             watch = self._watches.pop(name)
             self._read(name, watch, now)  # the lines the attempt wrote before it ended: its last step
             self._close(watch)
+        if self.ledger is not None and self._points:
+            self.ledger.record_progress(self._points)
+        self._points = []
         return hangs
 
     def _hang_evidence(self, watch: _Watch, verdict: HangVerdict) -> dict[str, Any]:
@@ -227,6 +241,8 @@ class ProgressWatch:
             Pace(run.name, tuple(nodes)),
         )
         a = run.attempt
+        watch.seq = a.seq if a is not None and (a.job_id, a.restart_count) == key else None
+        watch.run = run.name
         if a is not None and a.hang_pace is not None and (a.job_id, a.restart_count) == key:
             watch.detector.learn(a.hang_pace)  # a restarted daemon: the pace it already knew
         self._watches[run.name] = watch
@@ -245,6 +261,8 @@ class ProgressWatch:
         if record.step_time_s and record.step_time_s > 0:
             _bounded_put(self._step_times, watch.key, record.step_time_s)
         watch.series.append((record.step, record.loss, record.grad_norm, record.lr))
+        if self.ledger is not None and watch.seq is not None and record.rank is None:
+            self._points.append(_point(watch.run, watch.seq, record, now))
 
     def _read(self, run: str, watch: _Watch, now: float) -> None:
         lines = _new_lines(run, watch)
@@ -291,6 +309,27 @@ class ProgressWatch:
     def _note_load(self, watch: _Watch, *, ended: bool) -> None:
         _keep(self._load_failures, watch.key, watch.load.failure(ended=ended))
         _keep(self._before_load, watch.key, watch.load.before_load() if ended else None)
+
+
+def _point(run: str, seq: int, record: ProgressRecord, now: float) -> ProgressPoint:
+    """The series' point for a record with a step (one per log record: per-rank lines are not)."""
+    assert record.step is not None
+    return ProgressPoint(
+        run,
+        seq,
+        record.step,
+        now,
+        finite(record.loss),
+        finite(record.step_time_s),
+        finite(record.tokens_per_s),
+        finite(record.samples_per_s) or _samples_per_s(record),
+    )
+
+
+def _samples_per_s(record: ProgressRecord) -> float | None:
+    """Samples per second from the global batch and the step time, where the log prints no rate."""
+    batch, step_s = record.global_batch_size, finite(record.step_time_s)
+    return batch / step_s if batch and step_s else None
 
 
 def _keep(memory: dict[tuple[int, int], str], key: tuple[int, int], why: str | None) -> None:

@@ -151,7 +151,7 @@ class Simulation:
                 actor="simulator",
             )
         )
-        progress = ProgressWatch(world.trainer.opener, HangSettings(multiple=s.hang_multiple))
+        progress = ProgressWatch(world.trainer.opener, HangSettings(multiple=s.hang_multiple), ledger=store)
         # The real checkpoint watch: every restart is handed the newest *verified* save (a torn
         # one is never resumed from), checked through the CheckpointStore port like S3 or Lustre.
         watch = CheckpointWatch(lambda _spec: world.checkpoints, clock, inline=True)
@@ -188,7 +188,8 @@ class Simulation:
                 clock.advance_to(min(end, clock.now() + step.delay_s))
             if ticks % 64 == 0:
                 self._report(clock.now(), world.start, end)
-        return ticks
+        engine.tick()  # the daemon reads the logs up to the end: the steps made are on record
+        return ticks + 1
 
     def _next_tick(self, engine: Engine, world: World, poll: float, end: float) -> float:
         """The first tick of the poll grid at or after the next moment something could be seen."""
@@ -204,6 +205,11 @@ class Simulation:
             # Only a silence can run the hang detector's deadline out: a tick after a new line
             # reads it before it checks.
             candidates.append(deadline)
+        if a is not None and a.last_read is None:
+            # Its first line read on the real grid: when it began training after its resume (the
+            # restart's cost) is on record as a real daemon would have it.
+            first = [t for t in world.trainer.learning_times(a)[:1] if t > now]
+            candidates += first
         hang = world.next_hang_ends_attempt(now)
         if a is not None and a.frozen_at is None and hang is not None:
             # This attempt will hang: its log is read on the real grid while the detector learns

@@ -348,3 +348,20 @@ def test_refusals_reach_the_client_as_failures(api: ApiServer) -> None:
     with pytest.raises(ApiFailure, match="unknown run 'nope'") as caught:
         ApiClient(api.path).call("cancel", run="nope")
     assert caught.value.kind == "unknown_run"
+
+
+def test_the_progress_series_is_served_to_a_reader(tmp_path: Path) -> None:
+    """Before: the API had no progress op, so `logbook goodput` and the page through a running
+    daemon fell back to the time-based account."""
+    from supervisor.api.client import RemoteStore
+    from supervisor.domain.progress_series import ProgressPoint
+
+    single_user_store(tmp_path / "state", run="llm")
+    points = [ProgressPoint("llm", 0, step, 100.0 + step, loss=2.0 - step / 100, step_time_s=1.0) for step in (1, 2, 3)]
+    with local_api(tmp_path / "state") as server:
+        store = SqliteStore(tmp_path / "state")
+        store.record_progress(points)
+        assert RemoteStore(ApiClient(server.path)).progress("llm") == store.progress("llm") == points
+        with pytest.raises(ApiFailure, match="unknown run"):
+            RemoteStore(ApiClient(server.path)).progress("nope")
+        store.close()

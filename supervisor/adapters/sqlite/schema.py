@@ -225,6 +225,21 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN failed_before_load TEXT;
     """,
+    # 12: the progress series the daemon read (loss, step time, throughput per logged step),
+    # thinned to a bounded number of points per run: the HTML page's curves, goodput's evidence
+    """
+    CREATE TABLE progress (
+        run TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        step INTEGER NOT NULL,
+        at REAL NOT NULL,
+        loss REAL,
+        step_time_s REAL,
+        tokens_per_s REAL,
+        samples_per_s REAL,
+        PRIMARY KEY (run, attempt, step)
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -2,7 +2,7 @@
 
 Runs and attempts (``runs``), the intent journal (``journal``), the logbook for people
 (``logbook``), node memory (``nodes``), the checkpoint ledger (``checkpoints``), rollbacks
-(``rollbacks``).
+(``rollbacks``), the progress series (``progress``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from supervisor.adapters.sqlite.checkpoints import SqliteCheckpoints
 from supervisor.adapters.sqlite.journal import SqliteJournal
 from supervisor.adapters.sqlite.logbook import SqliteLogbook
 from supervisor.adapters.sqlite.nodes import SqliteNodes
+from supervisor.adapters.sqlite.progress import SqliteProgress
 from supervisor.adapters.sqlite.rollbacks import SqliteRollbacks
 from supervisor.adapters.sqlite.runs import SqliteRuns
 
@@ -19,6 +20,13 @@ __all__ = ["DB_NAME", "SqliteStore"]
 
 
 class SqliteStore(
-    SqliteRuns, SqliteJournal, SqliteLogbook, SqliteNodes, SqliteCheckpoints, SqliteRollbacks, SqliteBase
+    SqliteRuns,
+    SqliteJournal,
+    SqliteLogbook,
+    SqliteNodes,
+    SqliteCheckpoints,
+    SqliteRollbacks,
+    SqliteProgress,
+    SqliteBase,
 ):
     """Implements every store port (supervisor.ports) on one SQLite database."""
