@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from supervisor.adapters.clock import SystemClock
-    from supervisor.domain.records import RunRecord
+    from supervisor.domain.progress_series import ProgressPoint
+    from supervisor.domain.records import AttemptRecord, RunRecord
 
 
 class _LogbookGroup(click.Group):
@@ -208,8 +209,8 @@ def _follow(read: Any, emit: Any, clock: SystemClock, interval: float, seen: int
 
 def _document(fmt: str, record: RunRecord, store: Reader, now: float) -> str:
     attempts, events = store.attempts(record.name), store.events(record.name)
-    until = now if not record.state.terminal else None
     series = store.progress(record.name)
+    until = _supervised_until(store, attempts, events, series, now) if not record.state.terminal else None
     if fmt == "markdown":
         from supervisor.domain.chronicle import render_markdown
 
@@ -217,6 +218,18 @@ def _document(fmt: str, record: RunRecord, store: Reader, now: float) -> str:
     from supervisor.adapters.html_logbook import render_html
 
     return render_html(record, attempts, events, now=until, progress=series)
+
+
+def _supervised_until(
+    store: Reader, attempts: list[AttemptRecord], events: list[Event], series: list[ProgressPoint], now: float
+) -> float:
+    """Where a live run's account ends: now while the daemon answers (it supervises the run); else
+    the store's last record is where supervision stopped, and no time after it is counted (as
+    productive or at all)."""
+    from supervisor.domain.chronicle import last_record
+
+    newest = max([last_record(attempts, events), *(p.at for p in series)])
+    return max(now, newest) if isinstance(store, RemoteStore) else newest
 
 
 def _write(output: str | None, text: str) -> None:
@@ -259,7 +272,6 @@ def logbook_goodput(
     as_json: bool,
 ) -> None:
     """Effective training time ratio (ETTR), lost time by cause, interruption rate, checkpoint advice."""
-    from supervisor.domain.chronicle import last_record
     from supervisor.domain.goodput import goodput, measured_save_s, windows
     from supervisor.domain.goodput_text import gpus_of
 
@@ -269,12 +281,7 @@ def logbook_goodput(
         raise context.unknown_run(run)
     attempts, events = store.attempts(run), store.events(run)
     series = store.progress(run)
-    # Supervised until now while the daemon answers; else the store's last record is where the
-    # supervision stopped: no time after it is counted (as productive or at all).
-    now = last_record(attempts, events)
-    now = max([now, *(p.at for p in series or ())])
-    if isinstance(store, RemoteStore):
-        now = max(wiring.clock().now(), now)
+    now = _supervised_until(store, attempts, events, series, wiring.clock().now())
     filt = _event_filter(since, until, (), (), now)
     g = goodput(run, attempts, events, now=now, start=filt.since, end=filt.until, series=series)
     advice = g.advice(save_s if save_s is not None else measured_save_s(events, attempts))
