@@ -17,6 +17,7 @@ import click
 from supervisor.cli import render
 
 if TYPE_CHECKING:  # the simulator is imported when the command runs, not with the CLI
+    from supervisor.sim.fault_trace import FaultTrace
     from supervisor.sim.plan import Plan
     from supervisor.sim.results import SimResult
     from supervisor.sim.settings import Mode, SimSettings
@@ -57,10 +58,10 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, float], None] | None]:
 @click.option("--spares", type=int, default=None, help="Named spare nodes for the supervisor. [default: 64, demo: 2]")
 @click.option(
     "--baseline-spares",
-    type=int,
-    default=0,
+    default="same",
     show_default=True,
-    help="Idle nodes in the partition in baseline mode (0: Slurm alone has no spares).",
+    help='Idle nodes in the partition in baseline mode: a number, or "same" as the supervisor\'s spares '
+    "(a fair comparison: the same idle capacity).",
 )
 @click.option("--days", type=float, default=None, help="Simulated days. [default: 54, demo: 1]")
 @click.option(
@@ -110,6 +111,13 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, float], None] | None]:
     help="GPU failures from the ORNL Titan trace (gc_full.csv) instead of Llama 3's Table 5.",
 )
 @click.option(
+    "--fault-trace",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Replay a site's fault trace (JSON or CSV: node, start, end, cause; docs/fault-trace.md) "
+    "instead of drawing failures; also judges the bad-node memory (quarantine) on it.",
+)
+@click.option(
     "--node-agents/--no-node-agents",
     default=True,
     show_default=True,
@@ -147,11 +155,12 @@ def simulate(**options: Any) -> None:
 
     configure_logging("warning", "auto")
     o = _Options(**options)
-    plan = _plan(o)
+    trace = _trace(o)
+    plan = _plan(o, trace)
     root = Path(o.state_dir) if o.state_dir else Path(tempfile.mkdtemp(prefix="ssv-sim-"))
-    results = _simulate(o, plan, root)
+    results = _simulate(o, plan, root, trace)
     supervised = results[Mode.SUPERVISOR][0].run if Mode.SUPERVISOR in results else None
-    _report(o, plan, results, root, supervised)
+    _report(o, plan, results, root, supervised, trace)
     if (o.show_logbook if o.show_logbook is not None else o.demo) and supervised is not None:
         _print_logbook(_state_dir(o, root), supervised)
 
@@ -164,7 +173,7 @@ class _Options:
     gpus_per_node: int
     nodes_per_job: int | None
     spares: int | None
-    baseline_spares: int
+    baseline_spares: str
     days: float | None
     checkpoint_interval: str
     save_cost: float
@@ -182,6 +191,7 @@ class _Options:
     reboot_minutes: float
     replace_hours: float
     titan_trace: str | None
+    fault_trace: str | None
     node_agents: bool
     demo: bool
     state_dir: str | None
@@ -198,7 +208,21 @@ class _Options:
         return [Mode.SUPERVISOR, Mode.BASELINE] if self.compare else [Mode.SUPERVISOR]
 
 
-def _plan(o: _Options) -> Plan:
+def _trace(o: _Options) -> FaultTrace | None:
+    """The fault trace to replay, loaded and checked; a usage error says what is wrong with it."""
+    from supervisor.sim import fault_trace
+
+    if o.fault_trace is None:
+        return None
+    if o.titan_trace or o.demo:
+        raise click.UsageError("give --fault-trace or --titan-trace/--demo, not both")
+    try:
+        return fault_trace.load(o.fault_trace)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _plan(o: _Options, trace: FaultTrace | None) -> Plan:
     """The simulation's settings and checkpoint interval; a usage error names a bad option."""
     from supervisor.sim import plan as planning
     from supervisor.sim.failures import young_daly_interval
@@ -209,6 +233,9 @@ def _plan(o: _Options) -> Plan:
         raise click.UsageError("--seeds must be 1 or more")
     try:
         settings = _settings(o)
+        if trace is not None:
+            job = o.nodes_per_job if o.gpus is None else o.gpus // o.gpus_per_node
+            settings = planning.trace_settings(settings, trace, job, o.days)
         interval = o.checkpoint_interval
         if o.demo and interval == "auto":  # Young/Daly for the demo's own fault rate, not Table 5's
             mtbf = settings.seconds / len(planning.DEMO_FAULTS)
@@ -226,6 +253,7 @@ def _settings(o: _Options) -> SimSettings:
     from supervisor.sim.trainer import TrainerSettings
 
     base = demo_settings(o.seed) if o.demo else SimSettings()
+    spares = base.spares if o.spares is None else o.spares
     gpus = o.nodes_per_job * o.gpus_per_node if o.nodes_per_job is not None else o.gpus
     model = titan_model(o.titan_trace) if o.titan_trace else FailureModel()
     trainer = TrainerSettings(
@@ -235,8 +263,8 @@ def _settings(o: _Options) -> SimSettings:
         base,
         gpus=gpus or base.gpus,
         gpus_per_node=o.gpus_per_node,
-        spares=base.spares if o.spares is None else o.spares,
-        baseline_spares=o.baseline_spares,
+        spares=spares,
+        baseline_spares=_baseline_spares(o.baseline_spares, spares),
         days=o.days or base.days,
         seed=o.seed,
         trainer=trainer,
@@ -250,7 +278,16 @@ def _settings(o: _Options) -> SimSettings:
     )
 
 
-def _simulate(o: _Options, plan: Plan, root: Path) -> dict[Mode, list[SimResult]]:
+def _baseline_spares(value: str, spares: int) -> int:
+    if value.strip().lower() == "same":
+        return spares
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"--baseline-spares {value!r} is neither a number nor 'same'") from None
+
+
+def _simulate(o: _Options, plan: Plan, root: Path, trace: FaultTrace | None) -> dict[Mode, list[SimResult]]:
     """Every mode on the same failure draws: the demo's four faults, or each seed's draw."""
     from supervisor.sim import plan as planning
     from supervisor.sim.runner import Simulation
@@ -263,23 +300,36 @@ def _simulate(o: _Options, plan: Plan, root: Path) -> dict[Mode, list[SimResult]
             return {
                 m: [Simulation(plan.settings, m, root if m is Mode.SUPERVISOR else None).run(draw)] for m in o.modes
             }
-        return planning.run_seeds(plan, o.modes, list(range(o.seed, o.seed + o.seeds)), root, bar)
+        replay = None if trace is None else (lambda s: trace.failures(s.seconds))
+        return planning.run_seeds(plan, o.modes, list(range(o.seed, o.seed + o.seeds)), root, bar, replay)
 
 
-def _report(o: _Options, plan: Plan, results: dict[Mode, list[SimResult]], root: Path, supervised: str | None) -> None:
+def _report(
+    o: _Options,
+    plan: Plan,
+    results: dict[Mode, list[SimResult]],
+    root: Path,
+    supervised: str | None,
+    trace: FaultTrace | None,
+) -> None:
     """The figures, as one JSON object or as a table with the assumptions and where the logbook is."""
     from supervisor.sim import plan as planning
 
     figures = {m.value: planning.summary(rs) for m, rs in results.items()}
+    replay = None if trace is None else planning.trace_report(trace, plan.settings)
     if o.as_json:
         doc = {
             "figures": figures,
             "assumptions": dict(planning.assumptions(plan)),
             "state_dir": str(root) if supervised is not None else None,
         }
+        if replay is not None:
+            doc["fault_trace"] = replay
         click.echo(json.dumps(doc, default=str))
         return
     _print(plan, figures, planning.assumptions(plan))
+    for line in planning.trace_lines(replay) if replay is not None else ():
+        click.echo(line)
     if supervised is not None:
         click.echo(f"\nlogbook: slurm-supervisor --state-dir {_state_dir(o, root)} logbook {supervised}")
 

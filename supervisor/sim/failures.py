@@ -66,6 +66,17 @@ class Manifestation(StrEnum):
     def interrupts(self) -> bool:
         return self is not Manifestation.STRAGGLER
 
+    @property
+    def node_level(self) -> bool:
+        """It is a fault OF a node (it strikes that node wherever the job runs), as opposed to a
+        fault of the job (a bug, a fabric error, a hang) that strikes the job wherever it runs."""
+        return self in _NODE_LEVEL
+
+
+_NODE_LEVEL = frozenset(
+    (Manifestation.XID, Manifestation.ECC, Manifestation.NIC, Manifestation.HOST_DOWN, Manifestation.STRAGGLER)
+)
+
 
 class RepairKind(StrEnum):
     NONE = "none"  # nothing is wrong with a node afterwards
@@ -138,13 +149,33 @@ class RepairTimes:
 @dataclass(frozen=True)
 class Failure:
     """One drawn failure. ``u_node`` picks the node among the job's nodes when it strikes;
-    ``u_repair`` the repair time; both fixed by the seed, so both modes see the same draw."""
+    ``u_repair`` the repair time; both fixed by the seed, so both modes see the same draw.
+    A replayed fault trace (``fault_trace``) pins a node-level failure on one node of the pool
+    (``node_index``) and gives its repair time (``repair_s``)."""
 
     at: float  # seconds after the start of the simulation
     category: Category
     u_node: float
     u_repair: float
     u_phase: float  # where in the site health check's cycle it falls
+    node_index: int | None = None  # the pool's node it strikes (0-based), wherever the job runs
+    repair_s: float | None = None  # how long that node is out (None: drawn from ``RepairTimes``)
+
+    def lands_on(self, job_nodes: Sequence[str], pool: Sequence[str]) -> str | None:
+        """The node it strikes: a pinned node-level failure its own node (None when this cluster's
+        pool is smaller than the trace's), any other one of the job's nodes picked by ``u_node``."""
+        if self.node_index is not None and self.category.shows.node_level:
+            return pool[self.node_index] if self.node_index < len(pool) else None
+        return job_nodes[min(len(job_nodes) - 1, int(self.u_node * len(job_nodes)))]
+
+    def repair_time(self, times: RepairTimes) -> float:
+        """Seconds its node is out: the trace's own repair (at least 1 s: a broken node always
+        comes back), else a draw from ``times`` for the category's repair kind."""
+        if self.category.repair is RepairKind.NONE:
+            return 0.0
+        if self.repair_s is None:
+            return times.draw(self.category.repair, self.u_repair)
+        return max(1.0, self.repair_s)
 
 
 @dataclass(frozen=True)

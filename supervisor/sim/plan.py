@@ -8,8 +8,11 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from supervisor.sim.failures import TABLE5, Failure, FailureModel, young_daly_interval
+from supervisor.sim.failures import DAY_S, TABLE5, Failure, FailureModel, young_daly_interval
+from supervisor.sim.fault_trace import FaultTrace
+from supervisor.sim.quarantine_replay import judge
 from supervisor.sim.results import SimResult, quantile
 from supervisor.sim.runner import Simulation
 from supervisor.sim.settings import Mode, SimSettings
@@ -54,19 +57,21 @@ def run_seeds(
     seeds: Sequence[int],
     state_root: Path | None,
     progress: Callable[[str, float], None] | None = None,
+    draw: Callable[[SimSettings], list[Failure]] | None = None,
 ) -> dict[Mode, list[SimResult]]:
-    """Every seed in every mode, on the same failure draw per seed (a paired comparison)."""
+    """Every seed in every mode, on the same failure draw per seed (a paired comparison); ``draw``
+    gives the failures instead of the settings' model (a replayed fault trace)."""
     out: dict[Mode, list[SimResult]] = {m: [] for m in modes}
     root = state_root or Path(tempfile.mkdtemp(prefix="ssv-sim-"))
     for seed in seeds:
         settings = replace(plan.settings, seed=seed)
-        draw = settings.failures.draw(seed, settings.gpus, settings.seconds)
+        failures = draw(settings) if draw else settings.failures.draw(seed, settings.gpus, settings.seconds)
         for mode in modes:
             state = root if len(seeds) == 1 else root / f"seed-{seed}"
             label = f"{mode.value} seed {seed}"
             tick = (lambda f, label=label: progress(label, f)) if progress else None
             sim = Simulation(settings, mode, state_dir=state if mode is Mode.SUPERVISOR else None, on_progress=tick)
-            out[mode].append(sim.run(draw))
+            out[mode].append(sim.run(failures))
     return out
 
 
@@ -92,6 +97,50 @@ def summary(results: Sequence[SimResult]) -> dict[str, object]:
         "by_cause": dict(sorted(causes.items(), key=lambda kv: -kv[1])),
         "cpu_s": statistics.fmean(r.cpu_s for r in results),
         "ticks": statistics.fmean(r.ticks for r in results),
+        "spare_node_hours": statistics.fmean(spare_node_hours(r) for r in results),
+    }
+
+
+def spare_node_hours(result: SimResult) -> float:
+    """Idle capacity the run held ready: its spares (supervisor) or the partition's idle nodes
+    (baseline), times the hours simulated. A fair comparison gives both modes the same."""
+    s = result.settings
+    return (s.pool(result.mode) - s.nodes_per_job) * result.wall_s / 3600.0
+
+
+# -- a replayed fault trace ----------------------------------------------------------------------
+
+
+def trace_settings(base: SimSettings, trace: FaultTrace, job_nodes: int | None, days: float | None) -> SimSettings:
+    """The settings that replay ``trace``: the job is the trace's nodes less the spares unless
+    ``job_nodes`` is given, the days the trace covers unless ``days`` is; the failure model is the
+    trace's own rate (what Young/Daly and the printed MTBF use)."""
+    nodes = job_nodes if job_nodes is not None else len(trace.nodes) - base.spares
+    if nodes < 1:
+        raise ValueError(
+            f"the fault trace names {len(trace.nodes)} nodes and the supervisor has {base.spares} spares: "
+            "give --nodes-per-job (or fewer --spares)"
+        )
+    days = days or max(trace.span_s, 3600.0) / DAY_S
+    model = trace.model(nodes, nodes + base.spares, base.gpus_per_node, days * DAY_S)
+    return replace(base, gpus=nodes * base.gpus_per_node, days=days, failures=model)
+
+
+def trace_report(trace: FaultTrace, settings: SimSettings) -> dict[str, object]:
+    """What was replayed, and the bad-node memory (quarantine) judged on it."""
+    horizon = settings.seconds
+    failures = trace.failures(horizon)
+    pool = settings.pool(Mode.SUPERVISOR)
+    outside = sum(1 for f in failures if f.category.shows.node_level and (f.node_index or 0) >= pool)
+    return {
+        "source": trace.source,
+        "origin": trace.origin,
+        "days": round(settings.days, 4),
+        "faults": len(failures),
+        "nodes": len(trace.nodes),
+        "faults_outside_pool": outside,
+        "by_cause": trace.by_cause(horizon),
+        "quarantine": judge(trace, horizon).to_json(),
     }
 
 
@@ -127,6 +176,20 @@ def assumptions(plan: Plan) -> list[tuple[str, str]]:
             f"{s.nodes_per_job} x {s.gpus_per_node} GPUs for the job; supervisor: {s.spares} named spares; "
             f"baseline: {s.baseline_spares} idle nodes (Slurm alone, requeue from the job's trap)",
         ),
+    ]
+
+
+def trace_lines(replay: dict[str, Any]) -> list[str]:
+    """``trace_report`` for people."""
+    q = replay["quarantine"]
+    return [
+        f"\nfault trace {replay['source']} (from {replay['origin']}, {replay['days']:g} days):",
+        f"  faults replayed: {replay['faults']} on {replay['nodes']} nodes",
+        f"  faults on nodes beyond the simulated pool (not replayed): {replay['faults_outside_pool']}",
+        f"  node faults: {q['node_faults']}, of them on a node that had faulted before: {q['repeat_faults']}",
+        f"  faults avoided by quarantine (the node was quarantined when it faulted again): {q['faults_avoided']}",
+        f"  nodes quarantined: {q['nodes_quarantined']}; node-days quarantined: {q['node_days_quarantined']:g}",
+        f"  node-days held out while healthy (quarantined, not under repair): {q['node_days_held_out_healthy']:g}",
     ]
 
 

@@ -153,15 +153,17 @@ class World:
         a = self.trainer.current()
         computing = a is not None and a.frozen_at is None
         nodes = a.nodes if a is not None else self._last_nodes
-        node = nodes[min(len(nodes) - 1, int(f.u_node * len(nodes)))]
+        node = f.lands_on(nodes, self.cluster.node_names)
+        if node is None:
+            return  # a replayed trace's node that this cluster does not have
         cat, shows = f.category, f.category.shows
-        interrupts = computing and shows.interrupts
+        interrupts = computing and shows.interrupts and node in nodes
         strike = Strike(
             now, cat.component, shows.value, node, interrupts, self.trainer.reached(a, now) if a is not None else None
         )
         self.strikes.append(strike)
         self.health.fault(node, cat, now, f.u_phase)
-        repair_s = self.settings.repair.draw(cat.repair, f.u_repair)
+        repair_s = f.repair_time(self.settings.repair)
         if shows in _BROKEN:
             self.broken[node] = cat
             nhc_at = now + f.u_phase * self.settings.health_check_s

@@ -238,3 +238,27 @@ def test_with_node_agents_a_gpu_fault_is_pinned_on_its_node_and_the_node_kept_ou
     assert sup.crash_restarts <= 1  # at most the one restart that beat the agent's next sample
     without = supervise(tmp_path, draw((3 * 3600.0 + 0.7, "Faulty GPU")), replace(SMALL, node_agents=False), "plain")
     assert not any(node in e.message for e in faults_in_logbook(without))  # no agent: nobody names it
+
+
+def test_compare_is_fair_by_default_the_baseline_has_the_supervisors_spares_as_idle_nodes():
+    # Issue 16: the supervisor had 64 named spares while Slurm alone had no idle node.
+    args = ["simulate", "--gpus", "32", "--days", "0.5", "--spares", "3", "--compare", "--json"]
+    doc = json.loads(CliRunner().invoke(main, args).output)
+    assert "supervisor: 3 named spares; baseline: 3 idle nodes" in doc["assumptions"]["nodes"]
+    sup, base = doc["figures"]["supervisor"], doc["figures"]["baseline"]
+    assert sup["spare_node_hours"] == base["spare_node_hours"] == pytest.approx(3 * 12.0)
+    alone = json.loads(CliRunner().invoke(main, [*args, "--baseline-spares", "0"]).output)
+    assert "baseline: 0 idle nodes" in alone["assumptions"]["nodes"]
+    assert alone["figures"]["baseline"]["spare_node_hours"] == 0.0
+    bad = CliRunner().invoke(main, [*args, "--baseline-spares", "many"])
+    assert bad.exit_code == 2 and "neither a number nor 'same'" in bad.output
+
+
+def test_a_fair_baseline_restarts_on_an_idle_node_while_slurm_alone_waits_for_the_repair():
+    faults = draw((3 * 3600.0 + 0.7, "Faulty GPU"))  # a 4-hour replacement
+    alone = Simulation(SMALL, Mode.BASELINE).run(faults)
+    fair = Simulation(replace(SMALL, baseline_spares=SMALL.spares), Mode.BASELINE).run(faults)
+    (waited,) = alone.recover_times()
+    (moved,) = fair.recover_times()
+    assert moved < SMALL.health_check_s + 600.0 < waited  # NHC drains the node; the requeue takes an idle one
+    assert fair.ettr > alone.ettr
