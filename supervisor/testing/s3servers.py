@@ -26,6 +26,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -260,3 +261,22 @@ class CephRgw(S3Server):
     def truncate_at_rest(self, bucket: str, key: str, size: int) -> None:
         name = self.rados_name(bucket, key)
         self.cluster.rados("-p", "default.rgw.buckets.data", "truncate", name, str(size))
+
+
+def session_server(cls: type[MotoS3] | type[CephRgw], **kwargs: Any) -> Iterator[S3Server | str]:
+    """For a session fixture: the started server, or why it cannot run (a test then skips, or
+    fails under ``CI=true``); stopped when the session ends."""
+    reason = cls.unavailable_reason()
+    if reason:
+        yield reason
+        return
+    server = cls(**kwargs)
+    try:
+        server.start()
+    except S3ServerError as exc:
+        yield str(exc)
+        return
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -20,13 +20,12 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from ckpt_env import StoreEnv
 from memory_checkpoints import MemoryBackend
 
-from supervisor.testing.s3servers import CephRgw, MotoS3, S3Server, S3ServerError
+from supervisor.testing.s3servers import CephRgw, MotoS3, S3Server, session_server
 
 S3_KINDS = ("moto", "rgw")
 
@@ -41,31 +40,14 @@ def _cannot_run(what: str, reason: str) -> None:
     pytest.skip(f"{what} not available: {reason}")
 
 
-def _session_server(cls: type[MotoS3] | type[CephRgw], **kwargs: Any) -> Iterator[S3Server | str]:
-    reason = cls.unavailable_reason()
-    if reason:
-        yield reason
-        return
-    server = cls(**kwargs)
-    try:
-        server.start()
-    except S3ServerError as exc:
-        yield str(exc)
-        return
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(scope="session")
 def _moto_session() -> Iterator[S3Server | str]:
-    yield from _session_server(MotoS3)
+    yield from session_server(MotoS3)
 
 
 @pytest.fixture(scope="session")
 def _rgw_session() -> Iterator[S3Server | str]:
-    yield from _session_server(CephRgw, keep_dir=os.environ.get("CEPH_KEEP") == "1")
+    yield from session_server(CephRgw, keep_dir=os.environ.get("CEPH_KEEP") == "1")
 
 
 @pytest.fixture

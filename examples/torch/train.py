@@ -1,0 +1,278 @@
+"""A tiny GPT trained with data parallelism under torchrun, supervised by slurm-supervisor.
+
+Launched by train.sbatch (one torchrun per node, gloo: CPUs are enough). What it shows, in the
+few lines of ``train()``: resuming from the checkpoint the supervisor chose, skipping the
+iterations it names, scaling the LR, timing each rank's compute without the collective wait,
+telemetry lines, DCP checkpoints committed with the supervisor's manifest. See README.md.
+
+The data is a byte-level corpus (``--data``; generated when the file does not exist). Batch ``s``
+(1-based) is samples ``(s-1)*G .. s*G-1`` (``G`` = per-rank batch x world size, rank ``r`` takes
+the ``r``-th slice), sample ``i`` is the ``seq_len + 1`` bytes from ``i * (seq_len + 1)``, wrapped
+around the end of the corpus: which bytes a step trains on follows from its number alone, so a
+restarted job reads exactly the batches the supervisor expects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from supervisor.telemetry.torch import Committer, ResumeFailed, Supervision
+
+EXIT_DONE, EXIT_CRASHED, EXIT_NO_CHECKPOINT, EXIT_BAD_INPUT = 0, 1, 3, 93
+VOCAB = 256  # bytes
+WORDS = [
+    "the",
+    "a",
+    "one",
+    "every",
+    "some",
+    "model",
+    "node",
+    "rank",
+    "batch",
+    "loss",
+    "step",
+    "data",
+    "slurm",
+    "job",
+    "run",
+    "checkpoint",
+    "gradient",
+    "learns",
+    "trains",
+    "saves",
+    "loads",
+    "waits",
+    "drains",
+    "restarts",
+    "resumes",
+    "skips",
+    "falls",
+    "rises",
+    "quickly",
+    "slowly",
+    "again",
+    "small",
+    "large",
+    "tiny",
+    "healthy",
+    "broken",
+    "verified",
+    "torn",
+    "fast",
+    "slow",
+    "and",
+    "but",
+    "then",
+    "while",
+    "because",
+]
+
+
+class BadInput(ValueError):
+    """Input that a restart will not fix (an empty corpus)."""
+
+
+class TinyGPT(nn.Module):
+    """Token and position embeddings, causal transformer blocks, a linear head."""
+
+    def __init__(self, seq_len: int, dim: int, layers: int, heads: int) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(VOCAB, dim)
+        self.positions = nn.Parameter(torch.zeros(seq_len, dim))
+        block = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, VOCAB)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq_len), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tokens(x) + self.positions[: x.shape[1]]
+        return self.head(self.norm(self.blocks(h, mask=self.mask, is_causal=True)))
+
+
+def make_text(n_bytes: int, seed: int = 0) -> bytes:
+    """Sentences from a small vocabulary: learnable in a few dozen steps, never exhausted."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    size = 0
+    while size < n_bytes:
+        sentence = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))).capitalize() + ". "
+        out.append(sentence)
+        size += len(sentence)
+    return "".join(out).encode()[:n_bytes]
+
+
+def batch(corpus: torch.Tensor, step: int, per_rank: int, seq_len: int, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s slice of batch ``step`` (module docstring): ``per_rank`` rows of seq_len+1."""
+    first = (step - 1) * per_rank * world + rank * per_rank
+    width = seq_len + 1
+    starts = (torch.arange(first, first + per_rank) * width) % corpus.numel()
+    index = (starts[:, None] + torch.arange(width)[None, :]) % corpus.numel()
+    return corpus[index].long()
+
+
+def average_gradients(model: nn.Module, loss: torch.Tensor, world: int) -> float:
+    """All-reduce the gradients (and the loss, in the same call) to their mean; the mean loss."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1)])
+    if world > 1:
+        dist.all_reduce(flat)
+        flat /= world
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return float(flat[-1])
+
+
+def python_committer(run: str | None, endpoint_url: str | None) -> Committer:
+    """Commit with the supervisor's Python API (docs/checkpoint-layouts.md): no process to start,
+    unlike the default ``slurm-supervisor ckpt commit`` (``--commit cli``)."""
+    from supervisor.adapters.checkpoints.commit import build_manifest, commit_checkpoint
+    from supervisor.adapters.checkpoints.posix import PosixBackend
+    from supervisor.adapters.checkpoints.s3 import S3Backend
+
+    def commit(root: str, name: str, step: int) -> None:
+        s3 = root.startswith("s3://")
+        backend = S3Backend(root, endpoint_url=endpoint_url) if s3 else PosixBackend(root)
+        manifest = build_manifest(backend, name, step, writer=socket.gethostname(), run=run)
+        commit_checkpoint(backend, name, manifest)
+
+    return commit
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--root", required=True, help="checkpoint root: a directory or s3://bucket/prefix/")
+    p.add_argument("--run", default=os.environ.get("SLURM_JOB_NAME"), help="run name written in manifests")
+    p.add_argument("--data", type=Path, required=True, help="byte corpus (generated when missing)")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--ckpt-every", type=int, default=20)
+    p.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--min-step-s", type=float, default=0.0, help="pace: sleep so a step lasts this long")
+    p.add_argument("--trace", type=Path, help="rank 0 appends one JSON line per step (trained or skipped)")
+    p.add_argument(
+        "--exit-file", type=Path, default=os.environ.get("TRAIN_EXIT_FILE"), help="rank 0 writes its exit code"
+    )
+    p.add_argument("--commit", choices=("python", "cli"), default="python", help="how rank 0 commits the manifest")
+    p.add_argument("--seed", type=int, default=1234)
+    args = p.parse_args(argv)
+    if min(args.steps, args.ckpt_every, args.batch, args.seq_len, args.dim, args.layers) < 1 or args.lr <= 0:
+        p.error("sizes, steps and the learning rate must be positive")
+    return args
+
+
+def load_corpus(path: Path) -> torch.Tensor:
+    if not path.exists():
+        path.write_bytes(make_text(1 << 20))
+    data = path.read_bytes()
+    if len(data) < 2:
+        raise BadInput(f"{path}: the corpus is empty")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def train(args: argparse.Namespace) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    corpus = load_corpus(args.data)
+    model = TinyGPT(args.seq_len, args.dim, args.layers, heads=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    commit = python_committer(args.run, endpoint) if args.commit == "python" and rank == 0 else None
+    ssv = Supervision(args.root, run=args.run, endpoint_url=endpoint, commit=commit)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "progress": {"step": 0}}
+    step = ssv.resume(state, step_of=lambda s: int(s["progress"]["step"]))
+    if step:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    trace = Trace(args.trace if rank == 0 else None)
+    global_batch = args.batch * world
+    while step < args.steps:
+        step += 1
+        if ssv.skip(step):  # SSV_SKIP_ITERATIONS: the batch is consumed, never trained on
+            trace.write(step=step, skipped=True, consumed_samples=step * global_batch)
+            continue
+        began = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * min(1.0, step / 10) * ssv.lr_scale  # warm-up, then flat
+        optimizer.zero_grad(set_to_none=True)
+        tokens = batch(corpus, step, args.batch, args.seq_len, rank, world)
+        with ssv.compute():  # forward + backward only: no collective inside
+            logits = model(tokens[:, :-1])
+            loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+            loss.backward()
+        mean_loss = average_gradients(model, loss, world)
+        grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        optimizer.step()
+        pause = args.min_step_s - (time.perf_counter() - began)
+        if pause > 0:
+            time.sleep(pause)
+        consumed = step * global_batch
+        ssv.log(step, loss=mean_loss, grad_norm=grad_norm, lr=optimizer.param_groups[0]["lr"],
+                consumed_samples=consumed, global_batch_size=global_batch)  # fmt: skip
+        trace.write(step=step, batch=step, loss=mean_loss, consumed_samples=consumed)
+        if step % args.ckpt_every == 0:
+            state["progress"]["step"] = step
+            ssv.save(state, step)
+
+
+class Trace:
+    """Rank 0's record of what each step did, for tests and post-mortems."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.fields = {"job": os.environ.get("SLURM_JOB_ID"), "attempt": os.environ.get("SLURM_SUPERVISOR_ATTEMPT")}
+
+    def write(self, **entry: object) -> None:
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps({**self.fields, **entry}) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse(argv)
+    except SystemExit as exc:  # argparse: bad arguments will not get better by restarting
+        code = EXIT_BAD_INPUT if exc.code else EXIT_DONE
+        exit_file = os.environ.get("TRAIN_EXIT_FILE")
+        if exit_file and os.environ.get("RANK", "0") == "0":
+            Path(exit_file).write_text(f"{code}\n")
+        return code
+    dist.init_process_group("gloo")
+    code = EXIT_CRASHED  # what rank 0 leaves in the exit file if an exception escapes
+    try:
+        train(args)
+        code = EXIT_DONE
+    except ResumeFailed as exc:
+        print(f"train.py: no offered checkpoint could be loaded: {exc}", file=sys.stderr)
+        code = EXIT_NO_CHECKPOINT
+    except BadInput as exc:
+        print(f"train.py: {exc}", file=sys.stderr)
+        code = EXIT_BAD_INPUT
+    finally:
+        if dist.get_rank() == 0 and args.exit_file:
+            args.exit_file.write_text(f"{code}\n")
+        if code == EXIT_DONE:
+            dist.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
