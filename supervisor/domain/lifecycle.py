@@ -144,7 +144,7 @@ def decide_finished(
             else "replacing the incarnation stopped after a fault"
         )
         why = f"{why}; {how}" if how else why
-        return done + _restart(run, a, job, obs, policy, why)
+        return done + _restart(run, a, job, obs, policy, why, deliberate=rollback is not None)
     if job.state is JobState.COMPLETED and (job.exit_code or 0) == 0:
         return done + set_terminal(run, RunState.COMPLETED, EventKind.COMPLETED, f"job {job.job_id} completed", obs)
     if job.exit_code is not None and job.exit_code in run.spec.do_not_restart_exit_codes:
@@ -245,8 +245,18 @@ def _recover_finished(
 
 
 def _restart(
-    run: RunRecord, a: AttemptRecord, job: JobInfo | None, obs: Observation, policy: Policy, reason: str
+    run: RunRecord,
+    a: AttemptRecord,
+    job: JobInfo | None,
+    obs: Observation,
+    policy: Policy,
+    reason: str,
+    *,
+    deliberate: bool = False,
 ) -> Decision:
+    """Submit the next attempt (after fencing, a storm's settling and a fast failure's backoff).
+    ``deliberate``: the supervisor stopped the attempt itself though it was training (a rollback):
+    that is no failure, fast or not, and the restart does not wait."""
     if run.restarts_spent >= run.spec.max_restarts:
         why = f"restart budget spent ({run.restarts_spent} of {run.spec.max_restarts}); giving up"
         return set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
@@ -272,7 +282,9 @@ def _restart(
         run = replace(run, excluded={**run.excluded, **newly})
     if policy.storm and obs.now < since + STORM_SETTLE_S:
         return fenced + _settle(run, a, since, obs)
-    backoff = restart_backoff(run.name, _history(run, a, job, obs), run.spec.pacing, run.excluded)
+    backoff = (
+        None if deliberate else restart_backoff(run.name, _history(run, a, job, obs), run.spec.pacing, run.excluded)
+    )
     if backoff is not None and obs.now < backoff.until:
         return fenced + _wait_to_restart(run, a, backoff, obs)
     return fenced + submit_next(run, a, obs, policy, restart=True, reason=reason, since=since)

@@ -531,3 +531,21 @@ def test_the_storm_wait_says_how_long():
     ended = replace(A0, ended_at=90.0, end_state="NODE_FAIL")
     d = decide(run(RunState.RECOVERING, ended, excluded={"n1": "dead"}), Observation(snap([])), Policy(storm=True))
     assert events(d, EventKind.BACKOFF)[0].message.startswith("next restart in 110 s: the blast radius is spent")
+
+
+def test_a_job_the_supervisor_stopped_to_roll_back_is_no_fast_failure():
+    """Before: the attempt stopped for a rollback 32 s after it started counted as a fast failure,
+    and the restart from the checkpoint before the spike waited 30 s of backoff (tests/e2e)."""
+
+    class Rollback:
+        onset_step, checkpoint_step = 61, 60
+
+    stopped = JobInfo(7, "llm", JobState.CANCELLED, nodes=("n1", "n2"), partition="main", end_time=52.0)
+    seen = snap([stopped], now=60.0)  # 8 s after it ended: within a fast failure's backoff
+    d = decide(run(RunState.RECOVERING), Observation(seen, rollbacks={"llm": Rollback()}), Policy())
+    assert events(d, EventKind.BACKOFF) == []
+    (submit,) = of(d, Submit)
+    assert submit.reason.startswith("rollback to step 60 after the loss spike at step 61")
+    # A fault's replacement still backs off after a fast failure (the rule is unchanged there).
+    d = decide(run(RunState.RECOVERING), Observation(seen), Policy())
+    assert of(d, Submit) == [] and events(d, EventKind.BACKOFF)
