@@ -110,11 +110,10 @@ class Observer:
         runs = self.store.runs(active_only=True)
         fresh = nodes_needed or self._nodes is None or self._ticks % self.node_refresh_ticks == 0
         scope = self._scope(runs, fresh, cluster_needed)
-        snap = self.scheduler.snapshot(include_nodes=scope)
+        snap = self._merged(self.scheduler.snapshot(include_nodes=scope), scope)
         again = self._unread(runs, snap, scope)
         if again:
-            snap, scope = self.scheduler.snapshot(include_nodes=again), again
-        snap = self._merged(snap, scope)
+            snap = self._merged(self.scheduler.snapshot(include_nodes=again), again)
         self._jobs = snap.jobs
         snap, self._forgotten = self.forgotten.look_up(runs, snap)
         return snap
@@ -128,10 +127,12 @@ class Observer:
 
     def _unread(self, runs: list[RunRecord], snap: ClusterSnapshot, scope: bool | frozenset[str]) -> frozenset[str]:
         """Nodes to read once more: a job of ours moved since the nodes were last read (maybe onto a
-        node that came back since: stale info would call it down), or holds nodes not read."""
-        if scope is True:
-            return frozenset()
+        node that came back since: stale info would call it down), or holds nodes not read; after a
+        whole read (grouped: no addresses), those in focus whose address is not known yet (the
+        probe connects to it). ``snap``: merged with what was read before."""
         focus = self._focus(runs, snap.jobs)
+        if scope is True:
+            return frozenset(n for n in focus if (info := snap.nodes.get(n)) is not None and not info.address)
         if scope is False:
             return focus if self._a_job_moved(runs, snap) else frozenset()
         return focus if focus - scope else frozenset()
