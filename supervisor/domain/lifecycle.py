@@ -282,9 +282,9 @@ def _restart(
         run = replace(run, excluded={**run.excluded, **newly})
     if policy.storm and obs.now < since + STORM_SETTLE_S:
         return fenced + _settle(run, a, since, obs)
-    backoff = (
-        None if deliberate else restart_backoff(run.name, _history(run, a, job, obs), run.spec.pacing, run.excluded)
-    )
+    kept_out = {*run.excluded, *run.deferred}  # an attempt on one of them ended for it, not fast by itself
+    history = _history(run, a, job, obs)
+    backoff = None if deliberate else restart_backoff(run.name, history, run.spec.pacing, kept_out)
     if backoff is not None and obs.now < backoff.until:
         return fenced + _wait_to_restart(run, a, backoff, obs)
     return fenced + submit_next(run, a, obs, policy, restart=True, reason=reason, since=since)

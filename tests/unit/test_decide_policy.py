@@ -549,3 +549,14 @@ def test_a_job_the_supervisor_stopped_to_roll_back_is_no_fast_failure():
     # A fault's replacement still backs off after a fast failure (the rule is unchanged there).
     d = decide(run(RunState.RECOVERING), Observation(seen), Policy())
     assert of(d, Submit) == [] and events(d, EventKind.BACKOFF)
+
+
+def test_a_job_stopped_at_a_checkpoint_boundary_to_drop_a_degraded_node_is_no_fast_failure():
+    """Before: the restart without the degraded node waited a fast failure's backoff (tests/e2e's
+    straggler): the attempt ran on a node kept out for its degradation, as one kept out for a fault."""
+    stopped = JobInfo(7, "llm", JobState.CANCELLED, nodes=("n1", "n2"), partition="main", end_time=52.0)
+    r = degraded_run(state=RunState.RECOVERING)
+    d = decide(r, Observation(snap([stopped], now=60.0)), Policy())
+    assert events(d, EventKind.BACKOFF) == []
+    (submit,) = of(d, Submit)
+    assert set(submit.exclude) >= {"n1", "n2"}
