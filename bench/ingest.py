@@ -189,6 +189,7 @@ def main() -> None:
         wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
+    from supervisor.adapters import gc_tuning
     from supervisor.adapters.clock import SystemClock
     from supervisor.adapters.ingest import ReportIngest
     from supervisor.domain.gpu_health import HealthRules
@@ -198,6 +199,7 @@ def main() -> None:
     ingest = ReportIngest({RUN: TOKEN}, HealthRules(), SystemClock())
     ingest.publish_job_nodes({RUN: frozenset(f"gpu{n:05d}" for n in range(args.nodes))})  # the run's job
     server = make_server(args.server, args.loop, ingest)
+    gc_tuning.settle()  # as the daemon does once wired
     server.start()
     warm, total = 2.0, args.duration + 2.0
     per = args.nodes // args.generators

@@ -35,6 +35,7 @@ import re
 import threading
 from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping
+from operator import attrgetter
 from typing import TypeVar
 
 import msgspec
@@ -54,6 +55,8 @@ REPORTS_PREFIX = "/v1/reports/"
 _RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 HOOK_SOURCES = frozenset({"prolog", "epilog", "healthcheck"})  # what the hook token may report
 MAX_SKEW_S = 60.0  # a report stamped further ahead of the daemon's clock is refused
+_ORDER = attrgetter("at", "seq")  # a batch's reports in the order they were made
+_AT = attrgetter("at")
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 
@@ -169,7 +172,7 @@ class ReportIngest:
     def _refusal(self, run: str, batch: ReportBatch, now: float) -> Response | None:
         """Why a well-formed batch is not heard: not this token's node or kind, or from the future.
         Called with the lock held."""
-        sources = {r.source for r in batch.reports}
+        sources = {r.source for r in batch.reports} if len(batch.reports) > 1 else {batch.reports[0].source}
         if run == HOOKS:
             if not sources <= HOOK_SOURCES:
                 return error(403, f"the hook token sends {', '.join(sorted(HOOK_SOURCES))} reports only")
@@ -177,7 +180,7 @@ class ReportIngest:
             return error(403, f"node {batch.node!r} is not a node of run {run!r}'s current job (as of the last tick)")
         elif sources != {"agent"}:
             return error(403, "a run's token sends agent reports only (hooks use the hook token)")
-        ahead = max(r.at for r in batch.reports) - now
+        ahead = max(map(_AT, batch.reports)) - now
         if ahead > self.max_skew_s:
             return error(
                 422,
@@ -194,10 +197,12 @@ class ReportIngest:
             accepted, duplicates, findings = self._judge(run, batch, now)
             self._findings.extend(findings)
             self._heard(batch.node, (now, run, batch.reports[-1].interval_s))
-        self.counters["reports"] += accepted
-        self.counters["duplicates"] += duplicates
-        self.counters["findings"] += len(findings)
-        self.counters["agent_dropped"] += batch.dropped
+        counters = self.counters
+        counters["reports"] += accepted
+        if duplicates or findings or batch.dropped:
+            counters["duplicates"] += duplicates
+            counters["findings"] += len(findings)
+            counters["agent_dropped"] += batch.dropped
         for f in findings:
             if f.severity.rank > 0:
                 log.warning(
@@ -212,7 +217,8 @@ class ReportIngest:
         accepted = duplicates = 0
         findings: list[NodeFinding] = []
         key = (run, batch.node)
-        for report in sorted(batch.reports, key=lambda r: (r.at, r.seq)):
+        reports = batch.reports if len(batch.reports) == 1 else sorted(batch.reports, key=_ORDER)
+        for report in reports:
             last = self._last.get(key)
             if last is not None and report.seq <= last[0] and report.at <= last[1]:
                 duplicates += 1
@@ -231,7 +237,12 @@ def _put(lru: OrderedDict[_K, _V], key: _K, value: _V, cap: int) -> list[_K]:
     """Set ``key`` as the most recent entry; drop (and return) the oldest beyond ``cap``."""
     lru[key] = value
     lru.move_to_end(key)
+    if len(lru) <= cap:  # nearly always: no list to build
+        return _NONE
     return [lru.popitem(last=False)[0] for _ in range(len(lru) - cap)]
+
+
+_NONE: list = []  # what _put evicted, nearly always (never appended to)
 
 
 class IngestServer(HttpServer):

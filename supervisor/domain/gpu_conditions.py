@@ -36,8 +36,9 @@ def report_conditions(report: NodeReport, prev: NodeReport | None, s: GpuHealthS
         before = prev_gpus.get(g.i)
         if not quiet(g, before, s):
             found.extend(gpu_conditions(g, before, s))
-    by_index = {g.i: g for g in report.gpus}
-    found += [c for x in report.xids if (c := _xid_condition(x, by_index.get(x.gpu), s)) is not None]
+    if report.xids:
+        by_index = {g.i: g for g in report.gpus}
+        found += [c for x in report.xids if (c := _xid_condition(x, by_index.get(x.gpu), s)) is not None]
     found.extend(_node_conditions(report, s))
     return found
 
@@ -77,7 +78,10 @@ def _bursts(g: GpuSample, prev: GpuSample, s: GpuHealthSettings) -> bool:
     cor, cor_before = g.ecc_cor_vol, prev.ecc_cor_vol
     if cor is not None and cor_before is not None and cor - cor_before >= s.ecc_corrected_burst:
         return True
-    return g.nvlink_crc is not None and _link_errors(g) - _link_errors(prev) >= s.nvlink_error_burst
+    if g.nvlink_crc is None:
+        return False
+    now = g.nvlink_crc + (g.nvlink_replay or 0) + (g.nvlink_recovery or 0)  # _link_errors, inline: per GPU
+    return now - _link_errors(prev) >= s.nvlink_error_burst
 
 
 @dataclass(frozen=True)
