@@ -85,10 +85,26 @@ def _sections(
         svg.cause_bars(g.by_cause, _counts(g)) if g.by_cause else "<p class=muted>No time lost.</p>",
         "</section>",
         '<section id="chronicle"><h2>Chronicle</h2>',
-        markdown_to_html(render_markdown(run, attempts, events, now=now, series=progress), skip_title=True),
+        markdown_to_html(bounded(render_markdown(run, attempts, events, now=now, series=progress)), skip_title=True),
         "</section>",
         _event_table(events),
     ]
+
+
+PAGE_ENTRIES = 500  # incidents and notes the page's chronicle shows (the newest): the Markdown has all
+
+
+def bounded(chronicle: str, keep: int = PAGE_ENTRIES) -> str:
+    """The chronicle with only its newest ``keep`` incidents and notes (``### `` blocks): a run with
+    20,000 notes made the page's Markdown rendering take 8 s and 70 MB more; the event table
+    below still lists every event, and ``logbook RUN --format markdown`` has the whole text."""
+    lines = chronicle.split("\n")
+    starts = [i for i, line in enumerate(lines) if line.startswith("### ")]
+    if len(starts) <= keep:
+        return chronicle
+    first, cut = starts[0], starts[len(starts) - keep]
+    note = f"*{len(starts) - keep:,} earlier entries are left out here: `logbook RUN --format markdown` has them all.*"
+    return "\n".join([*lines[:first], note, "", *lines[cut:]])
 
 
 def _page(title: str, body: list[str]) -> str:

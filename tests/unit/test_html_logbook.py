@@ -228,3 +228,19 @@ def _follow_sees_a_note(demo_dir):
             proc.kill()
     assert any("note" in line and "swapped the PSU on n004" in line for line in lines), lines
     assert "Traceback" not in proc.stderr.read()
+
+
+def test_the_pages_chronicle_keeps_the_newest_entries_and_says_how_many_it_left_out():
+    """Before: 20,000 notes made the page's Markdown rendering take 8 s and 70 MB more (the
+    renderer's peak under bench/ingest_abuse.py went over its 300 MB goal)."""
+    from supervisor.adapters.html_logbook import bounded
+
+    text = (
+        "# T\n\n## Incidents and notes\n\n"
+        + "".join(f"### entry {i}\n\nbody {i}\n\n" for i in range(7))
+        + "## Goodput\n"
+    )
+    kept = bounded(text, keep=3)
+    assert "entry 3" not in kept and all(f"entry {i}" in kept for i in (4, 5, 6))
+    assert "4 earlier entries are left out here" in kept and kept.endswith("## Goodput\n")
+    assert bounded(text, keep=7) == text
