@@ -83,6 +83,7 @@ def test_robust_stats_median_and_floored_mad_sigma():
     assert robust_stats([10.0, 10.0], rel_floor=0.02, abs_floor=0.5) == (10.0, 0.5)
     assert robust_stats([0.0, 0.0], rel_floor=0.02) == (0.0, 1e-12)
     assert median_of_sorted([1.0, 2.0, 5.0]) == 2.0 and median_of_sorted([1.0, 2.0, 5.0, 9.0]) == 3.5
+    assert median_of_sorted([1.0, 2.0, 10.0, 20.0, 30.0, 40.0]) == 15.0  # the middle two, whatever n
 
 
 def test_settings_events_and_outcomes_are_immutable_values():
@@ -100,3 +101,7 @@ def test_defaults_are_the_documented_ones():
     assert (s.grad_spike_z, s.grad_min_ratio, s.grad_sigma_floor) == (8.0, 10.0, 0.1)
     assert (s.max_nonfinite_records, s.loss_scale_floor, s.loss_scale_max_halvings) == (0, 1.0, 10)
     assert (s.min_steps_before, s.skip_batches, s.skip_past_onset) == (100, 300, 50)
+    # the trajectory and trend rules as docs/configuration.md states them
+    assert (s.heal_cap_steps, s.grad_elevated_ratio) == (1000, 3.0)
+    assert (s.trend_window, s.trend_z, s.trend_min_rise, s.trend_rise_z) == (48, 3.0, 0.08, 4.0)
+    assert (s.trend_min_rise_grad, s.grad_trend_ratio) == (0.03, 4.0)

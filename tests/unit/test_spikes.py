@@ -176,6 +176,8 @@ def test_grad_norm_spike_alone_is_logged_and_left() -> None:
     _, notices = run(recs)
     (out,) = outcomes(notices)
     assert out.event.kind is SpikeKind.GRAD_NORM and out.decision is Decision.LEAVE
+    # the reason says how many times the baseline it jumped
+    assert "200 vs baseline median 0.3011 (x664, z 28.2 on log10)" in out.event.reason
 
 
 def test_out_of_order_and_stepless_records_are_ignored() -> None:
@@ -240,3 +242,13 @@ def test_a_constant_loss_scale_of_one_is_bf16_not_a_collapse() -> None:
     recs = [ProgressRecord(step=i, loss=2.0 - i * 1e-3, loss_scale=1.0) for i in range(200)]
     _, notices = run(recs, SpikeSettings())
     assert notices == []
+
+
+def test_a_jump_must_also_be_large_relative_to_the_loss() -> None:
+    """``min_rel_jump``: with a tight noise floor a 5 % jump is many sigmas, yet no spike; 15 % is."""
+    tight = SpikeSettings(rel_sigma_floor=0.001)
+    for jump, spiked in ((0.10, False), (0.30, True)):
+        recs = [ProgressRecord(step=i, loss=2.0) for i in range(30)]
+        recs[20] = ProgressRecord(step=20, loss=2.0 + jump)
+        _, notices = run(recs, tight)
+        assert any(getattr(n, "kind", None) is SpikeKind.LOSS for n in notices) is spiked, (jump, notices)
