@@ -105,3 +105,4 @@ def test_defaults_are_the_documented_ones():
     assert (s.heal_cap_steps, s.grad_elevated_ratio) == (1000, 3.0)
     assert (s.trend_window, s.trend_z, s.trend_min_rise, s.trend_rise_z) == (48, 3.0, 0.08, 4.0)
     assert (s.trend_min_rise_grad, s.grad_trend_ratio) == (0.03, 4.0)
+    assert (s.trend_history, s.trend_min_records, s.settle_steps, s.settle_records) == (96, 8, 20, 6)

@@ -178,6 +178,8 @@ def test_grad_norm_spike_alone_is_logged_and_left() -> None:
     assert out.event.kind is SpikeKind.GRAD_NORM and out.decision is Decision.LEAVE
     # the reason says how many times the baseline it jumped
     assert "200 vs baseline median 0.3011 (x664, z 28.2 on log10)" in out.event.reason
+    assert out.event.baseline == pytest.approx(0.3011, abs=1e-4)
+    assert out.reason.startswith("grad norm back to 0.2999 2 steps after onset, peak 200 at step 20")
 
 
 def test_out_of_order_and_stepless_records_are_ignored() -> None:
@@ -252,3 +254,12 @@ def test_a_jump_must_also_be_large_relative_to_the_loss() -> None:
         recs[20] = ProgressRecord(step=20, loss=2.0 + jump)
         _, notices = run(recs, tight)
         assert any(getattr(n, "kind", None) is SpikeKind.LOSS for n in notices) is spiked, (jump, notices)
+
+
+def test_a_loss_spike_is_measured_in_sigmas_of_its_baseline() -> None:
+    """z = (loss - median) / sigma, unrounded: 0.5 over a floor sigma of 0.04 (2 % of 2.0) is 12.5."""
+    recs = [ProgressRecord(step=i, loss=2.0) for i in range(30)]
+    recs[20] = ProgressRecord(step=20, loss=2.5)
+    _, notices = run(recs)
+    (event,) = [n for n in notices if getattr(n, "kind", None) is SpikeKind.LOSS]
+    assert event.severity_z == pytest.approx(12.5) and event.baseline == 2.0
