@@ -13,6 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from supervisor.domain.progress.record import ProgressRecord
+
 MAX_POINTS = 2000  # per run, after decimation
 
 
@@ -82,3 +84,24 @@ def _extremes(points: Sequence[ProgressPoint], buckets: int) -> list[ProgressPoi
         if len(chunk) > 1:
             out.append(max(chunk, key=lambda p: p.loss if p.loss is not None else -math.inf))
     return out
+
+
+def point_of(run: str, seq: int, record: ProgressRecord, now: float) -> ProgressPoint:
+    """The series' point for a record with a step (one per log record: per-rank lines are not)."""
+    assert record.step is not None
+    return ProgressPoint(
+        run,
+        seq,
+        record.step,
+        now,
+        finite(record.loss),
+        finite(record.step_time_s),
+        finite(record.tokens_per_s),
+        finite(record.samples_per_s) or _samples_per_s(record),
+    )
+
+
+def _samples_per_s(record: ProgressRecord) -> float | None:
+    """Samples per second from the global batch and the step time, where the log prints no rate."""
+    batch, step_s = record.global_batch_size, finite(record.step_time_s)
+    return batch / step_s if batch and step_s else None

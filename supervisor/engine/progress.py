@@ -25,7 +25,7 @@ from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.progress.pauses import ends_pause, pause_of
 from supervisor.domain.progress.ranks import RankProgress, suspects
 from supervisor.domain.progress.ssv import NAME as SSV_FORMAT
-from supervisor.domain.progress_series import ProgressPoint, finite
+from supervisor.domain.progress_series import ProgressPoint, point_of
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import SpikePolicy
 from supervisor.domain.spike_detector import SpikeDetector
@@ -262,7 +262,7 @@ class ProgressWatch:
             _bounded_put(self._step_times, watch.key, record.step_time_s)
         watch.series.append((record.step, record.loss, record.grad_norm, record.lr))
         if self.ledger is not None and watch.seq is not None and record.rank is None:
-            self._points.append(_point(watch.run, watch.seq, record, now))
+            self._points.append(point_of(watch.run, watch.seq, record, now))
 
     def _read(self, run: str, watch: _Watch, now: float) -> None:
         lines = _new_lines(run, watch)
@@ -309,27 +309,6 @@ class ProgressWatch:
     def _note_load(self, watch: _Watch, *, ended: bool) -> None:
         _keep(self._load_failures, watch.key, watch.load.failure(ended=ended))
         _keep(self._before_load, watch.key, watch.load.before_load() if ended else None)
-
-
-def _point(run: str, seq: int, record: ProgressRecord, now: float) -> ProgressPoint:
-    """The series' point for a record with a step (one per log record: per-rank lines are not)."""
-    assert record.step is not None
-    return ProgressPoint(
-        run,
-        seq,
-        record.step,
-        now,
-        finite(record.loss),
-        finite(record.step_time_s),
-        finite(record.tokens_per_s),
-        finite(record.samples_per_s) or _samples_per_s(record),
-    )
-
-
-def _samples_per_s(record: ProgressRecord) -> float | None:
-    """Samples per second from the global batch and the step time, where the log prints no rate."""
-    batch, step_s = record.global_batch_size, finite(record.step_time_s)
-    return batch / step_s if batch and step_s else None
 
 
 def _keep(memory: dict[tuple[int, int], str], key: tuple[int, int], why: str | None) -> None:
