@@ -13,19 +13,25 @@ reads. The ``|``-separated fields have kept their names and meaning across Slurm
 
 ``--duplicates`` lists every incarnation of a requeued job (one record per start, the earlier ones
 REQUEUED): the last record is the job's outcome and the records before it its restart count.
+
+A job cancelled by hand reads "CANCELLED by UID" in State: the only place Slurm 22.05 names who
+cancelled a job (squeue and scontrol do not; docs/operations.md). ``cancelled_by`` reads the UID
+strictly; ``job_records`` names it from the account database (``account_name``, validated).
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from supervisor.adapters.slurm_cli import SlurmCli
 from supervisor.adapters.slurm_json import ParseError, expand_nodes
-from supervisor.domain.cluster import JobInfo, JobState
+from supervisor.domain.cluster import Canceller, JobInfo, JobState
 from supervisor.ports import PermanentError
 
 # The fields read, in this order; Comment last (it may hold "|" — the parser keeps the rest whole).
@@ -46,6 +52,12 @@ FIELDS = (
 SACCT_ENV: Mapping[str, str] = {"SLURM_TIME_FORMAT": "%s"}  # times as seconds since the epoch
 _UNSET_TIMES = frozenset({"", "Unknown", "None", "0"})
 _DISABLED = "accounting storage is disabled"  # sacct's words on a cluster without accounting
+_CANCELLED_BY = re.compile(r"CANCELLED by (0|[1-9][0-9]{0,9})")  # ASCII digits as Slurm writes them
+_STATE_MAX = 64  # a State longer than this is no state sacct writes
+UID_MAX = 2**32 - 2  # (uid_t)-1 means "no user"
+# A plain account name (POSIX portable characters, useradd's default rule; at most 32): anything
+# else from the account database (a directory service) is not printed as a person's name.
+_ACCOUNT_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.$-]{0,31}")
 
 
 def sacct_argv(job_ids: Iterable[int]) -> list[str]:
@@ -94,6 +106,25 @@ def _state(value: str) -> JobState:
     return JobState.parse(word)
 
 
+def cancelled_by(state: str) -> int | None:
+    """The UID in sacct's "CANCELLED by UID"; None for any other state, or one that is not exactly
+    that (a hostile or truncated text names no one)."""
+    if len(state) > _STATE_MAX:
+        return None
+    match = _CANCELLED_BY.fullmatch(state.strip(" "))
+    uid = int(match.group(1)) if match else None
+    return uid if uid is not None and uid <= UID_MAX else None
+
+
+def account_name(uid: int, lookup: Callable[[int], Any] = pwd.getpwuid) -> str:
+    """``uid``'s account name on this host; "" when unknown here or not a plain account name."""
+    try:
+        name = lookup(uid).pw_name
+    except (KeyError, OverflowError, ValueError):
+        return ""
+    return name if isinstance(name, str) and _ACCOUNT_NAME.fullmatch(name) else ""
+
+
 def parse_record(line: str) -> JobInfo:
     parts = line.split("|", len(FIELDS) - 1)
     if len(parts) != len(FIELDS):
@@ -119,7 +150,13 @@ def parse_record(line: str) -> JobInfo:
         start_time=_time(f["Start"]) if nodes else None,  # a job cancelled while pending: its cancel time
         end_time=_time(f["End"]) if state.finished else None,
         user_id=int(f["UID"]) if f["UID"].isdigit() else None,
+        cancelled_by=_canceller(f["State"]),
     )
+
+
+def _canceller(state: str) -> Canceller | None:
+    uid = cancelled_by(state)
+    return None if uid is None else Canceller(uid)
 
 
 def parse_sacct(stdout: str) -> dict[int, JobInfo]:
@@ -173,4 +210,11 @@ class SacctCli(SlurmCli):
             found = parse_sacct(out)
         except ParseError as exc:
             raise PermanentError(f"unexpected sacct output: {exc}") from exc
-        return {j: found[j] for j in ids if j in found}
+        return {j: _named(found[j]) for j in ids if j in found}
+
+
+def _named(job: JobInfo) -> JobInfo:
+    """The record with its canceller's account name (the host's account database)."""
+    if job.cancelled_by is None:
+        return job
+    return replace(job, cancelled_by=Canceller(job.cancelled_by.uid, account_name(job.cancelled_by.uid)))

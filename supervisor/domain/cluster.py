@@ -72,6 +72,23 @@ class JobHold(StrEnum):
 
 
 @dataclass(frozen=True)
+class Canceller:
+    """Who cancelled a job, as Slurm's accounting names them (sacct: "CANCELLED by 1001"): a UID,
+    and its account name on the daemon's host ("" when that host does not know it)."""
+
+    uid: int
+    name: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.name} (uid {self.uid})" if self.name else f"uid {self.uid}"
+
+    @property
+    def actor(self) -> str:
+        """How the logbook's actor column names them."""
+        return self.name or f"uid {self.uid}"
+
+
+@dataclass(frozen=True)
 class JobInfo:
     """One Slurm job as seen in one snapshot.
 
@@ -105,6 +122,9 @@ class JobInfo:
     # goes as Slurm resolved it (``%j`` and friends expanded by Slurm 22.05+; "" when not given).
     user_id: int | None = None
     stdout: str = ""
+    # Who cancelled it, when accounting names them (squeue and scontrol never do): read only when
+    # a followed job is found cancelled outside the supervisor. None: not cancelled, or not named.
+    cancelled_by: Canceller | None = None
 
     @property
     def held(self) -> bool:

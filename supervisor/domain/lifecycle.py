@@ -187,8 +187,22 @@ def _cancelled(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation,
         return _recover_finished(run, a, job, failed_on, obs, policy)
     if _just_launched(job) and obs.now - (job.end_time or obs.now) < LAUNCH_WINDOW_S:
         return Decision()  # cancelled as it started: give Slurm a moment to show a prolog's drain
-    why = f"job {job.job_id} was cancelled outside the supervisor; not restarting"
-    return set_terminal(run, RunState.CANCELLED, EventKind.CANCELLED, why, obs)
+    return _cancelled_by_hand(run, job, obs)
+
+
+def _cancelled_by_hand(run: RunRecord, job: JobInfo, obs: Observation) -> Decision:
+    """A person cancelled the job (scancel): the run ends, and the logbook names them when Slurm's
+    accounting did (``job.cancelled_by``), else says Slurm did not — never blames the supervisor."""
+    who = job.cancelled_by
+    if who is None:
+        why = f"job {job.job_id} was cancelled outside the supervisor, by someone Slurm did not name; not restarting"
+        evidence: dict[str, object] = {"cancelled_by_uid": None}
+    else:
+        why = f"job {job.job_id} was cancelled by {who} outside the supervisor; not restarting"
+        evidence = {"cancelled_by_uid": who.uid, "cancelled_by": who.name or None}
+    event = event_for(run, run.attempt, EventKind.CANCELLED, why, obs, evidence)
+    actor = who.actor if who is not None else "unknown"
+    return Decision((SetState(run.name, RunState.CANCELLED, reason=why), replace(event, actor=actor)))
 
 
 def _died(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:

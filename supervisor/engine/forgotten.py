@@ -18,6 +18,7 @@ import structlog
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo
 from supervisor.domain.observation import Forgotten
 from supervisor.domain.records import RunRecord
+from supervisor.engine.cancellers import Cancellers
 from supervisor.ports import Accounting, PermanentError, TransientError
 
 log = structlog.get_logger()
@@ -35,10 +36,16 @@ class ForgottenJobs:
     def __init__(self, accounting: Accounting | None) -> None:
         self.accounting = accounting
         self._ended: dict[int, JobInfo] = {}  # job id -> its final record, while still followed
+        self.cancellers = Cancellers(accounting)  # who cancelled a job by hand (engine.cancellers)
 
     def look_up(self, runs: Iterable[RunRecord], snap: ClusterSnapshot) -> tuple[ClusterSnapshot, dict[int, Forgotten]]:
         """The snapshot with the ended records of followed jobs squeue no longer lists, and what
-        accounting said of each such job."""
+        accounting said of each such job; a job cancelled by hand with who did it, where named."""
+        runs = list(runs)
+        snap, notes = self._forgotten(runs, snap)
+        return self.cancellers.name(runs, snap), notes
+
+    def _forgotten(self, runs: list[RunRecord], snap: ClusterSnapshot) -> tuple[ClusterSnapshot, dict[int, Forgotten]]:
         missing = sorted({r.attempt.job_id for r in runs if r.attempt is not None} - set(snap.jobs))
         self._ended = {j: info for j, info in self._ended.items() if j in missing}
         if not missing:
