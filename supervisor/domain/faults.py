@@ -310,9 +310,11 @@ def _node_change(
 
 def _detection_s(node: str, obs: Observation) -> float | None:
     """From the first sign of the fault to this decision: the finding's time when an agent or a
-    hook reported it (None when only Slurm's state or the probe says so: no onset on record)."""
+    hook reported it, else the node's first failed probe (None when only Slurm's state says so:
+    no onset on record)."""
     found = obs.findings.get(node)
-    return round(max(0.0, obs.now - found.at), 1) if found is not None else None
+    onset = found.at if found is not None else obs.dead_since.get(node)
+    return round(max(0.0, obs.now - onset), 1) if onset is not None else None
 
 
 def _alive(run: RunRecord, node: str, obs: Observation) -> bool:

@@ -41,6 +41,8 @@ class Observation:
 
     snapshot: ClusterSnapshot
     dead: Mapping[str, str] = field(default_factory=dict)  # node -> evidence
+    # node -> when the first sign of its death was seen (its first failed probe): a fault's onset
+    dead_since: Mapping[str, float] = field(default_factory=dict)
     hangs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # run -> hang evidence
     findings: Mapping[str, NodeFinding] = field(default_factory=dict)  # node -> worst active finding
     quarantined: Mapping[str, Quarantine] = field(default_factory=dict)  # nodes every run keeps out

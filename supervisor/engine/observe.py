@@ -188,6 +188,7 @@ class Observer:
         return Observation(
             snapshot=snap,
             dead=facts.dead,
+            dead_since=self.probes.first_failures(facts.dead),
             hangs=facts.hangs,
             findings=facts.nodes.findings,
             quarantined=self._quarantined(),

@@ -30,6 +30,11 @@ class ProbeTracker:
         """Nodes with failed probes not yet confirmed dead."""
         return frozenset(self._failing)
 
+    def first_failures(self, nodes: Iterable[str]) -> dict[str, float]:
+        """When each of ``nodes`` first failed a probe in its current run of failures (the onset
+        a node fault's detection time is counted from); nodes not failing are left out."""
+        return {n: self._failing[n][0] for n in nodes if n in self._failing}
+
     def update(self, nodes: Iterable[str], snap: ClusterSnapshot, now: float) -> dict[str, str]:
         """Probe ``nodes``; return the confirmed dead ones with their evidence."""
         if self.probe is None:

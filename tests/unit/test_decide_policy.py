@@ -156,6 +156,15 @@ def test_a_fatal_finding_is_a_fault_and_an_answering_node_is_drained_not_downed(
     assert of(d, Cancel) == []  # downing a node of the job makes Slurm requeue it
 
 
+def test_a_node_the_probes_found_dead_is_detected_from_its_first_failed_probe():
+    """Before: a dead host's fault had no onset on record, and the goodput left its detection out."""
+    dead = {"n2": "slurmd probe failed 3 times over 1.0 s: ECONNREFUSED"}
+    d = decide(run(), Observation(snap([JOB]), dead=dead, dead_since={"n2": 98.5}), Policy())
+    assert events(d, EventKind.FAULT)[0].evidence["detection_s"] == 1.5
+    unknown = decide(run(), Observation(snap([JOB]), dead=dead), Policy())
+    assert "detection_s" not in events(unknown, EventKind.FAULT)[0].evidence
+
+
 def test_a_node_kept_out_of_the_run_or_unknown_to_slurm_is_a_fault():
     d = decide(run(excluded={"n2": "slow"}), Observation(snap([JOB])), Policy())
     assert of(d, Exclude)[0].reason == "node is kept out of this run: slow"
