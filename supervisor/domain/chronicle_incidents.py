@@ -238,5 +238,7 @@ def _lost_work(run: RunRecord, i: Interruption) -> str:
         work = f"{steps}{hours(i.lost_work_s)} of work since the checkpoint{resumed}"
     gpus = gpus_of(run.spec)
     down = (i.detection_s or 0.0) + (i.lost_work_s or 0.0) + (i.recovery_s or 0.0)
-    cost = f"; {down * gpus / 3600:,.1f} GPU-hours" if gpus and down else ""
+    gpu_hours = down * gpus / 3600 if gpus else 0.0
+    at_least = "at least " if i.lost_work_s is None else ""  # the work redone is not in it
+    cost = f"; {at_least}{gpu_hours:,.1f} GPU-hours" if gpu_hours >= 0.05 else ""
     return f"{work}{cost}; cause: {markdown(cause)}, {where} — {markdown(i.cause.basis)}."

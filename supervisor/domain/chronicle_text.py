@@ -148,6 +148,11 @@ def _node_evidence(f: Event, ev: dict[str, Any]) -> str:
         parts[0] += " (the probe's finding)"
     if any(k in ev for k in _SLURM_KEYS):
         parts.append(_slurm_view(ev))
+    detection = ev.pop("detection_s", None)
+    if isinstance(detection, int | float) and not isinstance(detection, bool):
+        parts.append(f"known {detection:g} s after its first sign")
+    elif detection is not None:
+        ev["detection_s"] = detection  # not a number: shown as it is
     if ev:
         parts.append(pairs(ev))
     return "; ".join(parts) + "."
