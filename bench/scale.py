@@ -4,9 +4,11 @@ A private Slurm 22.05 (``LocalSlurm``): 4 real nodes of 5 CPUs and 9,996 more de
 slurmd never starts), all in partition ``main``; 3 other users hold 5,000 and then 50,000 pending
 jobs (held arrays, split into one job record per task by an update of all but their last task).
 20 one-node runs are supervised by the real engine, store and Slurm adapter, in a child process per
-measurement (so each has its own RSS): **new** (the instance's account's jobs, the nodes in focus;
-the formatted reads 22.05 needs) and **old** (``squeue --all --json`` and ``sinfo --json`` of the
-whole cluster: the adapter without a user), at 5,000 and at 50,000 other jobs.
+measurement (so each has its own RSS) running as the daemon's own account ``ssv-scale-d`` (as
+deployed: never root — 22.05's ``squeue -u root`` is not filtered by slurmctld): **new** (the
+supervised jobs, taken from the account's list that slurmctld filters — as root they would be read
+by id — and the nodes in focus; the formatted reads 22.05 needs) and **old** (``squeue --all --json`` and ``sinfo --json`` of the whole
+cluster: the adapter without a user), at 5,000 and at 50,000 other jobs.
 
 Each child ticks the engine back to back on a clock that advances one poll interval (5 s) per
 tick, so that the rate-limited whole-cluster reads come as often as they would in a daemon; probes
@@ -14,7 +16,8 @@ and log watching are off (they touch no Slurm). Figures per tick: wall time, the
 its Slurm clients' CPU, stdout bytes read from each client, slurmctld's CPU (less its idle rate,
 measured first: slurmctld pings the 9,996 absent nodes), and the child's peak RSS.
 
-Needs what the tests need (root, Debian's Slurm packages, cgroup2); creates users ``ssv-scale-1..3``.
+Needs what the tests need (root, Debian's Slurm packages, cgroup2); creates users ``ssv-scale-1..3``
+and ``ssv-scale-d``.
 ``--ticks`` (new, default 24), ``--old-ticks`` (default 6: one old tick at 50,000 jobs takes ~10 s).
 Last line: one JSON object.
 """
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,10 +43,11 @@ sys.path.insert(0, str(REPO))
 
 from supervisor.testing import LocalSlurm  # noqa: E402
 from supervisor.testing._conf import ExtraNodes  # noqa: E402
-from supervisor.testing.users import as_user, local_user  # noqa: E402
+from supervisor.testing.users import as_user, local_user, python_for_others  # noqa: E402
 
 NODES, CPUS, RUNS, POLL_S = 4, 5, 20, 5.0
 OTHER_USERS = ("ssv-scale-1", "ssv-scale-2", "ssv-scale-3")
+DAEMON_USER = "ssv-scale-d"  # the supervised account: the child runs as it
 MAX_ARRAY = 10_000
 
 
@@ -108,7 +113,8 @@ def child(args: argparse.Namespace) -> None:
     cli = SlurmCli(slurm_conf=args.slurm_conf, timeout=120.0, user=None if args.mode == "old" else own_user())
     store = SqliteStore(Path(args.state))
     clock = SteppingClock()
-    engine = Engine(scheduler=cli, store=store, clock=clock, settings=EngineSettings())
+    scheduler = cli if args.mode == "new" else WholeReads(cli)
+    engine = Engine(scheduler=scheduler, store=store, clock=clock, settings=EngineSettings())
     if not store.runs():
         for i in range(RUNS):
             spec = RunSpec(f"run{i:02d}", args.script, "main", 1, output="/dev/null", workdir="/tmp")
@@ -153,6 +159,18 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+class WholeReads:
+    """The adapter as the baseline reads: every snapshot every job (no reads by id)."""
+
+    def __init__(self, cli) -> None:
+        self._cli = cli
+
+    def __getattr__(self, name: str):
+        if name == "snapshot_of":  # engine/observe.py then reads the account's list every tick
+            raise AttributeError(name)
+        return getattr(self._cli, name)
+
+
 class SteppingClock:
     """The engine's clock: real time at start, one poll interval later at each step."""
 
@@ -173,10 +191,13 @@ class SteppingClock:
 
 
 def run_child(mode: str, ticks: int, cluster: LocalSlurm, state: Path, script: Path, ctld: psutil.Process) -> dict:
-    argv = [sys.executable, __file__, "--child", mode, "--ticks", str(ticks), "--state", str(state)]
-    argv += ["--slurm-conf", str(cluster.slurm_conf), "--script", str(script), "--ctld", str(ctld.pid)]
-    env = {**os.environ, **cluster.env, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600, check=False)  # noqa: S603
+    python, python_env = python_for_others()
+    argv = ["runuser", "-u", DAEMON_USER, "--", *python, __file__, "--child", mode, "--ticks", str(ticks)]
+    argv += ["--state", str(state), "--slurm-conf", str(cluster.slurm_conf), "--script", str(script)]
+    argv += ["--ctld", str(ctld.pid)]
+    pythonpath = ":".join(p for p in (python_env.get("PYTHONPATH"), str(REPO)) if p)
+    env = {**os.environ, **cluster.env, **python_env, "PYTHONPATH": pythonpath, "HOME": "/tmp"}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600, check=False, cwd="/tmp")  # noqa: S603
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode or not lines:
         raise RuntimeError(f"child {mode} failed ({done.returncode}): {done.stderr[-3000:]}")
@@ -212,13 +233,16 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--jobs", default="5000,50000", help="other users' jobs at each stage")
     args = parser.parse_args()
-    for user in OTHER_USERS:
+    for user in (*OTHER_USERS, DAEMON_USER):
         local_user(user)
     stages = [int(n) for n in args.jobs.split(",")]
     extra = ExtraNodes(args.nodes - NODES, prefix="x", state="DOWN")
     conf = {"MaxJobCount": str(2 * stages[-1] + 10_000), "MaxArraySize": str(MAX_ARRAY + 1)}
     with LocalSlurm(NODES, cpus_per_node=CPUS, extra_nodes=extra, extra_conf=conf, ready_timeout=120) as cluster:
         work = Path(tempfile.mkdtemp(prefix="scale-"))
+        work.chmod(0o755)
+        (work / "state").mkdir()
+        shutil.chown(work / "state", DAEMON_USER)
         script = work / "job.sh"
         script.write_text("#!/bin/sh\nexec sleep 100000\n")
         script.chmod(0o755)

@@ -14,8 +14,9 @@ Baseline: the probe before issue 14 (every socket at once, a name lookup per nod
 sockets, in a subprocess under soft limits of 256 and 1,024 (it crashes with EMFILE) and under the
 hard limit (its round time).
 
-Last line JSON: ``tick_p99_s`` (goal < 1), ``probe_round_s`` (p99 of rounds over all job nodes,
-goal < 2), ``ingest_p99_ms`` (goal < 100), ``emfile`` (probe sockets refused + accept pauses,
+Last line JSON: ``tick_p99_s`` (goal < 1), ``probe_round_s`` (p99 of the probe's calls over all job
+nodes: what a tick spends probing, at most its 0.5 s budget), ``probe_sweep_s`` (p99 of the wall time
+until every job node has been answered, over as many ticks as it takes; goal < 2), ``ingest_p99_ms`` (goal < 100), ``emfile`` (probe sockets refused + accept pauses,
 goal 0), ``recovered``, ``recover_s`` (crash → new attempt running, virtual seconds), baseline.
 
     python bench/scale_sim.py --run-nodes 2048
@@ -95,19 +96,35 @@ class Farm:
 
 
 class LoopbackProbe:
-    """The real ``TcpProbe``, each node's slurmd at its farm port; times each round."""
+    """The real ``TcpProbe``, each node's slurmd at its farm port; times each call (a tick's share)
+    and each sweep (from a call until every node asked for then has been answered: a round the
+    probe could not finish within a call carries over to the next ticks)."""
 
     def __init__(self, ports: dict[str, int]) -> None:
         from supervisor.adapters.tcp_probe import TcpProbe
 
         self.ports, self.tcp, self.rounds = ports, TcpProbe(timeout=1.0), []
+        self.sweeps: list[tuple[int, float, int]] = []  # (nodes, seconds, calls)
+        self._sweep: tuple[float, set[str], int, int] | None = None  # started, left, nodes, calls
 
     def probe(self, nodes):  # noqa: ANN001, ANN201 - the NodeProbe port
         infos = [replace(n, address="127.0.0.1", port=self.ports[n.name]) for n in nodes]
         started = time.perf_counter()
+        if self._sweep is None:
+            self._sweep = (started, {n.name for n in infos}, len(infos), 0)
         result = self.tcp.probe(infos)
         self.rounds.append((len(infos), time.perf_counter() - started))
+        self._note_sweep(result, {n.name for n in infos})
         return result
+
+    def _note_sweep(self, result, asked: set[str]) -> None:  # noqa: ANN001
+        assert self._sweep is not None
+        began, left, count, calls = self._sweep
+        left = (left & asked) - set(result)
+        self._sweep = (began, left, count, calls + 1)
+        if not left:
+            self.sweeps.append((count, time.perf_counter() - began, calls + 1))
+            self._sweep = None
 
 
 # ---------------------------------------------------------------------------- the baseline
@@ -213,12 +230,15 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
     server.stop()
     farm.close()
     full = [s for count, s in probe.rounds if count >= args.run_nodes]
+    sweeps = [(s, calls) for count, s, calls in probe.sweeps if count >= args.run_nodes]
     fault = [e.message for e in world.store.events(RUN) if e.kind.value == "fault"]
     return {
         "tick_p99_s": round(float(np.percentile(ticks, 99)), 3),
         "tick_max_s": round(max(ticks), 3),
         "probe_round_s": round(float(np.percentile(full, 99)), 3) if full else None,
         "probe_rounds": len(full),
+        "probe_sweep_s": round(float(np.percentile([s for s, _ in sweeps], 99)), 3) if sweeps else None,
+        "probe_sweep_calls_max": max((c for _, c in sweeps), default=None),
         "ingest_p99_ms": round(float(np.percentile(agents["latencies"], 99)) * 1000, 1),
         "ingest_p50_ms": round(float(np.percentile(agents["latencies"], 50)) * 1000, 1),
         "ingest_reports": len(agents["latencies"]),
@@ -254,7 +274,7 @@ def main() -> None:
         figures = run(args, Path(tmp))
     figures["goal_met"] = bool(
         figures["tick_p99_s"] < 1.0
-        and (figures["probe_round_s"] or 99) < 2.0
+        and (figures["probe_sweep_s"] or 99) < 2.0
         and figures["ingest_p99_ms"] < 100
         and figures["emfile"] == 0
         and figures["recovered"]

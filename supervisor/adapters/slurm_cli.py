@@ -10,7 +10,9 @@ What a ``snapshot`` reads depends on ``user``, the account whose jobs the instan
   node (``sinfo --all --Node --json``) — one REQUEST_JOB_INFO, plus REQUEST_NODE_INFO and
   REQUEST_PARTITION_INFO (measured with sdiag).
 * ``user`` set (the daemon): that user's jobs only, and only the nodes asked for (``include_nodes``
-  a set of names) or all of them (``True``). Slurm 22.05 ignores every filter with ``--json``
+  a set of names) or all of them (``True``). ``snapshot_of`` reads only the jobs named: from the
+  account's filtered list, or where that is not cheap (root's) one ``squeue --jobs=ID`` each
+  (REQUEST_JOB_INFO_SINGLE: slurmctld looks up that job alone); see ``slurm_reads``. Slurm 22.05 ignores every filter with ``--json``
   (bench/README.md), so below ``slurm_reads.JSON_FILTERS_FROM`` the reads are ``squeue -u USER -O ...`` (which
   slurmctld itself filters: REQUEST_JOB_USER_INFO) and ``sinfo -N -n NODES -O ...``, parsed by
   ``squeue_format``; from that version on the ``--json`` reads carry the same filters. A JSON answer
@@ -23,6 +25,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -254,6 +257,7 @@ class SlurmCli:
         self.programs = resolve_clients(bin_dir, self.env.get("PATH", os.environ.get("PATH")))
         self.user = user  # whose jobs a snapshot reads; None: every user's (see the module's doc)
         self.bytes_read: Counter[str] = Counter()  # stdout bytes per client, for benchmarks
+        self._counting = threading.Lock()  # reads by id run in threads
         self._reader = SnapshotReader(self._run, user)
 
     # -- runner
@@ -291,7 +295,8 @@ class SlurmCli:
         if error is not None:
             log.debug("slurm.failed", argv=list(argv), error=str(error))
             raise error
-        self.bytes_read[argv[0]] += len(proc.stdout)
+        with self._counting:
+            self.bytes_read[argv[0]] += len(proc.stdout)
         seconds = round(time.monotonic() - started, 3)
         log.debug("slurm.done", command=argv[0], seconds=seconds, bytes=len(proc.stdout))
         return proc.stdout
@@ -301,13 +306,17 @@ class SlurmCli:
     def snapshot(self, include_nodes: bool | Collection[str] = True) -> ClusterSnapshot:
         """Jobs (the ``user``'s, or everyone's) and nodes: none (False), all (True), or at least
         those named (a set of names; the answer may hold more)."""
+        return self.snapshot_of(None, include_nodes)
+
+    def snapshot_of(self, jobs: Collection[int] | None, include_nodes: bool | Collection[str]) -> ClusterSnapshot:
+        """As ``snapshot``, with only the jobs named (those Slurm still holds); None: every job."""
         taken_at = time.time()
         try:
-            jobs = self._reader.jobs()
+            found = self._reader.jobs(jobs)
             nodes = self._reader.nodes(include_nodes)
         except (ParseError, TypeError, ValueError, AttributeError, KeyError) as exc:
             raise PermanentError(f"unexpected squeue/sinfo answer: {exc}") from exc
-        return ClusterSnapshot(taken_at=taken_at, jobs=jobs, nodes=nodes)
+        return ClusterSnapshot(taken_at=taken_at, jobs=found, nodes=nodes)
 
     def test_submit(self, request: SubmitRequest) -> None:
         """``sbatch --test-only``: Slurm checks the job (partition, GRES, node count, limits)

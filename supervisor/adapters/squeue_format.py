@@ -99,6 +99,13 @@ def squeue_argv(user: str, seps: Separators) -> list[str]:
     return ["squeue", "--noheader", "--all", "--states=all", f"--user={user}", f"--Format={seps.format(JOB_FIELDS)}"]
 
 
+def squeue_by_id_argv(job_id: int, seps: Separators) -> list[str]:
+    """One job by its id, in any state. One id only: 22.05's squeue then asks slurmctld for that job
+    alone (REQUEST_JOB_INFO_SINGLE); with two or more it loads every job in the cluster (measured)."""
+    fields = f"--Format={seps.format(JOB_FIELDS)}"
+    return ["squeue", "--noheader", "--all", "--states=all", f"--jobs={job_id}", fields]
+
+
 def sinfo_argv(nodes: str | None, seps: Separators) -> list[str]:
     """One line per node and partition of ``nodes`` (a hostlist); for every node (None), one line
     per group of nodes alike (``GROUP_FIELDS``)."""

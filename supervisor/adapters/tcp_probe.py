@@ -7,8 +7,10 @@ node per tick, no RPC to slurmctld.
 
 Within the daemon's descriptor budget (issue 14): at most ``window`` connects are open at once (a
 sliding window on one selector, so 2,048 healthy nodes take a few milliseconds on a LAN), and a
-round ends by ``round_limit_s`` however many nodes hang — the nodes it did not reach go first in
-the next round. Names are looked up once (``AddressBook``), not per node per tick.
+call returns by ``round_limit_s`` (its share of the tick) however many nodes hang: the connects
+still open then stay open and are answered at the next call (a node is "no answer" once its
+connect has been open ``timeout`` when looked at), and the nodes not reached go first next time.
+Names are looked up once (``AddressBook``), not per node per tick.
 
 What goes wrong on the daemon's side is never a node's fault: a socket that cannot be opened
 (EMFILE, ENFILE, ENOBUFS), a local address or route missing, a name that does not resolve, a round
@@ -39,6 +41,7 @@ MAX_WINDOW = 256
 _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 _OURS = frozenset({errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL, errno.ENETUNREACH, errno.EAGAIN})
 _CONNECTING = (0, errno.EINPROGRESS)
+ROUND_BUDGET_S = 0.5  # a call's share of a tick (the tick's goal is under 1 s): the rest carries over
 
 
 def default_window() -> int:
@@ -84,36 +87,53 @@ class TcpProbe:
         self.timeout = timeout
         self.default_port = default_port
         self.window = window or default_window()
-        self.round_limit_s = round_limit_s if round_limit_s is not None else 2 * timeout
+        self.round_limit_s = round_limit_s if round_limit_s is not None else min(2 * timeout, ROUND_BUDGET_S)
         self.resolver = AddressBook(resolve, refresh_s, monotonic)
         self.open_socket = open_socket
+        self._selector = selectors.DefaultSelector()  # holds the connects carried from call to call
+        self._carried: dict[socket.socket, _Pending] = {}  # still open when the last call ended
         self._resume_at = ""  # the first node a cut round did not reach
         self.counters: Counter[str] = Counter()  # emfile (each time), not_run (nodes), rounds
         self.last_round = ProbeRound()
 
     def probe(self, nodes: Iterable[NodeInfo]) -> Mapping[str, str | None]:
-        started = time.monotonic()
-        queue = deque(self._in_turn(nodes))
-        keys = {info.name: self._key(info) for info in queue}
-        addresses = self.resolver.lookup(keys.values(), wait_s=self.timeout)
-        round_ = _Round(self, started + self.round_limit_s)
-        round_.run(queue, keys, addresses)
+        """Per node answered in this call: None alive, else the failure. Nodes left out (listed in
+        ``last_round.not_run``) are unknown: not reached, or their connect is still open."""
+        started, infos = time.monotonic(), list(nodes)
+        wanted = {info.name: self._key(info) for info in infos}
+        self._drop_carried(wanted)
+        carried = {p.name for p in self._carried.values()}
+        queue = deque(n for n in self._in_turn(infos, wanted) if n.name not in carried)
+        addresses = self.resolver.lookup({wanted[n.name] for n in queue}, wait_s=self.timeout)
+        round_ = _Round(self, started + self.round_limit_s, self._selector, self._carried)
+        self._carried = {}  # the round's now (it closes them all if it fails)
+        self._carried = round_.run(queue, wanted, addresses)
         self._resume_at = round_.cut_at
         self._account(round_, started)
         return round_.results
 
     def close(self) -> None:
+        self._drop_carried({})
+        self._selector.close()
         self.resolver.close()
 
     # ------------------------------------------------------------------ inside
     def _key(self, node: NodeInfo) -> Key:
         return (node.address or node.name, node.port or self.default_port)
 
-    def _in_turn(self, nodes: Iterable[NodeInfo]) -> list[NodeInfo]:
-        """By name, starting where the last cut round stopped."""
-        ordered = sorted(nodes, key=lambda n: n.name)
+    def _in_turn(self, nodes: Iterable[NodeInfo], wanted: Mapping[str, Key]) -> list[NodeInfo]:
+        """By name (each once), starting where the last cut round stopped."""
+        ordered = sorted({n.name: n for n in nodes if n.name in wanted}.values(), key=lambda n: n.name)
         first = next((i for i, n in enumerate(ordered) if n.name >= self._resume_at), 0)
         return ordered[first:] + ordered[:first]
+
+    def _drop_carried(self, wanted: Mapping[str, Key]) -> None:
+        """Close the carried connects of nodes no longer asked for (or now at another address)."""
+        for sock, pending in list(self._carried.items()):
+            if wanted.get(pending.name) != pending.key:
+                del self._carried[sock]
+                self._selector.unregister(sock)
+                sock.close()
 
     def _account(self, round_: _Round, started: float) -> None:
         failed = sum(v is not None for v in round_.results.values())
@@ -128,37 +148,44 @@ class TcpProbe:
 
 
 class _Round:
-    """One round: a sliding window of non-blocking connects on one selector."""
+    """One call's round: a sliding window of non-blocking connects on the probe's selector, starting
+    with the connects the last call left open."""
 
-    def __init__(self, probe: TcpProbe, ends: float) -> None:
+    def __init__(
+        self, probe: TcpProbe, ends: float, sel: selectors.BaseSelector, carried: Mapping[socket.socket, _Pending]
+    ) -> None:
         self.probe, self.ends = probe, ends
         self.window = probe.window
-        self.sel = selectors.DefaultSelector()
-        self.open: dict[socket.socket, _Pending] = {}  # in start order, which is deadline order
+        self.sel = sel
+        self.open: dict[socket.socket, _Pending] = dict(carried)  # in start order, which is deadline order
         self.results: dict[str, str | None] = {}
         self.not_run: dict[str, str] = {}
         self.most_open = 0
         self.cut_at = ""
 
-    def run(self, queue: deque[NodeInfo], keys: Mapping[str, Key], addresses: Mapping[Key, SockAddr | str]) -> None:
+    def run(
+        self, queue: deque[NodeInfo], keys: Mapping[str, Key], addresses: Mapping[Key, SockAddr | str]
+    ) -> dict[socket.socket, _Pending]:
+        """Until every node is answered or the call's time is up; returns the connects still open."""
         try:
-            while queue or self.open:
+            while (queue or self.open) and time.monotonic() < self.ends:
                 self._start_some(queue, keys, addresses)
-                if not self.open:
-                    continue
-                self._wait()
-        finally:
-            for sock in self.open:
-                sock.close()
-            self.sel.close()
+                if self.open:
+                    self._wait()
+        except BaseException:
+            for sock in list(self.open):
+                self._close(sock)
+            raise
+        if queue:
+            self._cut(queue)
+        for pending in self.open.values():
+            self.not_run[pending.name] = "connect still open at the round's end (answered next round)"
+        return self.open
 
     def _start_some(
         self, queue: deque[NodeInfo], keys: Mapping[str, Key], addresses: Mapping[Key, SockAddr | str]
     ) -> None:
-        while queue and len(self.open) < self.window:
-            if time.monotonic() + self.probe.timeout > self.ends:
-                self._cut(queue)
-                return
+        while queue and len(self.open) < self.window and time.monotonic() < self.ends:
             node = queue.popleft()
             address = addresses[keys[node.name]]
             if isinstance(address, str):
@@ -204,7 +231,7 @@ class _Round:
     def _wait(self) -> None:
         """Until a connect ends or the oldest one's time is up; record what ended."""
         first_deadline = next(iter(self.open.values())).deadline
-        for key, _ in self.sel.select(max(0.0, first_deadline - time.monotonic())):
+        for key, _ in self.sel.select(max(0.0, min(first_deadline, self.ends) - time.monotonic())):
             sock: socket.socket = key.fileobj  # type: ignore[assignment]
             pending, rc = self.open[sock], sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             self._close(sock)

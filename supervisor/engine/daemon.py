@@ -19,6 +19,7 @@ from typing import Protocol, TypeVar
 import structlog
 
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange, SubmitRequest
+from supervisor.engine.observe import JobScopedScheduler
 from supervisor.engine.pacing import Pacing, PacingState, next_delay
 from supervisor.engine.reconcile import Engine, TickResult
 from supervisor.ports import Scheduler
@@ -83,6 +84,13 @@ class StampedScheduler:
 
     def snapshot(self, include_nodes: bool | Collection[str] = True) -> ClusterSnapshot:
         return self._stamped(lambda: self._inner.snapshot(include_nodes))
+
+    def snapshot_of(self, jobs: Collection[int] | None, include_nodes: bool | Collection[str]) -> ClusterSnapshot:
+        """Reads by id (engine/job_reads.py) where the inner scheduler has them, else its snapshot."""
+        inner = self._inner
+        if isinstance(inner, JobScopedScheduler):
+            return self._stamped(lambda: inner.snapshot_of(jobs, include_nodes))
+        return self._stamped(lambda: inner.snapshot(include_nodes))
 
     def submit(self, request: SubmitRequest) -> int:
         return self._stamped(lambda: self._inner.submit(request))

@@ -1,7 +1,8 @@
 """Observe: one tick's facts, gathered from Slurm, the node probes, the training logs, the node
 agents and the checkpoint storage — returned, never written.
 
-``Observer.snapshot`` reads Slurm (jobs every tick, nodes when needed). ``Observer.gather`` turns
+``Observer.snapshot`` reads Slurm (jobs every tick — by id where the scheduler can, see
+``job_reads`` — nodes when needed). ``Observer.gather`` turns
 what changed into facts and the records they call for (spike decisions, slowdowns, the attempts'
 progress, node verdicts and marks, checkpoint verifications' logbook lines); the engine's executor
 applies those records. ``Observer.observation`` then builds the ``Observation`` the domain decides
@@ -13,7 +14,7 @@ is told at every tick which nodes each active run's current job holds (``job_nod
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -26,6 +27,7 @@ from supervisor.domain.observation import Forgotten, Observation
 from supervisor.domain.records import Event, EventKind, RunRecord, Verdict
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.forgotten import ForgottenJobs
+from supervisor.engine.job_reads import JobReadPlan, plan_job_read
 from supervisor.engine.nodes import NodeFacts, NodeWatch, focus_nodes, running_nodes
 from supervisor.engine.nulls import NoCheckpoints, NoProgress
 from supervisor.engine.probes import ProbeTracker
@@ -51,6 +53,16 @@ class NodeRoster(Protocol):
     """Told each tick which nodes each supervised run's current job holds (a run absent has ended)."""
 
     def publish_job_nodes(self, held: Mapping[str, frozenset[str]]) -> None: ...
+
+
+@runtime_checkable
+class JobScopedScheduler(Protocol):
+    """A scheduler that reads named jobs for less than the account's whole list (the Slurm CLI)."""
+
+    def snapshot_of(self, jobs: Collection[int] | None, include_nodes: bool | Collection[str]) -> ClusterSnapshot:
+        """As ``Scheduler.snapshot``, holding (at least) the jobs named that Slurm still holds;
+        None: every job of the account."""
+        ...
 
 
 def job_nodes(runs: Iterable[RunRecord], snap: ClusterSnapshot) -> dict[str, frozenset[str]]:
@@ -94,12 +106,15 @@ class Observer:
         self._nodes: Mapping[str, NodeInfo] | None = None  # every node: the last whole read + newer focus reads
         self._whole_at = float("-inf")  # when the whole node table was last read
         self._jobs: Mapping[int, JobInfo] = {}  # the last snapshot's jobs (what the next focus starts from)
+        self._by_id = scheduler if isinstance(scheduler, JobScopedScheduler) else None
+        self._account_at: float | None = None  # when the account's whole job list was last read
         self._ticks = 0
 
     # ------------------------------------------------------------------ Slurm
 
     def snapshot(self, nodes_needed: bool, cluster_needed: bool = False) -> ClusterSnapshot:
-        """Jobs every tick. Nodes when ``nodes_needed``, every ``node_refresh_ticks``-th tick, or
+        """Jobs every tick: the runs' and open intents' jobs by id, the account's whole list when
+        ``job_reads`` says so (a scheduler without reads by id: its snapshot). Nodes when ``nodes_needed``, every ``node_refresh_ticks``-th tick, or
         when a job of ours started or ended since (its decision reads its nodes' state) — and then
         only the nodes in focus (``focus_nodes``: our jobs', spares, nodes under watch), merged into
         the last whole read. The whole table is read when ``cluster_needed`` (a run is being placed)
@@ -110,13 +125,34 @@ class Observer:
         runs = self.store.runs(active_only=True)
         fresh = nodes_needed or self._nodes is None or self._ticks % self.node_refresh_ticks == 0
         scope = self._scope(runs, fresh, cluster_needed)
-        snap = self._merged(self.scheduler.snapshot(include_nodes=scope), scope)
+        snap = self._merged(self._read_jobs(runs, scope), scope)
         again = self._unread(runs, snap, scope)
         if again:
-            snap = self._merged(self.scheduler.snapshot(include_nodes=again), again)
+            snap = self._merged(self._read_nodes(snap, again), again)
         self._jobs = snap.jobs
         snap, self._forgotten = self.forgotten.look_up(runs, snap)
         return snap
+
+    def _read_jobs(self, runs: list[RunRecord], scope: bool | frozenset[str]) -> ClusterSnapshot:
+        """Jobs by id, or the account's list when ``job_reads`` says so; ``scope``'s nodes."""
+        if self._by_id is None:
+            return self.scheduler.snapshot(include_nodes=scope)
+        now = self.clock.now()
+        age = None if self._account_at is None else now - self._account_at
+        plan: JobReadPlan = plan_job_read(
+            runs, self.store.open_actions(), account_age_s=age, every_s=self.whole_max_s, busy=scope is True
+        )
+        snap = self._by_id.snapshot_of(plan.ids, scope)
+        if plan.ids is None:
+            self._account_at = now
+            log.debug("jobs_read_whole_account", reason=plan.reason, jobs=len(snap.jobs))
+        return snap
+
+    def _read_nodes(self, snap: ClusterSnapshot, nodes: frozenset[str]) -> ClusterSnapshot:
+        """``nodes`` read once more, with this tick's jobs (read again only where they cannot be left out)."""
+        if self._by_id is None:
+            return self.scheduler.snapshot(include_nodes=nodes)
+        return replace(self._by_id.snapshot_of(frozenset(), nodes), jobs=snap.jobs)
 
     def _scope(self, runs: list[RunRecord], fresh: bool, cluster_needed: bool) -> bool | frozenset[str]:
         """What to read of the nodes: all (True), those in focus (a set), or none (False)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -104,3 +105,25 @@ def test_scoped_node_reads_return_the_nodes_asked_for_with_the_json_values(slurm
     whole = scoped.snapshot(include_nodes=True).nodes  # grouped by sinfo: no per-node address or port
     assert whole == {n: replace(i, address="", port=None) for n, i in everyone.items()}
     assert whole["n2"].drained and whole["n2"].reason == reason
+
+
+def _job_rpcs(cluster: LocalSlurm) -> dict[str, int]:
+    out = cluster.run(["sdiag"], check=True).stdout
+    return {m[1]: int(m[2]) for m in re.finditer(r"^\s*(REQUEST_JOB\w*)\s+\(\s*\d+\)\s+count:(\d+)", out, re.M)}
+
+
+def test_jobs_read_by_id_are_single_job_lookups_or_the_accounts_filtered_list(slurm_cluster, users):
+    """Where the account's list is every job (root's), each named job is read by its id: slurmctld
+    looks up that job alone (REQUEST_JOB_INFO_SINGLE) instead of packing every job in the cluster,
+    and a job it no longer holds is absent, not an error. Another account's several jobs come from
+    its one list, which slurmctld filters (REQUEST_JOB_USER_INFO)."""
+    held = sbatch(slurm_cluster, ALICE, "--hold", f"--comment={ODD}", "--wrap", "sleep 60")
+    other = sbatch(slurm_cluster, ALICE, "--hold", "--wrap", "sleep 60")
+    account = cli(slurm_cluster, ALICE).snapshot(include_nodes=False).jobs
+    for user, rpc, calls in (("root", "REQUEST_JOB_INFO_SINGLE", 3), (ALICE, "REQUEST_JOB_USER_INFO", 1)):
+        reader = cli(slurm_cluster, user)
+        slurm_cluster.run(["sdiag", "--reset"], check=True)
+        by_id = reader.snapshot_of({held, other, 99_999_999}, include_nodes=False).jobs
+        assert by_id == {held: account[held], other: account[other]}, user
+        rpcs = _job_rpcs(slurm_cluster)
+        assert rpcs.get(rpc) == calls and "REQUEST_JOB_INFO" not in rpcs, (user, rpcs)

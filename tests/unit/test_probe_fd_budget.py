@@ -164,8 +164,8 @@ def test_a_round_stays_within_its_time_limit_and_the_next_one_starts_where_it_st
     assert sorted(first) == ["n0", "n1"] and all("no answer within" in v for v in first.values())
     assert set(probe.last_round.not_run) == {"n2", "n3", "n4", "n5"}
     assert probe.last_round.seconds < 0.6
-    second = probe.probe(infos)
-    assert sorted(second) == ["n2", "n3"]
+    second = probe.probe(infos)  # the connects carried over (n2, n3) are answered first, then n4, n5
+    assert {"n2", "n3"} <= set(second) <= {"n2", "n3", "n4", "n5"}
 
 
 _RAISE = textwrap.dedent(
