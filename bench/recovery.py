@@ -13,6 +13,11 @@ two nodes none of which is the crashed one. Polled with ``squeue`` every 0.1 s.
   Its jobs are found by their comment ``slurm-supervisor:RUN:...``.
 * slurm alone: ``sbatch --requeue -N2`` (JobRequeue=1), no supervisor; the same job id must run
   again.
+* in-allocation (with ``--mode in-allocation``): the same daemon, the run registered with
+  ``[restart] mode = "in-allocation"`` and ``hot_spares = 1`` (a ``--no-kill`` job on 3 nodes), its
+  batch script ``slurm-supervisor launch -- sleep``; the crashed node is the step's node that is not
+  the batch host (the batch host's death falls back to resubmission), and recovery ends when a
+  new step of the *same* job runs on two nodes none of which is the crashed one.
 
 Trials alternate (supervisor, Slurm alone, supervisor, ...). Between trials the daemon is stopped
 (SIGTERM), jobs are cancelled, the crashed node is restarted and every node is idle again
@@ -20,6 +25,7 @@ Trials alternate (supervisor, Slurm alone, supervisor, ...). Between trials the 
 
 Usage: .venv/bin/python bench/recovery.py [--trials 3] [--poll-interval 5.0]
                                           [--scheduler harness|slurm-default|both]
+                                          [--mode resubmit|in-allocation]
 The last line of stdout is one JSON object with the figures.
 """
 
@@ -34,6 +40,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import hostlist  # type: ignore[import-untyped]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -66,6 +74,8 @@ SCHEDULERS = {
     "slurm-default": {"SchedulerParameters": "bf_interval=30"},  # Slurm's default backfill interval
 }
 PAYLOAD = "srun sleep 100000\n"
+LAUNCHED = f"exec {sys.executable} -m supervisor launch -- sleep 100000\n"  # in-allocation: the launcher
+IN_ALLOCATION = 'mode = "in-allocation"\nhot_spares = 1\n'
 
 
 @dataclass
@@ -125,11 +135,36 @@ def watch_recovery(cluster: LocalSlurm, trial: Trial, t0: float, is_ours, timeou
     trial.error = f"not running again within {timeout:.0f} s"
 
 
-def wait_running(cluster: LocalSlurm, is_ours, what: str) -> Job:
+def watch_swap(cluster: LocalSlurm, trial: Trial, t0: float, timeout: float) -> None:
+    """In-allocation: poll the job's steps until a step runs on two nodes without the crashed one."""
+    deadline = t0 + timeout
+    while time.monotonic() < deadline:
+        for step_id, nodes in job_steps(cluster, trial.job_before):
+            if len(nodes) == RUN_NODES and trial.crashed not in nodes:
+                trial.recovery_s = time.monotonic() - t0
+                trial.job_after, trial.nodes_after = trial.job_before, nodes
+                trial.transitions.append(f"{trial.recovery_s:.2f}s step {step_id} on {','.join(nodes)}")
+                return
+        time.sleep(POLL_S)
+    trial.error = f"no step on the survivor and the spare within {timeout:.0f} s"
+
+
+def job_steps(cluster: LocalSlurm, job_id: int) -> list[tuple[str, tuple[str, ...]]]:
+    """The job's running steps other than the batch step: (step id, nodes)."""
+    result = cluster.run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %N"], timeout=15)
+    out = []
+    for line in result.stdout.splitlines() if result.returncode == 0 else ():
+        step, _, nodes = line.strip().partition(" ")
+        if step.split(".", 1)[-1].isdigit() and nodes:
+            out.append((step, tuple(hostlist.expand_hostlist(nodes))))
+    return out
+
+
+def wait_running(cluster: LocalSlurm, is_ours, what: str, size: int = RUN_NODES) -> Job:
     def ready() -> Job | None:
         snapshot = jobs(cluster) or []
         for j in snapshot:
-            if is_ours(j) and j.state == "RUNNING" and len(j.nodes) == RUN_NODES:
+            if is_ours(j) and j.state == "RUNNING" and len(j.nodes) == size:
                 return j
         return None
 
@@ -142,11 +177,12 @@ def wait_running(cluster: LocalSlurm, is_ours, what: str) -> Job:
 
 
 def supervisor_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interval: float) -> None:
-    d = work / f"supervisor-{trial.scheduler}-{trial.n}"
+    in_allocation = trial.mode == "in-allocation"
+    d = work / f"{trial.mode}-{trial.scheduler}-{trial.n}"
     (d / "state").mkdir(parents=True)
     (d / "out").mkdir()
-    run = f"bench-{trial.scheduler}-{trial.n}"
-    script = write_script(d / "train.sh", PAYLOAD)
+    run = f"bench-{trial.mode}-{trial.scheduler}-{trial.n}"
+    script = write_script(d / "train.sh", LAUNCHED if in_allocation else PAYLOAD)
     spec = write_run_spec(
         d / "run.toml",
         name=run,
@@ -154,8 +190,10 @@ def supervisor_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interva
         partition=cluster.partition,
         nodes=RUN_NODES,
         output=d / "out" / "%x-%j.out",
-        spares=cluster.nodes[-1],
+        spares=None if in_allocation else cluster.nodes[-1],
     )
+    if in_allocation:  # [restart] is the spec's last section
+        spec.write_text(spec.read_text() + IN_ALLOCATION)
     config = write_daemon_config(
         d / "supervisor.toml",
         cluster,
@@ -172,7 +210,7 @@ def supervisor_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interva
     daemon: DaemonProc = start_daemon(config, cluster, d / "daemon.log")
     try:
         supervisor_cli(config, cluster, "submit", str(spec))
-        job = wait_running(cluster, is_ours, f"run {run}'s job")
+        job = wait_running(cluster, is_ours, f"run {run}'s job", RUN_NODES + int(in_allocation))
 
         def daemon_sees_running() -> bool:
             if not daemon.alive():
@@ -183,9 +221,14 @@ def supervisor_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interva
         wait_for(daemon_sees_running, 30, "daemon reports the run running", interval=0.3)
         time.sleep(trial.phase_s)
         trial.job_before, trial.nodes_before, trial.crashed = job.job_id, job.nodes, job.batch_host
+        if in_allocation:  # the step's other node (the step runs on the first two, the batch host first)
+            trial.crashed = next(n for n in job.nodes[:RUN_NODES] if n != job.batch_host)
         cluster.crash_node(trial.crashed)
         t0, t0_wall = time.monotonic(), time.time()
-        watch_recovery(cluster, trial, t0, is_ours, RECOVERY_TIMEOUT_S)
+        if in_allocation:
+            watch_swap(cluster, trial, t0, RECOVERY_TIMEOUT_S)
+        else:
+            watch_recovery(cluster, trial, t0, is_ours, RECOVERY_TIMEOUT_S)
         events = [
             json.loads(line)
             for line in supervisor_cli(config, cluster, "logbook", run, "--json").splitlines()
@@ -198,6 +241,9 @@ def supervisor_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interva
         restarted = next((e for e in events if e["kind"] == "restarted"), None)
         if restarted is not None:
             trial.notes.append(f"restart: {restarted['message']}")
+        swapped = next((e for e in events if e["message"].startswith("swap in job")), None)
+        if swapped is not None:
+            trial.notes.append(f"swap: {swapped['message']}")
         if not daemon.alive():
             trial.notes.append(f"daemon exited early ({daemon.proc.returncode})")
     finally:
@@ -246,7 +292,7 @@ def slurm_alone_trial(cluster: LocalSlurm, work: Path, trial: Trial) -> None:
 def run_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interval: float) -> None:
     cluster.reset(timeout=90)
     try:
-        if trial.mode == "supervisor":
+        if trial.mode in ("supervisor", "in-allocation"):
             supervisor_trial(cluster, work, trial, poll_interval)
         else:
             slurm_alone_trial(cluster, work, trial)
@@ -281,11 +327,18 @@ def main() -> int:
         default=1,
         help="seed of the random wait (0 to one poll interval) before each crash (default 1)",
     )
+    parser.add_argument(
+        "--mode",
+        choices=["resubmit", "in-allocation"],
+        default="resubmit",
+        help="in-allocation: also run in-allocation trials (a hot spare swapped into the same job)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work and cluster directories")
     args = parser.parse_args()
     quiet_logs()
 
     schedulers = list(SCHEDULERS) if args.scheduler == "both" else [args.scheduler]
+    modes = ("supervisor", "slurm alone") + (("in-allocation",) if args.mode == "in-allocation" else ())
     work = Path(tempfile.mkdtemp(prefix="ssv-recovery-"))
     work.chmod(0o755)
     trials: list[Trial] = []
@@ -300,7 +353,7 @@ def main() -> int:
                     flush=True,
                 )
                 for n in range(1, args.trials + 1):
-                    for mode in ("supervisor", "slurm alone"):
+                    for mode in modes:
                         trial = Trial(mode, sched, n, phase_s=rng.uniform(0.0, args.poll_interval))
                         run_trial(cluster, work, trial, args.poll_interval)
                         trials.append(trial)
@@ -382,6 +435,14 @@ def main() -> int:
             "supervisor_trials_s": [_r(x) for x in sup],
             "slurm_alone_trials_s": [_r(x) for x in alone],
         }
+        if args.mode == "in-allocation":
+            inalloc = [
+                t.recovery_s for t in trials if t.scheduler == sched and t.mode == "in-allocation" and t.recovery_s
+            ]
+            m_in = median(inalloc)
+            figures[sched]["in_allocation_s"] = _r(m_in)
+            figures[sched]["in_allocation_ratio"] = _r(m_in / m_alone) if m_in and m_alone else None
+            figures[sched]["in_allocation_trials_s"] = [_r(x) for x in inalloc]
     headline = figures[schedulers[0]]
     failed = sum(1 for t in trials if t.error)
     print()
@@ -390,10 +451,16 @@ def main() -> int:
             f"{sched}: supervisor median {f['supervisor_s']} s, Slurm alone median {f['slurm_alone_s']} s, "
             f"ratio {f['ratio']} (goal <= 0.5)"
         )
+        if "in_allocation_s" in f:
+            print(
+                f"{sched}: in-allocation median {f['in_allocation_s']} s, ratio {f['in_allocation_ratio']} (goal <= 0.1)"
+            )
     result = {
         "supervisor_s": headline["supervisor_s"],
         "slurm_alone_s": headline["slurm_alone_s"],
         "ratio": headline["ratio"],
+        **{k: headline[k] for k in ("in_allocation_s", "in_allocation_ratio") if k in headline},
+        "mode": args.mode,
         "trials": args.trials,
         "scheduler": schedulers[0],
         "poll_interval_s": args.poll_interval,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from supervisor.domain.alloc_step import LauncherReport, StepGoal
 from supervisor.domain.blast import NodeChangeRecord
 from supervisor.domain.checkpoints import CheckpointRef, Level, Manifest, VerifyResult
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, NodeChange, NodeInfo, SubmitRequest
@@ -274,7 +275,22 @@ class ProgressLedger(Protocol):
     def progress(self, run: str) -> list[ProgressPoint]: ...
 
 
-class Store(RunStore, IntentJournal, Logbook, NodeMemory, CheckpointLedger, RollbackLedger, ProgressLedger, Protocol):
+class StepLedger(Protocol):
+    """In-allocation recovery: each job's step goal (one per generation) and its launcher's last
+    report (docs/in-allocation.md)."""
+
+    def set_step_goal(self, run: str, goal: StepGoal) -> bool: ...
+
+    def step_goal(self, run: str, job_id: int) -> StepGoal | None: ...
+
+    def launcher_reported(self, run: str, report: LauncherReport) -> None: ...
+
+    def channel_listening(self, now: float) -> None: ...
+
+
+class Store(
+    RunStore, IntentJournal, Logbook, NodeMemory, CheckpointLedger, RollbackLedger, ProgressLedger, StepLedger, Protocol
+):
     """Everything the daemon remembers (SQLite in production, one class implementing every part)."""
 
 

@@ -159,15 +159,7 @@ class ReportIngest:
         return self._accept(run, batch)
 
     def _authenticate(self, run: str, header: str) -> Response | None:
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return error(401, "missing 'Authorization: Bearer TOKEN' (the run's token)")
-        expected = self.tokens.get(run)
-        if expected is None:
-            return error(404, f"no supervised run named {run!r}")
-        if not hmac.compare_digest(token.strip().encode(), expected.encode()):
-            return error(403, f"the token is not run {run!r}'s token")
-        return None
+        return bearer_refusal(self.tokens, run, header)
 
     def _refusal(self, run: str, batch: ReportBatch, now: float) -> Response | None:
         """Why a well-formed batch is not heard: not this token's node or kind, or from the future.
@@ -233,6 +225,20 @@ class ReportIngest:
             self.rules.forget(evicted)
 
 
+def bearer_refusal(tokens: Mapping[str, str], run: str, header: str) -> Response | None:
+    """Why a request does not speak for ``run`` (None: it does): no bearer token, an unknown run,
+    or a token that is not the run's (compared in constant time). The launcher channel shares it."""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return error(401, "missing 'Authorization: Bearer TOKEN' (the run's token)")
+    expected = tokens.get(run)
+    if expected is None:
+        return error(404, f"no supervised run named {run!r}")
+    if not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        return error(403, f"the token is not run {run!r}'s token")
+    return None
+
+
 def _put(lru: OrderedDict[_K, _V], key: _K, value: _V, cap: int) -> list[_K]:
     """Set ``key`` as the most recent entry; drop (and return) the oldest beyond ``cap``."""
     lru[key] = value
@@ -256,4 +262,4 @@ class IngestServer(HttpServer):
         self.mount(REPORTS_PREFIX, ingest.handle)
 
 
-__all__ = ["IngestServer", "ReportIngest", "Request", "Response", "error"]
+__all__ = ["IngestServer", "ReportIngest", "Request", "Response", "bearer_refusal", "error"]

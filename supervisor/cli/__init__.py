@@ -15,6 +15,7 @@ from supervisor.cli.daemon import daemon
 from supervisor.cli.demo import demo
 from supervisor.cli.guard import guard
 from supervisor.cli.hooks import hook
+from supervisor.cli.launch import launch
 from supervisor.cli.logbook import logbook
 from supervisor.cli.quarantine import quarantine
 from supervisor.cli.runs import cancel, nodes, status, submit
@@ -71,6 +72,7 @@ for _command in (
     demo,
     ckpt,
     agent,
+    launch,
     quarantine,
     hook,
     simulate,

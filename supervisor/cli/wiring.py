@@ -16,6 +16,7 @@ from supervisor.adapters.fence import CommandFencer
 from supervisor.adapters.guard_client import GuardClient
 from supervisor.adapters.http_server import HttpServer, server_tls
 from supervisor.adapters.ingest import IngestServer, ReportIngest
+from supervisor.adapters.launcher_channel import LAUNCHER_PREFIX, LauncherChannel
 from supervisor.adapters.logtail import LogTail
 from supervisor.adapters.notify import Pager, PagerSettings, WebhookNotifier, notify_new_events, read_secret
 from supervisor.adapters.page_renderer import ProcessRenderer
@@ -192,6 +193,9 @@ def ingest(cfg: DaemonConfig, clock: SystemClock) -> tuple[ReportIngest, IngestS
         raise click.ClickException(str(exc)) from None
     feed = ReportIngest(book, HealthRules(gpu_health(cfg)), clock)
     server = IngestServer(feed, cfg.ingest.bind, cfg.ingest.port, cfg.ingest.max_body_bytes)
+    # in-allocation launchers poll here (docs/in-allocation.md); a store connection of its own, off the event loop
+    channel = LauncherChannel(book, SqliteStore(Path(cfg.daemon.state_dir)), clock)
+    server.mount(LAUNCHER_PREFIX, channel.handle, blocking=True)
     http_options(server, cfg)
     try:  # the read token is a secret like the hook token
         read_token = read_secret_file(i.read_token_file, "read_token_file", "ingest") if i.read_token_file else None

@@ -197,6 +197,21 @@ class RestartSection(Section):
         json_schema_extra=fix_hint("list exit codes from 1 to 255, e.g. do_not_restart_exit_codes = [93]"),
     )
     mode: RestartMode = RestartMode.RESUBMIT
+    # In-allocation mode (docs/in-allocation.md): nodes the job holds warm beyond run.nodes, and how
+    # long its launcher may stay silent before the run falls back to resubmission.
+    hot_spares: StrictInt = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        validate_default=True,
+        json_schema_extra=fix_hint("set how many hot spares the job holds, e.g. hot_spares = 1"),
+    )
+    launcher_timeout_s: FloatField = Field(
+        default=60.0,
+        ge=5,
+        le=3600,
+        json_schema_extra=fix_hint("set seconds from 5 to 3600, e.g. launcher_timeout_s = 60"),
+    )
     # Restart pacing (domain.backoff): attempts that die soon after starting are restarted later
     # and later; a crash loop pauses the run before each restart and pages.
     fast_failure_s: FloatField = Field(
@@ -218,6 +233,22 @@ class RestartSection(Section):
         gt=0,
         json_schema_extra=fix_hint("set seconds above 0, e.g. 3600 (the wait before each restart)"),
     )
+
+    @field_validator("hot_spares")
+    @classmethod
+    def _spares_match_mode(cls, value: int, info: ValidationInfo) -> int:
+        mode = info.data.get("mode")
+        if mode is RestartMode.IN_ALLOCATION and value < 1:
+            raise fail(
+                'mode = "in-allocation" needs at least one hot spare to swap in',
+                'set hot_spares = 1 (or more) under [restart], or use mode = "resubmit"',
+            )
+        if mode is not RestartMode.IN_ALLOCATION and value > 0:
+            raise fail(
+                'hot_spares is only used with mode = "in-allocation"',
+                'remove hot_spares, or set mode = "in-allocation" under [restart]',
+            )
+        return value
 
     @field_validator("backoff_max_s")
     @classmethod
@@ -381,4 +412,6 @@ class RunFile(Section):
             pacing=restart.pacing(),
             checkpoints=self.checkpoints.to_policy() if self.checkpoints else None,
             spikes=self.spikes.to_policy(),
+            hot_spares=restart.hot_spares,
+            launcher_timeout_s=restart.launcher_timeout_s,
         )

@@ -27,6 +27,7 @@ class ActionKind(StrEnum):
     SET_EXCLUDED = "set_excluded"
     RELEASE = "release"
     FENCE = "fence"
+    SWAP_STEP = "swap_step"
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,24 @@ class Fence:
     kind: ActionKind = ActionKind.FENCE
 
 
-Action = Submit | Cancel | ChangeNode | SetExcluded | Release | Fence
+@dataclass(frozen=True)
+class SwapStep:
+    """In-allocation recovery: the job's step becomes generation ``generation`` on ``nodes`` (``out``
+    replaced by the hot spares ``into``). Performing it writes the step goal the launcher converges
+    on; the engine fills ``resume`` before journaling, as for a submission."""
+
+    run: str
+    job_id: int
+    generation: int
+    nodes: tuple[str, ...]
+    out: tuple[str, ...]
+    into: tuple[str, ...]
+    reason: str
+    kind: ActionKind = ActionKind.SWAP_STEP
+    resume: ResumePlan | None = None
+
+
+Action = Submit | Cancel | ChangeNode | SetExcluded | Release | Fence | SwapStep
 
 
 @dataclass(frozen=True)

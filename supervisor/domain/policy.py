@@ -6,7 +6,7 @@ them; the next tick sees their effect. Every branch is idempotent: deciding twic
 inputs asks for nothing that already took effect.
 
 Here: the dispatch on the job's state, and nodes that returned to service. A running job's
-decisions are in ``faults``; a queued, requeued, finished or vanished job's in ``lifecycle``; what
+decisions are in ``faults`` (``in_allocation`` for a run that recovers inside its job); a queued, requeued, finished or vanished job's in ``lifecycle``; what
 all of them share in ``observation``; where the next job may go in ``placement``.
 """
 
@@ -23,6 +23,7 @@ from supervisor.domain.actions import (
 from supervisor.domain.cluster import JobState, NodeChange
 from supervisor.domain.completing import decide_completing
 from supervisor.domain.faults import decide_running
+from supervisor.domain.in_allocation import decide_in_allocation
 from supervisor.domain.lifecycle import (
     decide_cancel,
     decide_finished,
@@ -41,7 +42,7 @@ from supervisor.domain.observation import (
     set_terminal,
 )
 from supervisor.domain.records import EventKind, RunRecord
-from supervisor.domain.run import RunState
+from supervisor.domain.run import RestartMode, RunState
 
 __all__ = ["REASON_PREFIX", "Observation", "Policy", "decide", "node_reason"]
 
@@ -120,6 +121,8 @@ def _decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
         return decide_requeued(run, attempt, job, obs, policy)
     if job.state is JobState.PENDING:
         return decide_pending(run, attempt, job, obs, policy)
+    if job.state is JobState.RUNNING and run.spec.restart_mode is RestartMode.IN_ALLOCATION:
+        return decide_in_allocation(run, attempt, job, obs, policy)
     if job.state in (JobState.RUNNING, JobState.SUSPENDED):
         return decide_running(run, attempt, job, obs, policy)
     if job.state.finished and not job.completing:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from supervisor.domain.alloc_step import AllocationStep
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.run import RunSpec, RunState
 
@@ -57,6 +58,7 @@ class RunRecord:
     # node -> (since, why): degraded, kept out from the next restart or checkpoint boundary on
     deferred: Mapping[str, tuple[float, str]] = field(default_factory=dict)
     owner_uid: int | None = None  # who registered it (kernel-given UID); None: the instance's account
+    step: AllocationStep | None = None  # in-allocation mode: the current job's step, desired and reported
 
     @property
     def name(self) -> str:

@@ -67,6 +67,7 @@ class SparePolicy(StrEnum):
 class RestartMode(StrEnum):
     RESUBMIT = "resubmit"  # cancel the broken job, submit a fresh one with --exclude (default)
     REQUEUE = "requeue"  # let Slurm requeue the same job id, then fix its ExcNodeList
+    IN_ALLOCATION = "in-allocation"  # keep the job (--no-kill): swap a hot spare into the step (docs/in-allocation.md)
 
 
 DEFAULT_DO_NOT_RESTART = (93,)  # nvidia-resiliency-ext: "do not requeue"
@@ -141,6 +142,8 @@ class RunSpec:
     pacing: RestartPacing = field(default_factory=RestartPacing)
     checkpoints: CheckpointPolicy | None = None
     spikes: SpikePolicy = field(default_factory=SpikePolicy)
+    hot_spares: int = 0  # in-allocation mode: nodes the job holds beyond ``nodes``, warm
+    launcher_timeout_s: float = 60.0  # in-allocation mode: a launcher silent this long is gone
 
 
 @dataclass(frozen=True)

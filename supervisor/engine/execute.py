@@ -38,10 +38,13 @@ from supervisor.domain.actions import (
     SetExcluded,
     SetState,
     Submit,
+    SwapStep,
     Unexclude,
 )
+from supervisor.domain.alloc_step import StepGoal
 from supervisor.domain.blast import NodeChangeRecord
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange
+from supervisor.domain.in_allocation import swap_event
 from supervisor.domain.lemon import Fault
 from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.resume import ResumePlan, describe_plan
@@ -195,6 +198,8 @@ class Executor:
         if isinstance(action, Submit):
             # Chosen before the intent is journaled: a retried submission hands the same checkpoint.
             action = replace(action, resume=self.resume_for(run), nonce=intents.new_nonce())
+        elif isinstance(action, SwapStep):  # likewise: a retried swap relaunches from the same checkpoint
+            action = replace(action, resume=self.resume_for(run))
         params = params_of(action)
         if isinstance(action, Fence) and self.store.action_done(run.name, action.kind, params):
             return
@@ -247,6 +252,12 @@ class Executor:
         elif isinstance(action, Fence):
             assert self.fencer is not None
             self.fencer.fence(action.node)
+        elif isinstance(action, SwapStep):  # the launcher converges on it at its next poll
+            goal = StepGoal(
+                action.job_id, action.generation, action.nodes, action.reason, self.clock.now(), action.resume
+            )
+            self.store.set_step_goal(run.name, goal)
+            return {"generation": action.generation}
         return {}
 
     def _complete(self, run: RunRecord, intent: int, action: Action, outcome: Mapping[str, Any]) -> None:
@@ -257,6 +268,8 @@ class Executor:
                 self._submitted(run, action, int(outcome["job_id"]), now)
             elif isinstance(action, ChangeNode):
                 self._node_changed(run, intent, action, now)
+            elif isinstance(action, SwapStep):
+                self.apply([swap_event(run, action, now)])
             else:
                 self.apply(_done_events(run, action, now))
 
@@ -340,7 +353,9 @@ class Executor:
                 continue
             action = action_from(intent["kind"], intent["params"])
             tag = intents.intent_tag(run.name, self.store.instance_id, intent["id"], intent["params"])
-            outcome = effect_present(intent["kind"], tag, intent["params"], snap, self.own_uid)
+            outcome = effect_present(intent["kind"], tag, intent["params"], snap, self.own_uid) or self._goal_set(
+                run.name, action
+            )
             if outcome is not None:
                 log.info("intent_settled", intent=intent["id"], action=intent["kind"], outcome=outcome)
                 self._complete(run, intent["id"], action, outcome)
@@ -354,6 +369,13 @@ class Executor:
             except TransientError:
                 pass
         return blocked, acted
+
+    def _goal_set(self, run: str, action: Action) -> dict[str, Any] | None:
+        """A swap whose goal is in the store already took effect (the launcher reads it there)."""
+        if not isinstance(action, SwapStep):
+            return None
+        goal = self.store.step_goal(run, action.job_id)
+        return {"generation": goal.generation} if goal is not None and goal.generation >= action.generation else None
 
 
 def _done_events(run: RunRecord, action: Action, now: float) -> list[Record]:

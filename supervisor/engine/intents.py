@@ -19,7 +19,17 @@ from typing import Any
 
 import structlog
 
-from supervisor.domain.actions import Action, ActionKind, Cancel, ChangeNode, Fence, Release, SetExcluded, Submit
+from supervisor.domain.actions import (
+    Action,
+    ActionKind,
+    Cancel,
+    ChangeNode,
+    Fence,
+    Release,
+    SetExcluded,
+    Submit,
+    SwapStep,
+)
 from supervisor.domain.cluster import ClusterSnapshot, JobState, NodeChange, SubmitRequest
 from supervisor.domain.observation import REASON_PREFIX
 from supervisor.domain.records import Event, EventKind
@@ -35,6 +45,7 @@ _TYPES: Mapping[str, type] = {
     ActionKind.SET_EXCLUDED: SetExcluded,
     ActionKind.RELEASE: Release,
     ActionKind.FENCE: Fence,
+    ActionKind.SWAP_STEP: SwapStep,
 }
 
 
@@ -56,7 +67,7 @@ def action_from(kind: str, params: Mapping[str, Any]) -> Action:
     args = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
     if cls is ChangeNode:
         args["change"] = NodeChange(str(args["change"]))
-    if cls is Submit and args.get("resume") is not None:  # also the plan dicts older daemons journaled
+    if cls in (Submit, SwapStep) and args.get("resume") is not None:  # also the plan dicts older daemons journaled
         args["resume"] = ResumePlan.from_json(args["resume"])
     return cls(**args)  # type: ignore[no-any-return]
 
@@ -88,15 +99,18 @@ def submit_request(
         env["SLURM_SUPERVISOR_TOKEN"] = token
     if action.resume is not None:
         env.update(resume_env(action.resume))
+    in_allocation = spec.restart_mode is RestartMode.IN_ALLOCATION
+    if in_allocation:  # the launcher runs the step on SSV_RUN_NODES of the job's nodes, the rest warm
+        env["SSV_RUN_NODES"] = str(spec.nodes)
     return SubmitRequest(
         run=spec.name,
         script=spec.script,
         job_name=spec.name,
         partition=spec.partition,
-        nodes=spec.nodes,
+        nodes=spec.nodes + (spec.hot_spares if in_allocation else 0),
         comment=tag,
         exclude=action.exclude,
-        extra_args=spec.sbatch_args,
+        extra_args=(("--no-kill",) if in_allocation else ()) + spec.sbatch_args,
         env=env,
         output=spec.output,
         workdir=spec.workdir,
@@ -117,7 +131,7 @@ def effect_present(
     if kind == ActionKind.NODE_STATE:
         node = snap.nodes.get(params["node"])
         return _node_effect(params, node)
-    return None  # FENCE: nothing in Slurm shows it; the journal alone says it was done
+    return None  # FENCE: nothing in Slurm shows it; SWAP_STEP: the store does (Executor.settle_open_intents)
 
 
 def _submitted(tag: str, snap: ClusterSnapshot, uid: int | None) -> dict[str, Any] | None:

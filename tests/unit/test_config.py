@@ -220,7 +220,7 @@ def test_wrong_types_and_values_in_run(tmp_path: Path, line: str, expected: str)
     [
         ("do_not_restart_exit_codes = [93, 300]", "restart.do_not_restart_exit_codes[1] = 300: must be <= 255"),
         ("do_not_restart_exit_codes = [0]", "restart.do_not_restart_exit_codes[0] = 0: must be >= 1"),
-        ('mode = "again"', 'restart.mode = "again": must be one of "resubmit" or "requeue"'),
+        ('mode = "again"', 'restart.mode = "again": must be one of "resubmit", "requeue" or "in-allocation"'),
         ('max_restarts = "3"', 'restart.max_restarts = "3": must be a whole number, not a string'),
         ("max_restarts = true", "restart.max_restarts = true: must be a whole number, not a boolean"),
     ],

@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from supervisor.adapters.sqlite.alloc_steps import read_step
 from supervisor.adapters.sqlite.base import SqliteBase
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import AttemptRecord, RunRecord
@@ -182,8 +183,10 @@ class SqliteRuns(SqliteBase):
         ex = self._db.execute(
             "SELECT node, reason, since, deferred FROM exclusions WHERE run = ? ORDER BY node", (name,)
         ).fetchall()
+        spec = _spec_from_json(json.loads(row["spec"]))
+        in_allocation = spec.restart_mode is RestartMode.IN_ALLOCATION and a is not None
         return RunRecord(
-            spec=_spec_from_json(json.loads(row["spec"])),
+            spec=spec,
             state=RunState(row["state"]),
             restarts_spent=row["restarts_spent"],
             created_at=row["created_at"],
@@ -194,6 +197,7 @@ class SqliteRuns(SqliteBase):
             excluded={r["node"]: r["reason"] for r in ex if not r["deferred"]},
             deferred={r["node"]: (r["since"], r["reason"]) for r in ex if r["deferred"]},
             owner_uid=row["owner_uid"],
+            step=read_step(self._db, name, a["job_id"]) if in_allocation else None,
         )
 
 

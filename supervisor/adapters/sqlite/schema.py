@@ -240,6 +240,31 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (run, attempt, step)
     );
     """,
+    # in-allocation recovery (docs/in-allocation.md): the step each job should run (one row per
+    # generation, written by a journaled swap) and what its launcher said last
+    """
+    CREATE TABLE alloc_steps (
+        run TEXT NOT NULL REFERENCES runs(name) ON DELETE CASCADE,
+        job_id INTEGER NOT NULL,
+        generation INTEGER NOT NULL,
+        nodes TEXT NOT NULL,
+        resume TEXT,
+        reason TEXT NOT NULL,
+        decided_at REAL NOT NULL,
+        PRIMARY KEY (run, job_id, generation)
+    );
+    CREATE TABLE launcher_reports (
+        run TEXT NOT NULL REFERENCES runs(name) ON DELETE CASCADE,
+        job_id INTEGER NOT NULL,
+        generation INTEGER NOT NULL,
+        alive INTEGER NOT NULL,
+        nodes TEXT NOT NULL,
+        host TEXT NOT NULL,
+        exit_code INTEGER,
+        at REAL NOT NULL,
+        PRIMARY KEY (run, job_id)
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

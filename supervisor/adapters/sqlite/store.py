@@ -2,11 +2,12 @@
 
 Runs and attempts (``runs``), the intent journal (``journal``), the logbook for people
 (``logbook``), node memory (``nodes``), the checkpoint ledger (``checkpoints``), rollbacks
-(``rollbacks``), the progress series (``progress``).
+(``rollbacks``), the progress series (``progress``), in-allocation steps (``alloc_steps``).
 """
 
 from __future__ import annotations
 
+from supervisor.adapters.sqlite.alloc_steps import SqliteAllocSteps
 from supervisor.adapters.sqlite.base import DB_NAME, SqliteBase
 from supervisor.adapters.sqlite.checkpoints import SqliteCheckpoints
 from supervisor.adapters.sqlite.journal import SqliteJournal
@@ -27,6 +28,7 @@ class SqliteStore(
     SqliteCheckpoints,
     SqliteRollbacks,
     SqliteProgress,
+    SqliteAllocSteps,
     SqliteBase,
 ):
     """Implements every store port (supervisor.ports) on one SQLite database."""

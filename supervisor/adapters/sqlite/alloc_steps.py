@@ -1,0 +1,88 @@
+"""In-allocation recovery's step records: the goal each job's step converges on (written by the
+engine's journaled ``swap_step`` only) and the launcher's last report (written by the launcher
+channel through its own connection: a fact, like a heartbeat, repeated every poll)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from supervisor.adapters.sqlite.base import SqliteBase
+from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoal
+from supervisor.domain.resume import ResumePlan
+
+_SINCE = "launcher_channel_since"
+
+
+class SqliteAllocSteps(SqliteBase):
+    def set_step_goal(self, run: str, goal: StepGoal) -> bool:
+        """Record the goal; the generation is the key, so writing it again changes nothing.
+        True when it was new."""
+        resume = json.dumps(goal.resume.to_json()) if goal.resume is not None else None
+        with self.transaction() as db:
+            cur = db.execute(
+                "INSERT OR IGNORE INTO alloc_steps(run, job_id, generation, nodes, resume, reason, decided_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run, goal.job_id, goal.generation, json.dumps(list(goal.nodes)), resume, goal.reason, goal.decided_at),
+            )
+            return cur.rowcount == 1
+
+    def step_goal(self, run: str, job_id: int) -> StepGoal | None:
+        """The job's newest goal (None: generation 0, the launcher's own start)."""
+        return _newest_goal(self._db, run, job_id)
+
+    def launcher_reported(self, run: str, report: LauncherReport) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO launcher_reports(run, job_id, generation, alive, nodes, host, exit_code, at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run, job_id) DO UPDATE SET"
+                " generation = excluded.generation, alive = excluded.alive, nodes = excluded.nodes,"
+                " host = excluded.host, exit_code = excluded.exit_code, at = excluded.at",
+                (
+                    run,
+                    report.job_id,
+                    report.generation,
+                    int(report.alive),
+                    json.dumps(list(report.nodes)),
+                    report.host,
+                    report.exit_code,
+                    report.at,
+                ),
+            )
+
+    def launcher_report(self, run: str, job_id: int) -> LauncherReport | None:
+        return _report(self._db, run, job_id)
+
+    def channel_listening(self, now: float) -> None:
+        """The launcher channel listens from ``now`` (the daemon started)."""
+        with self.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (_SINCE, repr(now)))
+
+
+def read_step(db: sqlite3.Connection, run: str, job_id: int) -> AllocationStep:
+    """The job's step as a run record carries it (read with the run)."""
+    since = db.execute("SELECT value FROM meta WHERE key = ?", (_SINCE,)).fetchone()
+    return AllocationStep(_newest_goal(db, run, job_id), _report(db, run, job_id), float(since[0]) if since else 0.0)
+
+
+def _newest_goal(db: sqlite3.Connection, run: str, job_id: int) -> StepGoal | None:
+    row = db.execute(
+        "SELECT * FROM alloc_steps WHERE run = ? AND job_id = ? ORDER BY generation DESC LIMIT 1", (run, job_id)
+    ).fetchone()
+    return None if row is None else _goal(row)
+
+
+def _report(db: sqlite3.Connection, run: str, job_id: int) -> LauncherReport | None:
+    row = db.execute("SELECT * FROM launcher_reports WHERE run = ? AND job_id = ?", (run, job_id)).fetchone()
+    if row is None:
+        return None
+    nodes = tuple(json.loads(row["nodes"]))
+    return LauncherReport(
+        row["job_id"], row["generation"], bool(row["alive"]), nodes, row["host"], row["at"], row["exit_code"]
+    )
+
+
+def _goal(row: sqlite3.Row) -> StepGoal:
+    resume = ResumePlan.from_json(json.loads(row["resume"])) if row["resume"] else None
+    nodes = tuple(json.loads(row["nodes"]))
+    return StepGoal(row["job_id"], row["generation"], nodes, row["reason"], row["decided_at"], resume)

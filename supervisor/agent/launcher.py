@@ -1,0 +1,143 @@
+"""The in-allocation launcher (``slurm-supervisor launch -- CMD...``, run by the batch script on the
+batch host): it runs the training as a job step on ``nodes`` of the job's nodes and converges on
+the step the daemon wants (docs/in-allocation.md).
+
+Generation 0 starts at once on the first ``nodes`` of the allocation, without asking anyone. Every
+``poll_s`` the launcher reports its step (generation, alive, exit code, nodes, host) and reads the
+goal: a newer generation stops the step (SIGTERM to srun, which signals the tasks; SIGKILL after
+``stop_grace_s``) and starts it on the goal's nodes with the goal's resume variables. A goal whose
+nodes are not ``nodes`` names of this job's allocation is refused. A step that ends by itself with
+success ends the launcher; after a failure it waits ``decision_wait_s`` for a new generation (the
+daemon may be about to swap a node that killed it), then exits with the step's code. SIGTERM (the
+job cancelled) stops the step and ends the launcher. Argv lists only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from supervisor.adapters.launcher_channel import LauncherGoal, LauncherPoll
+from supervisor.agent.launcher_client import ChannelClient
+
+log = structlog.get_logger(__name__)
+
+_STEP_ENV = re.compile(r"^SSV_[A-Z0-9_]{1,40}$")  # what a goal may set in the step's environment
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    command: tuple[str, ...]
+    nodes: int
+    allocation: tuple[str, ...]  # the job's nodes (SLURM_JOB_NODELIST, expanded), in Slurm's order
+    job_id: int
+    host: str
+    ntasks_per_node: int = 1
+    poll_s: float = 1.0
+    decision_wait_s: float = 30.0
+    stop_grace_s: float = 10.0
+    srun: str = "srun"
+
+
+class Step:
+    """One generation's ``srun``."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        self.argv = list(argv)
+        self.proc = subprocess.Popen(self.argv, env=dict(env))  # noqa: S603 - argv list
+
+    def exit_code(self) -> int | None:
+        code = self.proc.poll()
+        return None if code is None else (128 - code if code < 0 else code)
+
+    def stop(self, grace_s: float) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Launcher:
+    def __init__(self, settings: LaunchSettings, client: ChannelClient | None) -> None:
+        self.s = settings
+        self.client = client
+        self.stopping = threading.Event()
+        self.generation = 0
+        self.nodes = settings.allocation[: settings.nodes]
+        self._env: dict[str, str] = {}
+        self._refused = -1  # the generation last refused
+
+    def run(self) -> int:
+        step = self._start()
+        ended_at: float | None = None
+        while not self.stopping.is_set():
+            code = step.exit_code()
+            goal = self._poll(code)
+            if goal is not None:
+                step.stop(self.s.stop_grace_s)
+                self._adopt(goal)
+                step, ended_at = self._start(), None
+                continue
+            if code == 0:
+                return 0
+            if code is not None:
+                ended_at = ended_at if ended_at is not None else time.monotonic()
+                if time.monotonic() - ended_at >= self.s.decision_wait_s:
+                    log.warning("launcher_step_failed", generation=self.generation, exit_code=code)
+                    return code
+            self.stopping.wait(self.s.poll_s)
+        step.stop(self.s.stop_grace_s)
+        return 143
+
+    def argv(self) -> list[str]:
+        s, n = self.s, len(self.nodes)
+        return [
+            s.srun,
+            f"--nodes={n}",
+            f"--ntasks={n * s.ntasks_per_node}",
+            f"--ntasks-per-node={s.ntasks_per_node}",
+            f"--nodelist={','.join(self.nodes)}",
+            "--kill-on-bad-exit=1",
+            # Until the dead node is DOWN, slurmctld keeps the stopped step's resources on the
+            # survivors and a new step waits for them (measured: docs/in-allocation.md); the old
+            # srun has exited by now, so sharing them with what is left of it is safe.
+            "--overlap",
+            *s.command,
+        ]
+
+    def _start(self) -> Step:
+        env = {**os.environ, **self._env, "SSV_STEP_GENERATION": str(self.generation)}
+        log.info("launcher_step_start", generation=self.generation, nodes=list(self.nodes))
+        return Step(self.argv(), env)
+
+    def _poll(self, code: int | None) -> LauncherGoal | None:
+        """The daemon's goal when it asks for a newer generation this launcher can run; else None."""
+        if self.client is None:
+            return None
+        report = LauncherPoll(self.s.job_id, self.generation, code is None, list(self.nodes), self.s.host, code)
+        goal = self.client.poll(report)
+        if goal is None or goal.generation <= self.generation or not goal.nodes:
+            return None
+        if len(goal.nodes) != self.s.nodes or not set(goal.nodes) <= set(self.s.allocation):
+            if goal.generation != self._refused:  # said once per generation
+                log.error("launcher_goal_refused", generation=goal.generation, nodes=goal.nodes[:16])
+                self._refused = goal.generation
+            return None
+        return goal
+
+    def _adopt(self, goal: LauncherGoal) -> None:
+        assert goal.nodes is not None
+        self.generation, self.nodes = goal.generation, tuple(goal.nodes)
+        self._env = {k: v for k, v in goal.env.items() if _STEP_ENV.match(k)}

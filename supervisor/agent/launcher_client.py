@@ -1,0 +1,66 @@
+"""The launcher's side of the channel (``adapters.launcher_channel``): one POST per poll with the
+run's token, the answer read bounded and validated. Any failure is "no answer": the launcher
+keeps its step as it is (jobs outlive the daemon)."""
+
+from __future__ import annotations
+
+import http.client
+import urllib.parse
+
+import msgspec
+import structlog
+
+from supervisor.adapters.launcher_channel import LAUNCHER_PREFIX, LauncherGoal, LauncherPoll
+
+log = structlog.get_logger(__name__)
+
+MAX_ANSWER = 1 << 16  # bytes read of an answer; a goal is a few hundred
+
+
+class ChannelClient:
+    def __init__(self, url: str, run: str, token: str, timeout_s: float = 5.0) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        self._parsed = parsed
+        self.path = f"{parsed.path.rstrip('/')}{LAUNCHER_PREFIX}{urllib.parse.quote(run, safe='')}"
+        self._token = token
+        self.timeout_s = timeout_s
+        self._decoder = msgspec.json.Decoder(LauncherGoal)
+        self._problem: str | None = None
+
+    def poll(self, report: LauncherPoll) -> LauncherGoal | None:
+        """Report; the goal the daemon answers, or None when it does not (said once in the log)."""
+        status, body = self._post(msgspec.json.encode(report))
+        if status != 200:
+            self._say(f"{status or 'no answer'}: {body[:200]!r}")
+            return None
+        try:
+            goal = self._decoder.decode(body)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            self._say(f"unreadable answer: {exc}")
+            return None
+        self._say(None)
+        return goal if goal.job_id == report.job_id else None
+
+    def _post(self, body: bytes) -> tuple[int, bytes]:
+        p = self._parsed
+        cls = http.client.HTTPSConnection if p.scheme == "https" else http.client.HTTPConnection
+        conn = cls(p.hostname or "", p.port, timeout=self.timeout_s)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._token}"}
+        try:
+            conn.request("POST", self.path, body=body, headers=headers)
+            response = conn.getresponse()
+            return response.status, response.read(MAX_ANSWER)
+        except (OSError, http.client.HTTPException) as exc:
+            return 0, f"{type(exc).__name__}: {exc}".encode()
+        finally:
+            conn.close()
+
+    def _say(self, problem: str | None) -> None:
+        if problem != self._problem:
+            if problem is None:
+                log.info("launcher_daemon_reachable")
+            else:
+                log.warning("launcher_daemon_unreachable", problem=problem)
+            self._problem = problem

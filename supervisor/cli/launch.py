@@ -1,0 +1,79 @@
+"""`slurm-supervisor launch -- CMD...`: the in-allocation launcher, run by the batch script (on the
+batch host) of a run with ``[restart] mode = "in-allocation"``. Wiring only (supervisor.agent.launcher)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from types import FrameType
+
+import click
+import hostlist  # type: ignore[import-untyped]
+
+from supervisor.agent.launcher import Launcher, LaunchSettings
+from supervisor.agent.launcher_client import ChannelClient
+from supervisor.cli.agent import _token
+
+
+def _env_int(name: str, low: int = 1) -> int:
+    text = os.environ.get(name, "")
+    if not text.isdigit() or int(text) < low:
+        raise click.ClickException(f"${name} is {text!r}: run `launch` inside the run's Slurm job (sbatch sets it)")
+    return int(text)
+
+
+def _allocation() -> tuple[str, ...]:
+    text = os.environ.get("SLURM_JOB_NODELIST", "")
+    try:
+        nodes = tuple(hostlist.expand_hostlist(text)) if text else ()
+    except hostlist.BadHostlist:
+        nodes = ()
+    if not nodes or len(nodes) > 65_536:
+        raise click.ClickException(f"$SLURM_JOB_NODELIST is {text[:80]!r}: run `launch` inside the run's Slurm job")
+    return nodes
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.option("--nodes", "run_nodes", type=click.IntRange(1, 65_536), envvar="SSV_RUN_NODES", help="Nodes of the step (env SSV_RUN_NODES, set by the supervisor).")  # fmt: skip
+@click.option("--ntasks-per-node", type=click.IntRange(1, 1024), default=1, show_default=True, help="Tasks per node of the step.")  # fmt: skip
+@click.option("--poll", "poll_s", type=click.FloatRange(0.1, 60), default=1.0, show_default=True, help="Seconds between polls of the daemon.")  # fmt: skip
+@click.option("--decision-wait", "decision_wait_s", type=click.FloatRange(0, 3600), default=30.0, show_default=True, help="After the step fails: seconds to wait for the daemon to relaunch it before exiting with its code.")  # fmt: skip
+@click.option("--daemon-url", envvar="SLURM_SUPERVISOR_URL", metavar="URL", help="The daemon's ingest (env SLURM_SUPERVISOR_URL).")  # fmt: skip
+@click.option("--run", "run_name", envvar="SLURM_SUPERVISOR_RUN", metavar="RUN", help="The supervised run (env SLURM_SUPERVISOR_RUN).")  # fmt: skip
+@click.option("--token-file", envvar="SLURM_SUPERVISOR_TOKEN_FILE", type=click.Path(dir_okay=False), help="File holding the run's token (else env SLURM_SUPERVISOR_TOKEN).")  # fmt: skip
+@click.argument("command", nargs=-1, required=True)
+def launch(
+    run_nodes: int | None,
+    ntasks_per_node: int,
+    poll_s: float,
+    decision_wait_s: float,
+    daemon_url: str | None,
+    run_name: str | None,
+    token_file: str | None,
+    command: tuple[str, ...],
+) -> None:
+    """Run COMMAND as the job's training step on the run's nodes; swap in hot spares when the
+    supervisor says so (docs/in-allocation.md)."""
+    allocation = _allocation()
+    nodes = run_nodes or len(allocation)
+    if nodes > len(allocation):
+        raise click.ClickException(f"the step needs {nodes} nodes; the job holds {len(allocation)}")
+    client = None
+    if daemon_url and run_name:
+        try:
+            client = ChannelClient(daemon_url, run_name, _token(token_file))
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    settings = LaunchSettings(
+        command, nodes, allocation, _env_int("SLURM_JOB_ID"), host, ntasks_per_node, poll_s, decision_wait_s
+    )
+    launcher = Launcher(settings, client)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        launcher.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    sys.exit(launcher.run())
