@@ -13,12 +13,19 @@ When a cluster cannot start here (binaries missing, not root, no writable cgroup
 skipped, except under ``CI=true``, where it fails with the reason. Tests that use these fixtures
 are marked ``slurm`` automatically; mark them explicitly too (``pytestmark = pytest.mark.slurm``).
 Set ``LOCALSLURM_KEEP=1`` to keep the clusters' directories (logs) after the run.
+
+* ``demo_state_copy``: ``demo_state_copy(dest, hours=12, crashes=2, seed=7)`` puts a copy of the
+  simulated demo run's state directory (``supervisor.sim.demo.run_demo``) at ``dest`` and returns
+  it. Each distinct demo is simulated once per session (a 12 h demo takes seconds) and copied per
+  use, so a test may change its copy freely.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,3 +120,21 @@ def make_slurm() -> Iterator[Callable[..., LocalSlurm]]:
     finally:
         for cluster in started:
             cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_state_copy(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    from supervisor.sim.demo import DemoSettings, run_demo  # here: only sessions that use the demo import it
+
+    pristine: dict[tuple[float, int, int], Path] = {}
+
+    def copy(dest: Path, hours: float = 12, crashes: int = 2, seed: int = 7) -> Path:
+        key = (hours, crashes, seed)
+        if key not in pristine:
+            state = tmp_path_factory.mktemp(f"demo-{hours:g}h-{crashes}-{seed}")
+            run_demo(DemoSettings(hours=hours, crashes=crashes, seed=seed), state_dir=str(state))
+            pristine[key] = state
+        shutil.copytree(pristine[key], dest, dirs_exist_ok=True)
+        return Path(dest)
+
+    return copy

@@ -14,6 +14,7 @@ times (None: always); the first matching rule wins. ``hits`` counts faults injec
 
 from __future__ import annotations
 
+import functools
 import http.client
 import http.server
 import socket
@@ -81,7 +82,9 @@ class FaultProxy:
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
+        # serve_forever's default poll (0.5 s) is what stop() waits: half a second per test using a proxy
+        serve = functools.partial(self._server.serve_forever, poll_interval=0.05)
+        self._thread = threading.Thread(target=serve, name="fault-proxy", daemon=True)
         self._thread.start()
         return self
 

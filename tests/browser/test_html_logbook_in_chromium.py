@@ -8,17 +8,19 @@ import pytest
 
 from supervisor.adapters.html_logbook import render_html
 from supervisor.adapters.sqlite import SqliteStore
-from supervisor.sim.demo import RUN, DemoSettings, run_demo
+from supervisor.sim.demo import RUN
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 T0 = 1795910400.0  # the demo's start, 2026-11-29 00:00 UTC
 
 
-def _page(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def demo_page(tmp_path_factory: pytest.TempPathFactory, demo_state_copy) -> Path:
     """The demo run's page, with a made-up progress series (the demo's trainer writes none) so the
-    curves are drawn: a loss spike at 6 h."""
-    run_demo(DemoSettings(hours=12, crashes=2, seed=7), state_dir=str(tmp_path / "state"))
+    curves are drawn: a loss spike at 6 h. Built once for the module; the tests only read it."""
+    tmp_path = tmp_path_factory.mktemp("logbook-page")
+    demo_state_copy(tmp_path / "state")  # the demo's 12 h run, simulated once per session
     store = SqliteStore(tmp_path / "state")
     try:
         series = [
@@ -33,8 +35,8 @@ def _page(tmp_path: Path) -> Path:
     return page
 
 
-def test_the_page_loads_without_console_messages_and_shows_its_timeline(chromium, tmp_path):
-    loaded = chromium.load(_page(tmp_path))
+def test_the_page_loads_without_console_messages_and_shows_its_timeline(chromium, demo_page):
+    loaded = chromium.load(demo_page)
     assert loaded.console == [], loaded.console
     assert 'data-ready="1"' in loaded.dom  # the inline script ran to its end
     assert re.search(r'<svg id="timeline"[^>]*>.*?<g class="bar run', loaded.dom, re.S)
@@ -44,10 +46,10 @@ def test_the_page_loads_without_console_messages_and_shows_its_timeline(chromium
     assert "restart after node fault on n002" in loaded.dom
 
 
-def test_the_console_check_catches_errors_and_blocked_fetches(chromium, tmp_path):
+def test_the_console_check_catches_errors_and_blocked_fetches(chromium, demo_page, tmp_path):
     """The check above can fail: a page that fetches from the network and throws is caught."""
     page = tmp_path / "bad.html"
-    html = _page(tmp_path).read_text()
+    html = demo_page.read_text()
     html = html.replace("</main>", '</main><img src="https://cdn.example.com/x.png"><script>nosuch();</script>')
     page.write_text(html)
     loaded = chromium.load(page)

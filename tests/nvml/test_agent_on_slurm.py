@@ -8,6 +8,7 @@ the real pynvml; every node has its own stand-in state file (the nodes share thi
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -49,22 +50,35 @@ def start(cluster, tmp_path, standin_library, heartbeat: str = ""):
     return sup, gpus
 
 
-def wait_reports(sup: SupervisorProcess, nodes, timeout: float = 30.0) -> None:
+def _json_lines(path: Path) -> list[dict]:
+    lines = []
+    for raw in path.read_text(errors="replace").splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except json.JSONDecodeError:
+            continue  # the job's other output
+    return [e for e in lines if isinstance(e, dict)]
+
+
+def wait_agents_up(workdir: Path, nodes, timeout: float = 30.0, interval_s: float = 1.0) -> None:
+    """Until every node's agent has started (its ``agent_started`` line in the job's output), then
+    two agent intervals: its first sample (NVML opened, XID events registered) goes out at once.
+    The daemon logs nothing per accepted report, so the agents' own output is what says so."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen = {line.get("node") for line in sup.log_lines() if line.get("event") == "node_report_accepted"}
-        if set(nodes) <= seen:
-            return
-        time.sleep(0.3)
-    # the ingest logs nothing per report by default: fall back to the agents having had time to start
-    time.sleep(3.0)
+    started: set[str] = set()
+    while not set(nodes) <= started:
+        assert time.monotonic() < deadline, f"agents on {sorted(set(nodes) - started)} did not start in {timeout} s"
+        time.sleep(0.2)
+        for out in workdir.glob("llm-*.out"):
+            started |= {e.get("node") for e in _json_lines(out) if e.get("event") == "agent_started"}
+    time.sleep(2 * interval_s)
 
 
 def test_an_xid_79_drains_the_node_and_restarts_the_run_within_seconds(slurm_cluster, tmp_path, standin_library):
     sup, gpus = start(slurm_cluster, tmp_path, standin_library)
     try:
         first = sup.wait_running("llm", attempt=0)
-        wait_reports(sup, first["running_on"])
+        wait_agents_up(tmp_path, first["running_on"])
         victim = first["running_on"][1]
         injected = time.monotonic()
         gpus[victim].xid(3, 79)
@@ -85,7 +99,9 @@ def test_a_frozen_node_is_caught_by_its_silent_agent_before_slurm_notices(make_s
     """Ours: the fault in the logbook. Slurm's: an idle bystander frozen at the same moment, until
     Slurm flags it NOT_RESPONDING — after its next ping fails: pings go every SlurmdTimeout/3 (10 s
     here; 100 s with the default 300 s) and fail after MessageTimeout (5 s here, 10 s default)."""
-    cluster = make_slurm(5, extra_conf={"SlurmdTimeout": "30"})
+    # KillWait 5 (Slurm's default: 30): the restart waits KillWait + a margin for the old job left
+    # COMPLETING on its healthy node, as in test_daemon_slurm's frozen batch host; not this test's subject.
+    cluster = make_slurm(5, extra_conf={"SlurmdTimeout": "30", "KillWait": "5"})
     sup, _ = start(
         cluster,
         tmp_path,
@@ -97,7 +113,8 @@ def test_a_frozen_node_is_caught_by_its_silent_agent_before_slurm_notices(make_s
         first = sup.wait_running("llm", attempt=0)
         time.sleep(8.0)  # past the heartbeat grace; agents report every second
         victim = first["running_on"][0]
-        bystander = next(n for n in cluster.nodes if cli.snapshot().nodes[n].idle)
+        bystander = cluster.nodes[-1]  # the run's named spare: idle, and never a node of its restart
+        assert cli.snapshot().nodes[bystander].idle
         cluster.freeze_node(victim)  # slurmd and the agent stop; the slurmd port still accepts
         cluster.freeze_node(bystander)
         frozen = time.monotonic()

@@ -141,7 +141,11 @@ def test_daemon_killed_mid_recovery_resumes_without_duplicates(slurm_cluster, tm
     assert_no_overlap(marks)
 
 
-def test_controller_down_for_a_minute(slurm_cluster, tmp_path):
+def test_controller_down_for_half_a_minute(slurm_cluster, tmp_path):
+    """Slurm's controller silent for 30 s while a node of the run crashes: the daemon keeps running,
+    acts on nothing it cannot see, keeps retrying with waits that grow (measured: tries at 0, 6, 13,
+    22 s; each waits out ~5 s of command timeout), and recovers the run once the controller is back.
+    (It was a minute: the same checks, 30 s more of the suite's time.)"""
     sup = SupervisorProcess(slurm_cluster, tmp_path)
     spec, marks = start_run(slurm_cluster, tmp_path)
     sup.start()
@@ -151,7 +155,7 @@ def test_controller_down_for_a_minute(slurm_cluster, tmp_path):
         slurm_cluster.stop_controller()
         victim = first["running_on"][0]
         slurm_cluster.crash_node(victim)  # a fault while Slurm cannot be asked or told
-        time.sleep(60)
+        time.sleep(30)
         assert sup.proc is not None and sup.proc.poll() is None, "the daemon must keep running"
         assert sup.status("llm")["attempt"] == 0  # no action on stale data
         slurm_cluster.start_controller()
@@ -160,7 +164,7 @@ def test_controller_down_for_a_minute(slurm_cluster, tmp_path):
         sup.stop()
     assert second["restarts"]["spent"] == 1
     waits = [line for line in sup.log_lines() if line.get("event") == "slurm_unreachable"]
-    assert 3 <= len(waits) <= 20, f"expected a backoff, saw {len(waits)} retries in a minute"
+    assert 3 <= len(waits) <= 10, f"expected a backoff, saw {len(waits)} retries in half a minute"
     assert_no_overlap(marks)
 
 
@@ -274,6 +278,9 @@ def test_a_frozen_trainer_is_detected_as_hung_and_restarted(slurm_cluster, tmp_p
     hang = "[hang]\nmultiple = 2.0\nfloor_s = 4.0\ncap_s = 60.0\nstartup_grace_s = 60.0\n"
     sup = SupervisorProcess(slurm_cluster, tmp_path, extra=hang)
     spec = write_run(tmp_path, "llm", nodes=1, partition=slurm_cluster.partition, script_body=FREEZES)
+    # The hung attempt ended ~12 s after it started: a fast failure, restarted after the pacing's
+    # first delay (30 s by default; pacing is tests/unit/test_restart_pacing.py's subject, not this one's).
+    spec.write_text(spec.read_text() + "backoff_base_s = 1.0\n")  # write_run's last section is [restart]
     sup.start()
     try:
         sup.cli("submit", str(spec))

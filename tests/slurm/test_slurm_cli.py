@@ -172,20 +172,6 @@ def test_bad_requests_are_permanent(cli: SlurmCli) -> None:
         cli.submit(SubmitRequest(run="r", script="/bin/true", job_name="x", partition="nosuch", nodes=1, comment="c"))
 
 
-def test_crashed_node_not_responding_then_down(slurm_cluster: LocalSlurm, cli: SlurmCli) -> None:
-    job_id = cli.submit(request(slurm_cluster, "exec sleep 300", requeue=True))
-    node = wait_job(slurm_cluster, cli, job_id, running, "running").nodes[0]
-    started = time.monotonic()
-    slurm_cluster.crash_node(node)
-    wait_node(slurm_cluster, cli, node, lambda n: not n.responding, "NOT_RESPONDING")
-    not_responding_after = time.monotonic() - started
-    down = wait_node(slurm_cluster, cli, node, lambda n: n.down, "DOWN", timeout=40)
-    assert not down.responding and not down.schedulable
-    job = wait_job(slurm_cluster, cli, job_id, lambda j: j.restart_count == 1, "requeued", timeout=10)
-    assert job.state in (JobState.PENDING, JobState.RUNNING)
-    assert 5 < not_responding_after < 25  # SlurmdTimeout=10
-
-
 def test_controller_down_snapshot_is_transient(slurm_cluster: LocalSlurm, cli: SlurmCli) -> None:
     slurm_cluster.stop_controller()
     try:

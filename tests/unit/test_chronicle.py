@@ -19,26 +19,25 @@ T0 = 1795910400.0  # 2026-11-29 00:00:00 UTC
 HEADING = re.compile(r"^### \d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC \[[\w.-]+\]: Run [\w.-]+( attempt \d+)? — .+$")
 
 
-def _demo_markdown(tmp_path: Path) -> str:
-    outcome = run_demo(DemoSettings(hours=12, crashes=2, seed=7), state_dir=str(tmp_path))
-    store = SqliteStore(tmp_path)
+def _demo_markdown(state_dir: Path) -> str:
+    store = SqliteStore(state_dir)
     try:
-        return render_markdown(outcome.run, store.attempts(RUN), outcome.events)
+        return render_markdown(store.get_run(RUN), store.attempts(RUN), store.events(RUN))
     finally:
         store.close()
 
 
-def test_demo_chronicle_matches_golden(tmp_path):
-    text = _demo_markdown(tmp_path)
+def test_demo_chronicle_matches_golden(demo_state_copy, tmp_path):
+    text = _demo_markdown(demo_state_copy(tmp_path))
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text(), "chronicle changed; regenerate with UPDATE_GOLDEN=1 if intended"
 
 
-@pytest.mark.slow  # runs the demo twice (~4 s); the golden test above runs it once in the fast tier
-def test_demo_chronicle_content(tmp_path):
-    text = _demo_markdown(tmp_path)
+@pytest.mark.slow  # runs the demo once more (~2 s), for determinism; the session's run is shared
+def test_demo_chronicle_content(demo_state_copy, tmp_path):
+    text = _demo_markdown(demo_state_copy(tmp_path))
     assert text.startswith("# Logbook of run llama-demo\n")
     headings = [line for line in text.splitlines() if line.startswith("### ")]
     assert len(headings) == 2 and all(HEADING.match(h) for h in headings)
@@ -56,7 +55,9 @@ def test_demo_chronicle_content(tmp_path):
     assert "attempt 0 (job 1000) had run 2 h 38 min 56 s" in text
     assert "restarts spent 2 of 10." in text
     assert "UTC" in text and not re.search(r"\b(ET|PT)\b", text)
-    assert _demo_markdown(tmp_path / "again") == text  # deterministic
+    again = tmp_path / "again"
+    run_demo(DemoSettings(hours=12, crashes=2, seed=7), state_dir=str(again))  # a run of its own
+    assert _demo_markdown(again) == text  # deterministic
 
 
 def _spec(**kw) -> RunSpec:
@@ -209,8 +210,8 @@ def test_open_incident_and_empty_log():
     assert "(no routine events)" in render_markdown(run, [], [])
 
 
-def test_cli_logbook_formats(tmp_path):
-    run_demo(DemoSettings(hours=6, crashes=1, seed=7), state_dir=str(tmp_path))
+def test_cli_logbook_formats(demo_state_copy, tmp_path):
+    demo_state_copy(tmp_path, hours=6, crashes=1)
     env = {"SLURM_SUPERVISOR_STATE_DIR": str(tmp_path)}
 
     def logbook(*args: str) -> str:

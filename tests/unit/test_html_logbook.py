@@ -20,7 +20,6 @@ from supervisor.cli import main, render
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import RunSpec, RunState
 from supervisor.sim.demo import RUN as DEMO
-from supervisor.sim.demo import DemoSettings, run_demo
 
 SPEC = RunSpec(
     name=RUN, script="t.sbatch", partition="gpu", nodes=2, max_restarts=5, sbatch_args=("--gpus-per-node=8",)
@@ -100,8 +99,8 @@ def test_thinning_keeps_spikes():
     assert len(out) <= 1000 and (54_321.0, 99.0) in out
 
 
-def test_logbook_page_handler(tmp_path):
-    run_demo(DemoSettings(hours=6, crashes=1, seed=7), state_dir=str(tmp_path))
+def test_logbook_page_handler(demo_state_copy, tmp_path):
+    demo_state_copy(tmp_path, hours=6, crashes=1)
     store = SqliteStore(tmp_path)
     try:
         status, headers, body = logbook_page(store, DEMO)
@@ -119,10 +118,8 @@ def test_logbook_page_handler(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("demo")
-    run_demo(DemoSettings(hours=12, crashes=2, seed=7), state_dir=str(d))
-    return d
+def demo_dir(tmp_path_factory, demo_state_copy):
+    return demo_state_copy(tmp_path_factory.mktemp("demo"))  # this module's copy: the follow test adds a note
 
 
 def _cli(demo_dir, *args, code=0):
