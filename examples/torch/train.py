@@ -243,7 +243,7 @@ class Trace:
     def write(self, **entry: object) -> None:
         if self.path is not None:
             with self.path.open("a") as f:
-                f.write(json.dumps({**self.fields, **entry}) + "\n")
+                f.write(json.dumps({**self.fields, "time": round(time.time(), 3), **entry}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,6 +46,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
 
 from supervisor.telemetry.jsonl import report
+from supervisor.telemetry.shard_check import check_shards
 
 Committer = Callable[[str, str, int], None]  # (root, checkpoint name, step)
 MANIFEST = "ssv-manifest.json"
@@ -244,8 +245,14 @@ class Supervision:
 
     def save(self, state: dict[str, Any], step: int) -> str:
         """Save ``state`` with torch.distributed.checkpoint as ``ROOT/step_NNNNNN``, then rank 0
-        commits the manifest once every rank's shards are on storage. Returns the location."""
-        name = self.name(step)
+        commits the manifest once every rank's shards are on storage. Returns the location.
+
+        A job resumed from an older checkpoint (a newer one passed over as corrupt, a rollback)
+        reaches the same steps again; a committed checkpoint is never overwritten and a torn one is
+        not mixed with new shards, so when something is stored under the name already the save
+        takes the next free one of ``step_NNNNNN-b`` .. ``-z`` (the step is still the last number in
+        the name, which is how the supervisor reads it)."""
+        name = self._free_name(step)
         self.event("checkpoint_start")
         if self.root.startswith("s3://"):
             local = self.staging / name
@@ -264,6 +271,25 @@ class Supervision:
         self.event("checkpoint_end")
         self._last_log = (time.perf_counter(), step)  # the save's pause is not a step's time
         return location
+
+    def _free_name(self, step: int) -> str:
+        """The first of ``name(step)``, ``-b`` .. ``-z`` with nothing stored under it: rank 0 looks,
+        every rank gets its answer (they must write to the same place)."""
+        chosen: list[str | None] = [None]
+        if self.rank == 0:
+            base = self.name(step)
+            names = [base] + [f"{base}-{letter}" for letter in "bcdefghijklmnopqrstuvwxyz"]
+            chosen = [next((n for n in names if not self._taken(n)), None)]
+        if self.world > 1:
+            dist.broadcast_object_list(chosen, src=0)
+        if chosen[0] is None:
+            raise RuntimeError(f"{self.root}: every name for step {step} is taken ({self.name(step)} to -z)")
+        return chosen[0]
+
+    def _taken(self, name: str) -> bool:
+        if self.root.startswith("s3://"):
+            return _S3(self.root, self.endpoint_url).holds(name)
+        return Path(self.root, name).exists()
 
     def resume(self, state: dict[str, Any], *, step_of: Callable[[dict[str, Any]], int] | None = None) -> int:
         """Load the checkpoint the supervisor chose into ``state`` (in place), else its older
@@ -289,22 +315,25 @@ class Supervision:
         raise ResumeFailed("; ".join(errors))
 
     def _load(self, state: dict[str, Any], location: str) -> None:
-        if location.startswith("s3://"):
-            local = self.staging / "resume"
-            shutil.rmtree(local, ignore_errors=True)
+        """Fetch (S3: into the staging folder), check the shards against the manifest (each rank
+        its share: ``check_shards``), and only when every rank could, ``dcp.load``."""
+        s3 = location.startswith("s3://")
+        local = self.staging / "resume" if s3 else Path(location)
+        try:
             try:
-                _S3(location, self.endpoint_url).download(local)
+                if s3:
+                    shutil.rmtree(local, ignore_errors=True)
+                    _S3(location, self.endpoint_url).download(local)
+                check_shards(local, rank=self.rank, world=self.world)
             except Exception:
                 _all_agree(ok=False)  # the others must not wait in dcp.load for this rank
                 raise
             if not _all_agree(ok=True):
-                raise ResumeFailed(f"{location}: another rank could not download it")
-            try:
-                dcp.load(state, checkpoint_id=str(local))
-            finally:
+                raise ResumeFailed(f"{location}: another rank could not fetch it or found a shard damaged")
+            dcp.load(state, checkpoint_id=str(local))
+        finally:
+            if s3:
                 shutil.rmtree(local, ignore_errors=True)
-        else:
-            dcp.load(state, checkpoint_id=location)
 
 
 def _all_agree(*, ok: bool) -> bool:
@@ -338,14 +367,19 @@ class _S3:
             with path.open("rb") as body:
                 self.client.put_object(Bucket=self.bucket, Key=key, Body=body, ChecksumAlgorithm="CRC64NVME")
 
+    def holds(self, name: str) -> bool:
+        """Whether any object is stored under ``name/``."""
+        found = self.client.list_objects_v2(Bucket=self.bucket, Prefix=f"{self.prefix}{name}/", MaxKeys=1)
+        return bool(found.get("KeyCount") or found.get("Contents"))
+
     def download(self, local: Path) -> None:
-        """Every object under the checkpoint's prefix but the manifest (any rank may read any shard)."""
+        """Every object under the checkpoint's prefix, the manifest too (any rank may read any shard)."""
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
         found = False
         for page in pages:
             for obj in page.get("Contents", []):
                 relative = obj["Key"][len(self.prefix) :]
-                if not relative or relative == MANIFEST or ".." in relative.split("/"):
+                if not relative or ".." in relative.split("/"):
                     continue
                 target = local / relative
                 target.parent.mkdir(parents=True, exist_ok=True)

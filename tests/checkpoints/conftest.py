@@ -26,6 +26,7 @@ from ckpt_env import StoreEnv
 from memory_checkpoints import MemoryBackend
 
 from supervisor.testing.s3servers import CephRgw, MotoS3, S3Server, session_server
+from supervisor.testing.shared_servers import shared_server
 
 S3_KINDS = ("moto", "rgw")
 
@@ -47,7 +48,7 @@ def _moto_session() -> Iterator[S3Server | str]:
 
 @pytest.fixture(scope="session")
 def _rgw_session() -> Iterator[S3Server | str]:
-    yield from session_server(CephRgw, keep_dir=os.environ.get("CEPH_KEEP") == "1")
+    yield from shared_server(CephRgw, keep_dir=os.environ.get("CEPH_KEEP") == "1")  # the one tests/e2e uses too
 
 
 @pytest.fixture

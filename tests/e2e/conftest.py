@@ -2,9 +2,11 @@
 
 * ``torch_ready``: skips the test when torch cannot be imported, except under ``CI=true``, where
   it fails (scripts/test installs the ``torch`` extra).
-* ``moto_s3``: one moto S3 server for the session (supervisor.testing.s3servers), same rule.
+* ``ceph_rgw``: the harness's Ceph RADOS Gateway (supervisor.testing.s3servers), one for the whole
+  test process: tests/checkpoints' fixture gets the same one (supervisor.testing.shared_servers).
+  Same rule when it cannot start. ``CEPH_KEEP=1`` keeps Ceph's directory.
 
-Tests here are marked ``slurm`` and ``torch``; those using ``moto_s3`` also ``s3``.
+Tests here are marked ``slurm`` and ``torch``; those using ``ceph_rgw`` also ``s3``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.testing.s3servers import MotoS3, S3Server, session_server
+from supervisor.testing.s3servers import CephRgw, S3Server
+from supervisor.testing.shared_servers import shared_server
 
 
 def _cannot_run(what: str, reason: str) -> None:
@@ -32,16 +35,16 @@ def torch_ready() -> None:
 
 
 @pytest.fixture(scope="session")
-def _moto_session() -> Iterator[S3Server | str]:
-    yield from session_server(MotoS3)
+def _e2e_rgw_session() -> Iterator[S3Server | str]:
+    yield from shared_server(CephRgw, keep_dir=os.environ.get("CEPH_KEEP") == "1")
 
 
 @pytest.fixture
-def moto_s3(_moto_session: S3Server | str) -> S3Server:
-    if isinstance(_moto_session, str):
-        _cannot_run("moto S3 server", _moto_session)
-    assert isinstance(_moto_session, S3Server)
-    return _moto_session
+def ceph_rgw(_e2e_rgw_session: S3Server | str) -> S3Server:
+    if isinstance(_e2e_rgw_session, str):
+        _cannot_run("Ceph RADOS Gateway", _e2e_rgw_session)
+    assert isinstance(_e2e_rgw_session, S3Server)
+    return _e2e_rgw_session
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -49,5 +52,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.torch)
-            if "moto_s3" in getattr(item, "fixturenames", ()):
+            if "ceph_rgw" in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.s3)

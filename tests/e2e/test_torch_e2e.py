@@ -1,164 +1,99 @@
 """Real training under the real daemon on a real Slurm: examples/torch/train.py (a tiny GPT, two
-nodes, torchrun + gloo, DCP checkpoints committed with the supervisor's manifest).
+nodes, torchrun + gloo, DCP checkpoints committed with the supervisor's manifest, in the harness's
+Ceph RGW for the first two). The scenarios' steps are supervisor.testing.torch_scenarios' (shared
+with bench/e2e.py); the assertions are here.
 
-* A node crashes mid-training: the run resumes on healthy nodes from the newest verified
-  checkpoint, its loss there where it was, its sample counter continuing from the checkpoint.
+* A checkpoint corrupted at rest, then a node crash mid-training: the newest checkpoint's shard is
+  overwritten in Ceph once the trainer is past it; the supervisor finds it corrupt, and when the
+  batch host crashes the run resumes on healthy nodes from the checkpoint before it, its loss there
+  where it was, its sample counter continuing from the checkpoint.
 * Poisoned batches (planted in the corpus) make a loss spike that does not heal: the supervisor
   rolls back to a verified checkpoint before it and the restarted trainer never trains on them.
 * One node of three is slowed (its CPU capped through a cgroup v1 cpu quota): it is named a
   straggler from the ranks' compute times, and the run moves past it at a checkpoint boundary.
 
 Steps are paced at 0.1 s (``--min-step-s``) so that the supervisor's 0.5 s polls see the run
-step by step; each test takes ~50-85 s here (2 shared cores, other test runs beside).
+step by step; each test takes ~50-100 s here (2 shared cores, other test runs beside).
 """
 
 from __future__ import annotations
 
 import contextlib
 import statistics
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from supervisor.testing import torch_scenarios as scenarios
 from supervisor.testing.daemon import SupervisorProcess
+from supervisor.testing.torch_scenarios import GLOBAL_BATCH, POISON, completed, last_step, timeline, wait_for
 from supervisor.testing.torchrun import TorchRun
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
-
-GLOBAL_BATCH = 16  # 2 ranks x --batch 8
-STEPS = 80
-CRASH_AT = 50  # 10 steps past checkpoint 40
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float, sup: SupervisorProcess, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sup.proc is not None and sup.proc.poll() is not None:
-            raise AssertionError(f"daemon exited while waiting for {what}:\n{sup.log_path.read_text()[-3000:]}")
-        got = check()
-        if got:
-            return got
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not within {timeout} s; logbook:\n{timeline(sup)}")
-
-
-def timeline(sup: SupervisorProcess) -> str:
-    return "\n".join(f"{e['kind']:>20} {e['message'][:160]}" for e in sup.logbook("gpt"))
-
-
-def last_step(run: TorchRun, attempt: int) -> int:
-    return max((e["step"] for e in run.trained(attempt)), default=0)
-
-
-def completed(sup: SupervisorProcess) -> bool:
-    return sup.status("gpt")["state"] == "completed"
 
 
 def losses(entries: list[dict[str, Any]]) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in entries}
 
 
-def test_node_crash_mid_training_resumes_from_the_newest_verified_checkpoint(
-    torch_ready, slurm_cluster, moto_s3, tmp_path
+def test_a_corrupt_checkpoint_is_passed_over_and_a_node_crash_resumes_from_the_one_before(
+    torch_ready, slurm_cluster, ceph_rgw, tmp_path
 ):
-    bucket = f"gpt-{uuid.uuid4().hex[:8]}"
-    moto_s3.create_bucket(bucket)
-    storage = {**moto_s3.credentials_env(), "AWS_ENDPOINT_URL": moto_s3.endpoint_url}
-    run = TorchRun(
-        tmp_path,
-        slurm_cluster.partition,
-        f"s3://{bucket}/gpt/",
-        spares=slurm_cluster.nodes[-1],
-        train_args=["--steps", str(STEPS), "--ckpt-every", "20", "--min-step-s", "0.1"],
-        storage_env=storage,
-        endpoint_url=moto_s3.endpoint_url,
-    )
-    run.write_corpus()
-    spec = run.spec(checkpoints="full_verify = false\n")
-    sup = SupervisorProcess(slurm_cluster, tmp_path)
-    sup.start(env=moto_s3.credentials_env())
-    try:
-        sup.cli("submit", str(spec))
-        began = time.monotonic()
-        first = sup.wait_running("gpt", attempt=0, interval=0.5)
-        wait_for("step 50 trained", lambda: last_step(run, 0) >= CRASH_AT, 120, sup, interval=0.05)
-        training_at = time.monotonic()
-        victim = first["running_on"][0]  # the batch host, where rank 0 runs
-        slurm_cluster.crash_node(victim)
-        crashed = time.monotonic()
-        sup.wait_running("gpt", attempt=1, avoid=[victim], timeout=60, interval=0.5)
-        wait_for("the run completed", lambda: completed(sup), 90, sup, interval=1.0)
-        print(f"step {CRASH_AT} at {training_at - began:.1f} s, crash at {crashed - began:.1f} s, "
-              f"completed at {time.monotonic() - began:.1f} s")  # fmt: skip
-    finally:
-        sup.stop()
-    book = sup.logbook("gpt")
-    restarted = next(e for e in book if e["kind"] == "restarted")
-    resumed = restarted["evidence"]["resume_step"]
-    assert restarted["evidence"]["resume"]["checkpoint"]["guarantee"] == "manifest", restarted
-    last_before = run.trained(0)[-1]["step"]
-    newest_committed = last_before // 20 * 20  # a save at the crash may not have been committed
-    assert resumed in (newest_committed, newest_committed - 20) and resumed >= 40, (resumed, last_before)
-    assert [e["evidence"]["node"] for e in book if e["kind"] == "node_drained"] == [victim], timeline(sup)
+    plan = scenarios.CORRUPT_CRASH
+    out = scenarios.crash(slurm_cluster, ceph_rgw, tmp_path, plan)
+    run = out.run
+    explain = out.story()
+    corrupt_step, before = plan.corrupt_step, plan.corrupt_step - plan.every
 
-    before, after = run.trained(0), run.trained(1)
+    # the supervisor looked again at the rewritten shard and found it corrupt, naming it
+    found = [e["evidence"] for e in out.events("checkpoint_corrupt") if e["evidence"]["step"] == corrupt_step]
+    assert found, explain
+    assert found[-1]["level"] == "full" and out.corrupted_key is not None
+    shard = out.corrupted_key.rsplit("/", 1)[-1]
+    assert [(p["key"], p["problem"]) for p in found[-1]["problems"]] == [(shard, "checksum")], found[-1]
+    # ... and at the restart passed it over, saying why, for the verified one before it
+    restarted = out.events("restarted")[0]
+    assert restarted["evidence"]["resume_step"] == before, explain
+    assert f"step {corrupt_step} skipped: full verification: corrupt" in restarted["message"], restarted["message"]
+    assert restarted["evidence"]["resume"]["checkpoint"]["guarantee"] == "manifest", restarted
+    assert [e["evidence"]["node"] for e in out.events("node_drained")] == [out.victim], explain
+    # the resumed job saved that step again under a name of its own, and the supervisor verified it
+    resaved = {e["evidence"]["location"].rstrip("/").rsplit("/", 1)[-1] for e in out.events("checkpoint_verified")}
+    assert f"{scenarios.checkpoint_name(corrupt_step)}-b" in resaved, explain
+
+    before_crash, after = run.trained(0), run.trained(1)
+    last_before = before_crash[-1]["step"]
+    assert corrupt_step < last_before < corrupt_step + plan.every, (last_before, "the crash came after the next save")
     steps_after = [e["step"] for e in after]
-    assert steps_after == list(range(resumed + 1, STEPS + 1)), steps_after  # no batch repeated, none lost
+    assert steps_after == list(range(before + 1, plan.steps + 1)), steps_after  # no batch repeated, none lost
     assert [e["consumed_samples"] for e in after] == [s * GLOBAL_BATCH for s in steps_after]
     # the work lost is what the logbook says: the steps past the checkpoint that attempt 0 reached
     assert abs(restarted["evidence"]["last_step"] - last_before) <= 1, (restarted["evidence"], last_before)
-    assert resumed < last_before
 
-    loss0, loss1 = losses(before), losses(after)
-    window = [loss0[s] for s in range(resumed - 9, resumed + 1)]
-    noise = statistics.stdev(window)
-    assert abs(loss1[resumed + 1] - loss0[resumed]) <= 3 * noise, (loss1[resumed + 1], loss0[resumed], noise)
+    loss0, loss1 = losses(before_crash), losses(after)
+    noise = statistics.stdev([loss0[s] for s in range(before - 9, before + 1)])
+    assert abs(loss1[before + 1] - loss0[before]) <= 3 * noise, (loss1[before + 1], loss0[before], noise)
     # the same weights, optimizer state and batch: the first step after the resume replays attempt 0's
-    assert loss1[resumed + 1] == pytest.approx(loss0[resumed + 1], rel=1e-4)
-
-
-POISON = (81, 120)  # after the steep start, so the baseline's noise is the run's own
+    assert loss1[before + 1] == pytest.approx(loss0[before + 1], rel=1e-4)
 
 
 def test_an_unhealed_spike_from_poisoned_batches_is_rolled_back_and_the_batches_skipped(
-    torch_ready, slurm_cluster, tmp_path
+    torch_ready, slurm_cluster, ceph_rgw, tmp_path
 ):
-    root = tmp_path / "ckpt"
-    root.mkdir()
-    run = TorchRun(
-        tmp_path,
-        slurm_cluster.partition,
-        str(root),
-        spares=slurm_cluster.nodes[-1],
-        train_args=["--steps", "160", "--ckpt-every", "20", "--min-step-s", "0.1"],
-    )
-    run.write_corpus(poison=POISON, global_batch=GLOBAL_BATCH)
-    spec = run.spec(
-        checkpoints="full_verify = false\n",
-        spikes="heal_window_steps = 20\nmin_steps_before = 15\nskip_batches = 70\n",
-    )
-    sup = SupervisorProcess(slurm_cluster, tmp_path)
-    sup.start()
-    try:
-        sup.cli("submit", str(spec))
-        sup.wait_running("gpt", attempt=0, interval=0.5)
-        sup.wait_running("gpt", attempt=1, timeout=120, interval=0.5)
-        wait_for("the run completed", lambda: completed(sup), 90, sup, interval=1.0)
-    finally:
-        sup.stop()
-    book = sup.logbook("gpt")
-    rollback = next(e for e in book if e["kind"] == "rollback")["evidence"]
+    out = scenarios.spike(slurm_cluster, ceph_rgw, tmp_path)
+    run = out.run
+    explain = out.story()
+    rollback = out.events("rollback")[0]["evidence"]
     assert rollback["onset_step"] in (POISON[0], POISON[0] + 1) and rollback["checkpoint_step"] == 60, rollback
     first_skipped, last_skipped = rollback["skip_first"], rollback["skip_last"]
     assert first_skipped == 61 and last_skipped >= POISON[1], rollback
-    restarted = next(e for e in book if e["kind"] == "restarted")
+    restarted = out.events("restarted")[0]
     assert f"skipping iterations {first_skipped}-{last_skipped}" in restarted["message"], restarted["message"]
-    assert any(e["kind"] == "spike" for e in book), timeline(sup)
-    assert not any(e["kind"] == "backoff" for e in book), timeline(sup)  # a rollback is no fast failure
+    assert out.events("spike"), explain
+    assert not out.events("backoff"), explain  # a rollback is no fast failure
 
     after = run.trained(1)
     trained = [e["batch"] for e in after]

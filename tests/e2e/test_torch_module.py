@@ -1,13 +1,13 @@
 """supervisor.telemetry.torch in one process (world size 1, gloo): the orders read from the
 environment, a DCP save committed with the manifest through the CLI, a resume that steps back to a
-fallback when the chosen checkpoint does not load, and what the telemetry lines say."""
+fallback when the chosen checkpoint does not load or a shard differs from its manifest, a step saved
+again under a name of its own, and what the telemetry lines say."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
-import socket
 
 import pytest
 
@@ -22,11 +22,11 @@ from supervisor.telemetry.torch import ResumeFailed, ResumeOrders, SkipRanges, S
 
 
 @pytest.fixture
-def process_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+def process_group(tmp_path_factory):
+    # a file store: no TCP port to race other processes for (a port found free can be taken before
+    # the store binds it: EADDRINUSE on this busy machine)
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     try:
         yield
     finally:
@@ -106,3 +106,63 @@ def test_log_reports_each_ranks_compute_time_not_the_wall_clock(process_group, t
     assert record["step"] == 2 and record["loss"] == 2.5 and record["consumed_samples"] == 16
     assert len(record["rank_step_times_s"]) == 1 and record["rank_peer_groups"] == [0]
     assert 0 < record["rank_step_times_s"][0] <= record["step_time_s"]
+
+
+def python_commit(root: str, name: str, step: int) -> None:
+    """The example's committer (examples/torch/train.py): the Python API, no process to start."""
+    from supervisor.adapters.checkpoints.commit import build_manifest, commit_checkpoint
+
+    backend = PosixBackend(root)
+    commit_checkpoint(backend, name, build_manifest(backend, name, step, writer="test"))
+
+
+def test_a_step_saved_again_after_resuming_from_an_older_checkpoint_gets_a_name_of_its_own(process_group, tmp_path):
+    """A job resumed from step 10 (step 20 passed over as corrupt, or a rollback) reaches step 20
+    again: a committed checkpoint is never overwritten, so the second save takes a new name that
+    still says its step, and the supervisor finds both."""
+    root = tmp_path / "ckpt"
+    model = torch.nn.Linear(3, 2)
+    first = Supervision(str(root), stream=io.StringIO(), orders=ResumeOrders(), commit=python_commit)
+    for step in (10, 20):
+        first.save({"model": model.state_dict(), "progress": {"step": step}}, step)
+    (root / "step_000030").mkdir()  # a torn upload of step 30: its name is taken too
+
+    again = Supervision(str(root), stream=io.StringIO(), orders=ResumeOrders(), commit=python_commit)
+    located = [again.save({"model": model.state_dict(), "progress": {"step": s}}, s) for s in (20, 20, 30)]
+    assert [loc.rsplit("/", 1)[-1] for loc in located] == ["step_000020-b", "step_000020-c", "step_000030-b"]
+    store = BackendCheckpointStore(PosixBackend(str(root)))
+    refs = [ref for ref in store.discover() if ref.committed]
+    assert sorted((ref.step, ref.name) for ref in refs) == [
+        (10, "step_000010"),
+        (20, "step_000020"),
+        (20, "step_000020-b"),
+        (20, "step_000020-c"),
+        (30, "step_000030-b"),
+    ]
+    for ref in refs:
+        assert store.verify(ref, Level.METADATA).outcome is Outcome.VERIFIED, ref
+
+
+def test_resume_passes_over_a_checkpoint_whose_shard_differs_from_its_manifest(process_group, tmp_path):
+    """A shard damaged where the supervisor cannot see it (the same size and modification time: bit
+    rot below the storage's API) would load without DCP noticing; resume checks every shard against
+    the manifest's checksum first and falls back to the older checkpoint."""
+    root = tmp_path / "ckpt"
+    model = torch.nn.Linear(3, 2)
+    ssv = Supervision(str(root), stream=io.StringIO(), orders=ResumeOrders(), commit=python_commit)
+    for step in (10, 20):
+        ssv.save({"model": model.state_dict(), "progress": {"step": step}}, step)
+    shard = root / "step_000020" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    stat = shard.stat()
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+    orders = ResumeOrders(candidates=(str(root / "step_000020"), str(root / "step_000010")), step=20)
+    state = {"model": torch.nn.Linear(3, 2).state_dict(), "progress": {"step": 0}}
+    out = io.StringIO()
+    step = Supervision(str(root), stream=out, orders=orders).resume(state, step_of=lambda s: s["progress"]["step"])
+    assert step == 10
+    failed = [x for x in lines(out) if x["event"] == "checkpoint_load_failed"]
+    assert len(failed) == 1 and "__0_0.distcp" in failed[0]["error"] and "checksum" in failed[0]["error"], failed
