@@ -4,26 +4,49 @@ The group and its global options live here; each command (or group of commands) 
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from supervisor.api.client import ApiFailure, ApiUnavailable
-from supervisor.cli.agent import agent
-from supervisor.cli.analyze import analyze
-from supervisor.cli.ckpt import ckpt
 from supervisor.cli.context import DEFAULT_CONFIG, unreachable
-from supervisor.cli.daemon import daemon
-from supervisor.cli.demo import demo
-from supervisor.cli.guard import guard
-from supervisor.cli.hooks import hook
-from supervisor.cli.launch import launch
-from supervisor.cli.logbook import logbook
-from supervisor.cli.quarantine import quarantine
-from supervisor.cli.runs import cancel, nodes, status, submit
-from supervisor.cli.simulate import simulate
+
+# Each command's module is imported when the command runs (or help lists it), not at every start:
+# `status` need not load the daemon, the simulator or numpy (the tests poll it ten times a second).
+COMMANDS = {
+    "guard": "supervisor.cli.guard:guard",
+    "daemon": "supervisor.cli.daemon:daemon",
+    "submit": "supervisor.cli.runs:submit",
+    "status": "supervisor.cli.runs:status",
+    "logbook": "supervisor.cli.logbook:logbook",
+    "nodes": "supervisor.cli.runs:nodes",
+    "cancel": "supervisor.cli.runs:cancel",
+    "demo": "supervisor.cli.demo:demo",
+    "ckpt": "supervisor.cli.ckpt:ckpt",
+    "agent": "supervisor.cli.agent:agent",
+    "launch": "supervisor.cli.launch:launch",
+    "quarantine": "supervisor.cli.quarantine:quarantine",
+    "hook": "supervisor.cli.hooks:hook",
+    "simulate": "supervisor.cli.simulate:simulate",
+    "analyze": "supervisor.cli.analyze:analyze",
+}
 
 
 class _Main(click.Group):
-    """A refusal from the daemon's API (not allowed, unknown run) ends any command with its message."""
+    """A refusal from the daemon's API (not allowed, unknown run) ends any command with its message.
+    Commands load lazily (``COMMANDS``)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *super().list_commands(ctx)})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return super().get_command(ctx, cmd_name)  # one added with add_command
+        module, _, name = where.partition(":")
+        command = getattr(importlib.import_module(module), name)
+        assert isinstance(command, click.Command)
+        return command
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -59,23 +82,3 @@ class _Main(click.Group):
 def main(ctx: click.Context, instance: str | None, config_path: str | None, state_dir: str | None) -> None:
     """Keep long Slurm training runs alive: follow jobs, recover from node faults, keep a logbook."""
     ctx.ensure_object(dict).update(config_path=config_path, state_dir=state_dir, instance=instance)
-
-
-main.add_command(guard)
-for _command in (
-    daemon,
-    submit,
-    status,
-    logbook,
-    nodes,
-    cancel,
-    demo,
-    ckpt,
-    agent,
-    launch,
-    quarantine,
-    hook,
-    simulate,
-    analyze,
-):
-    main.add_command(_command)
