@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Protocol
 
 import msgspec
+import structlog
 
 from supervisor.adapters.http_types import Request, Response, error
 from supervisor.adapters.ingest import bearer_refusal
 from supervisor.domain.alloc_step import LauncherReport, StepGoal
+from supervisor.domain.records import RunRecord
 from supervisor.domain.resume import resume_env
 from supervisor.domain.text_safety import printable
 from supervisor.ports import Clock, RunStore, StepLedger
@@ -29,6 +31,8 @@ LAUNCHER_PREFIX = "/v1/launcher/"
 _RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 NodeName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 MAX_NODES = 16_384
+
+log = structlog.get_logger(__name__)
 
 
 class LauncherPoll(msgspec.Struct, forbid_unknown_fields=True):
@@ -40,6 +44,9 @@ class LauncherPoll(msgspec.Struct, forbid_unknown_fields=True):
     nodes: Annotated[list[NodeName], msgspec.Meta(max_length=MAX_NODES)]
     host: NodeName
     exit_code: Annotated[int, msgspec.Meta(ge=-255, le=255)] | None = None
+    # step nodes whose slurmd the launcher could not reach: a hint that wakes the daemon (whose
+    # own probe decides), since srun notices a dead node only once Slurm calls it DOWN
+    unreachable: Annotated[list[NodeName], msgspec.Meta(max_length=MAX_NODES)] = []
 
 
 class LauncherGoal(msgspec.Struct, forbid_unknown_fields=True):
@@ -56,10 +63,18 @@ class ChannelStore(RunStore, StepLedger, Protocol):
 
 
 class LauncherChannel:
-    def __init__(self, tokens: Mapping[str, str], store: ChannelStore, clock: Clock) -> None:
-        self.tokens, self.store, self.clock = tokens, store, clock
+    """``wake``: cuts the daemon's wait short when a step died or a step node is unreachable, so
+    the next tick comes now rather than after a poll interval (a hint; the tick decides)."""
+
+    def __init__(
+        self, tokens: Mapping[str, str], store: ChannelStore, clock: Clock, wake: Callable[[], object] | None = None
+    ) -> None:
+        self.tokens, self.store, self.clock, self.wake = tokens, store, clock, wake
         self._decoder = msgspec.json.Decoder(LauncherPoll)
         self._lock = threading.Lock()  # one SQLite connection: one request at a time
+        # run -> (job, generation, unreachable nodes) last reported: a hint's memory only (a
+        # restarted daemon forgets it and is woken once more)
+        self._unreachable: dict[str, tuple[int, int, frozenset[str]]] = {}
         store.channel_listening(clock.now())  # launchers' silence counts from now on, not while no daemon ran
 
     def handle(self, request: Request) -> Response:
@@ -90,8 +105,32 @@ class LauncherChannel:
         heard = LauncherReport(
             poll.job_id, poll.generation, poll.alive, tuple(poll.nodes), poll.host, self.clock.now(), poll.exit_code
         )
-        self.store.launcher_reported(run, heard)
+        self.store.launcher_reported(run, heard)  # before the wake: the tick it brings reads the report
+        if self.wake is not None and self._news_of_trouble(run, _last_report(record), poll):
+            log.info(
+                "launcher_wakes_daemon",
+                run=run,
+                job_id=poll.job_id,
+                alive=poll.alive,
+                unreachable=poll.unreachable[:16],
+            )
+            self.wake()
         return Response(200, msgspec.json.encode(goal_answer(poll.job_id, self.store.step_goal(run, poll.job_id))))
+
+    def _news_of_trouble(self, run: str, before: LauncherReport | None, poll: LauncherPoll) -> bool:
+        """A step node newly unreachable, or the step just found dead (not each poll while it stays so)."""
+        seen = (poll.job_id, poll.generation, frozenset(poll.unreachable))
+        known = self._unreachable.get(run)
+        self._unreachable[run] = seen
+        if poll.unreachable and (known is None or known[:2] != seen[:2] or not seen[2] <= known[2]):
+            return True
+        if poll.alive:
+            return False
+        return before is None or before.job_id != poll.job_id or before.generation != poll.generation or before.alive
+
+
+def _last_report(record: RunRecord | None) -> LauncherReport | None:
+    return record.step.report if record is not None and record.step is not None else None
 
 
 def goal_answer(job_id: int, goal: StepGoal | None) -> LauncherGoal:

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -47,12 +47,31 @@ class LaunchSettings:
     srun: str = "srun"
 
 
-class Step:
-    """One generation's ``srun``."""
+# Which of the step's nodes do not answer (their slurmd): srun notices a dead node only once
+# Slurm calls it DOWN (~2 x SlurmdTimeout, measured), the daemon only at its next tick.
+Reach = Callable[[tuple[str, ...]], tuple[str, ...]]
+URGENT_POLL_S = 0.2  # while a step node does not answer: the daemon's swap is coming
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+
+class _Attention(threading.Event):
+    """``stopping``: setting it also cuts the launcher's wait short."""
+
+    def __init__(self, nudge: threading.Event) -> None:
+        super().__init__()
+        self._nudge = nudge
+
+    def set(self) -> None:
+        super().set()
+        self._nudge.set()
+
+
+class Step:
+    """One generation's ``srun``; ``on_exit`` is called (from a watcher thread) when it ends."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_exit: Callable[[], object]) -> None:
         self.argv = list(argv)
         self.proc = subprocess.Popen(self.argv, env=dict(env))  # noqa: S603 - argv list
+        threading.Thread(target=lambda: (self.proc.wait(), on_exit()), daemon=True).start()
 
     def exit_code(self) -> int | None:
         code = self.proc.poll()
@@ -70,10 +89,12 @@ class Step:
 
 
 class Launcher:
-    def __init__(self, settings: LaunchSettings, client: ChannelClient | None) -> None:
+    def __init__(self, settings: LaunchSettings, client: ChannelClient | None, reach: Reach | None = None) -> None:
         self.s = settings
         self.client = client
-        self.stopping = threading.Event()
+        self.reach = reach
+        self._nudge = threading.Event()  # the step ended, or a stop: report now, not at the next poll
+        self.stopping: threading.Event = _Attention(self._nudge)
         self.generation = 0
         self.nodes = settings.allocation[: settings.nodes]
         self._env: dict[str, str] = {}
@@ -84,7 +105,8 @@ class Launcher:
         ended_at: float | None = None
         while not self.stopping.is_set():
             code = step.exit_code()
-            goal = self._poll(code)
+            unreachable = self._unreachable(code)
+            goal = self._poll(code, unreachable)
             if goal is not None:
                 step.stop(self.s.stop_grace_s)
                 self._adopt(goal)
@@ -97,7 +119,8 @@ class Launcher:
                 if time.monotonic() - ended_at >= self.s.decision_wait_s:
                     log.warning("launcher_step_failed", generation=self.generation, exit_code=code)
                     return code
-            self.stopping.wait(self.s.poll_s)
+            self._nudge.wait(min(self.s.poll_s, URGENT_POLL_S) if unreachable else self.s.poll_s)
+            self._nudge.clear()  # a step's end that raced this is seen by exit_code() above next round
         step.stop(self.s.stop_grace_s)
         return 143
 
@@ -120,13 +143,21 @@ class Launcher:
     def _start(self) -> Step:
         env = {**os.environ, **self._env, "SSV_STEP_GENERATION": str(self.generation)}
         log.info("launcher_step_start", generation=self.generation, nodes=list(self.nodes))
-        return Step(self.argv(), env)
+        return Step(self.argv(), env, self._nudge.set)
 
-    def _poll(self, code: int | None) -> LauncherGoal | None:
+    def _unreachable(self, code: int | None) -> tuple[str, ...]:
+        """The running step's nodes that do not answer (none asked once the step has ended)."""
+        if self.reach is None or code is not None:
+            return ()
+        return self.reach(self.nodes)
+
+    def _poll(self, code: int | None, unreachable: tuple[str, ...] = ()) -> LauncherGoal | None:
         """The daemon's goal when it asks for a newer generation this launcher can run; else None."""
         if self.client is None:
             return None
-        report = LauncherPoll(self.s.job_id, self.generation, code is None, list(self.nodes), self.s.host, code)
+        report = LauncherPoll(
+            self.s.job_id, self.generation, code is None, list(self.nodes), self.s.host, code, list(unreachable)
+        )
         goal = self.client.poll(report)
         if goal is None or goal.generation <= self.generation or not goal.nodes:
             return None

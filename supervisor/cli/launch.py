@@ -12,8 +12,10 @@ from types import FrameType
 import click
 import hostlist  # type: ignore[import-untyped]
 
+from supervisor.adapters.slurm_cli import SlurmCli
 from supervisor.agent.launcher import Launcher, LaunchSettings
 from supervisor.agent.launcher_client import ChannelClient
+from supervisor.agent.step_reach import SlurmdReach
 from supervisor.cli.agent import _token
 
 
@@ -70,7 +72,9 @@ def launch(
     settings = LaunchSettings(
         command, nodes, allocation, _env_int("SLURM_JOB_ID"), host, ntasks_per_node, poll_s, decision_wait_s
     )
-    launcher = Launcher(settings, client)
+    # the step's nodes' slurmd, looked at each poll: the daemon hears of a dead node at once (a hint)
+    reach = SlurmdReach(SlurmCli(), settings.job_id) if client is not None else None
+    launcher = Launcher(settings, client, reach)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         launcher.stopping.set()

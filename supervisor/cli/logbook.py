@@ -283,7 +283,9 @@ def logbook_goodput(
     series = store.progress(run)
     now = _supervised_until(store, attempts, events, series, wiring.clock().now())
     filt = _event_filter(since, until, (), (), now)
-    g = goodput(run, attempts, events, now=now, start=filt.since, end=filt.until, series=series)
+    g = goodput(
+        run, attempts, events, now=now, start=filt.since, end=filt.until, series=series, run_nodes=record.spec.nodes
+    )
     advice = g.advice(save_s if save_s is not None else measured_save_s(events, attempts))
     parts = windows(run, attempts, events, now=now, width_s=window_h * 3600, series=series) if window_h else []
     if as_json:

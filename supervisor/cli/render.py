@@ -281,6 +281,7 @@ def goodput_dict(g: Goodput, advice: CheckpointAdvice, parts: list[Goodput]) -> 
         "interruption_list": [_interruption_dict(i) for i in g.interruptions],
         "windows": [_period_dict(p) for p in parts],
         "notes": list(g.notes),
+        "hot_spares": None if g.spares is None else {**asdict(g.spares), "saved_s": g.spares.saved_s},
     }
 
 
@@ -318,6 +319,7 @@ def _interruption_dict(i: Interruption) -> dict[str, Any]:
         "detection_s": i.detection_s,
         "restart_s": i.restart_s,
         "queue_s": i.queue_s,
+        "in_allocation": i.in_allocation,
         "recovery_s": i.recovery_s,
         "lost_work_s": i.lost_work_s,
         "lost_steps": i.lost_steps,

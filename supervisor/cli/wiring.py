@@ -29,6 +29,7 @@ from supervisor.adapters.slurm_config import has_accounting, kill_wait_s
 from supervisor.adapters.slurm_reads import own_user
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.tokens import TokenBook
+from supervisor.adapters.wake_clock import WakeableClock
 from supervisor.config import DaemonConfig
 from supervisor.domain.gpu_health import HealthRules
 from supervisor.domain.gpu_table import GpuHealthSettings
@@ -115,8 +116,9 @@ def engine_settings(cfg: DaemonConfig) -> EngineSettings:
     )
 
 
-def clock() -> SystemClock:
-    return SystemClock()
+def clock() -> WakeableClock:
+    """The system clock; the launcher channel may cut the loop's wait short (a hint to tick now)."""
+    return WakeableClock()
 
 
 def fencer(cfg: DaemonConfig) -> CommandFencer | None:
@@ -194,7 +196,8 @@ def ingest(cfg: DaemonConfig, clock: SystemClock) -> tuple[ReportIngest, IngestS
     feed = ReportIngest(book, HealthRules(gpu_health(cfg)), clock)
     server = IngestServer(feed, cfg.ingest.bind, cfg.ingest.port, cfg.ingest.max_body_bytes)
     # in-allocation launchers poll here (docs/in-allocation.md); a store connection of its own, off the event loop
-    channel = LauncherChannel(book, SqliteStore(Path(cfg.daemon.state_dir)), clock)
+    wake = clock.wake if isinstance(clock, WakeableClock) else None  # a dead step: tick now, not at the next poll
+    channel = LauncherChannel(book, SqliteStore(Path(cfg.daemon.state_dir)), clock, wake)
     server.mount(LAUNCHER_PREFIX, channel.handle, blocking=True)
     http_options(server, cfg)
     try:  # the read token is a secret like the hook token

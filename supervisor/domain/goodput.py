@@ -28,13 +28,13 @@ one, and onto a category of our own, flagged as outside the table, where it does
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
-from supervisor.domain.causes import Cause, classify
+from supervisor.domain.causes import classify
 from supervisor.domain.goodput_advice import SAVE_KEYS, CheckpointAdvice, checkpoint_advice, measured_save_s
+from supervisor.domain.goodput_interruption import OPENERS, Interruption, detection, int_of, merged, num
 from supervisor.domain.goodput_steps import (
     AttemptSteps,
     Known,
@@ -44,42 +44,13 @@ from supervisor.domain.goodput_steps import (
     productive_s,
     unmeasured_note,
 )
+from supervisor.domain.goodput_swaps import SpareEconomics, note_of, spare_economics, swap_interruptions
 from supervisor.domain.goodput_sweep import Claim, Lost, back_from, sweep
 from supervisor.domain.progress_series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, EventKind
 
 DAY_S = 86400.0
 KINDS = ("rework", "detection", "restart", "queue", "overhead")
-# Event kinds that open an interruption: ours, and those other issues add (matched by value, so an
-# older store without them still loads).
-OPENERS = frozenset({"fault", "requeued", "rollback", "hang", "mass_fault"})
-
-
-@dataclass(frozen=True)
-class Interruption:
-    """One incarnation ended by a fault, a rollback or a requeue, and what it cost."""
-
-    run: str
-    attempt: int | None
-    at: float  # when the supervisor knew (the first opening event)
-    cause: Cause
-    detection_s: float | None  # onset -> detected; None: not on record
-    restart_s: float | None  # detected -> next attempt submitted; None: none submitted (yet)
-    queue_s: float | None  # next attempt submitted -> running; None: not running (yet)
-    lost_work_s: float | None  # work since the checkpoint the restart used; None: not on record
-    lost_steps: int | None = None
-    resume_step: int | None = None
-
-    @property
-    def recovery_s(self) -> float | None:
-        """Detected -> the next attempt running."""
-        if self.restart_s is None or self.queue_s is None:
-            return None
-        return self.restart_s + self.queue_s
-
-    @property
-    def onset(self) -> float:
-        return self.at - (self.detection_s or 0.0)
 
 
 @dataclass(frozen=True)
@@ -97,6 +68,7 @@ class Goodput:
     # productive time measured from the kept steps (True), not measurable from the series given
     # (False), or no series given (None: running time counts as productive)
     measured: bool | None = None
+    spares: SpareEconomics | None = None  # in-allocation runs: the hot spares' cost and the swaps' saving
 
     @property
     def wall_s(self) -> float:
@@ -137,12 +109,16 @@ def interruptions(
     events: Iterable[Event],
     steps: Mapping[int, AttemptSteps] | None = None,
     pace: float | None = None,
+    series: Sequence[ProgressPoint] | None = None,
 ) -> list[Interruption]:
-    """One per attempt that a fault, rollback or requeue ended, oldest first. ``steps`` (the
-    progress series, goodput_steps) and the run's ``pace`` fill in what the events leave out: the
-    last step the attempt logged, its successor's start-up."""
+    """One per attempt that a fault, rollback or requeue ended, and one per in-allocation swap
+    (goodput_swaps), oldest first. ``steps`` (the progress series, goodput_steps), the run's
+    ``pace`` and the ``series`` fill in what the events leave out: the last step the attempt
+    logged, its successor's (or the relaunched step's) start-up."""
+    events = list(events)
+    swapped, taken = swap_interruptions(events, series, pace)
     by_attempt: dict[int | None, list[Event]] = {}
-    for e in events:
+    for e in (e for e in events if e.key not in taken and not note_of(e, "swap")):
         by_attempt.setdefault(e.attempt, []).append(e)
     seqs = sorted(a.seq for a in attempts)
     by_seq = {a.seq: a for a in attempts}
@@ -157,6 +133,7 @@ def interruptions(
         incident = [e for e in evs if e.at >= first_at] + _restart_events(by_attempt, later)
         failed = by_seq.get(seq) if seq is not None else None
         out.append(_interruption(opening, incident, failed, by_seq.get(later[0]) if later else None, known))
+    out += swapped
     return sorted(out, key=lambda i: (i.at, i.attempt if i.attempt is not None else -1))
 
 
@@ -171,8 +148,8 @@ def _interruption(
     opening: list[Event], incident: list[Event], failed: AttemptRecord | None, nxt: AttemptRecord | None, known: Known
 ) -> Interruption:
     first = min(opening, key=lambda e: e.at)
-    ev = _merged(incident)
-    resume = _int(ev, "resume_step")
+    ev = merged(incident)
+    resume = int_of(ev, "resume_step")
     resume = resume if resume is not None else known.resume_step(nxt)
     lost_steps, lost_work = _lost_work(ev, resume, known.last_step(failed), known.pace)
     restart = queue = None
@@ -185,7 +162,7 @@ def _interruption(
         first.attempt,
         first.at,
         classify(opening),
-        _detection(ev, first, failed),
+        detection(ev, first, failed),
         restart,
         queue,
         lost_work,
@@ -194,56 +171,22 @@ def _interruption(
     )
 
 
-def _detection(ev: Mapping[str, Any], first: Event, failed: AttemptRecord | None) -> float | None:
-    """Onset to detection: the evidence's ``detection_s``, a hang's silence, else the time from
-    the job's end (Slurm's, when it ended by itself before the supervisor knew)."""
-    detection = _num(ev, "detection_s")
-    if detection is None and "silent_s" in first.evidence:
-        detection = _num(first.evidence, "silent_s")
-    if detection is None and failed is not None and failed.ended_at is not None and failed.ended_at < first.at:
-        detection = first.at - failed.ended_at
-    return detection
-
-
 def _lost_work(
     ev: Mapping[str, Any], resume: int | None, logged: int | None, pace: float | None
 ) -> tuple[int | None, float | None]:
     """(steps, seconds) of work since the checkpoint the restart used: the evidence's figures, else
     the last step logged less the resume step, at the step time on record (else the run's pace)."""
-    lost_steps = _int(ev, "lost_steps")
-    last = _int(ev, "last_step")
+    lost_steps = int_of(ev, "lost_steps")
+    last = int_of(ev, "last_step")
     last = last if last is not None else logged
     if lost_steps is None and resume is not None and last is not None:
         lost_steps = max(0, last - resume)
-    step_time = _num(ev, "step_time_s")  # per step; a hang's step_interval_s is per log record
+    step_time = num(ev, "step_time_s")  # per step; a hang's step_interval_s is per log record
     step_time = pace if pace is not None else step_time
-    lost_work = _num(ev, "lost_work_s")
+    lost_work = num(ev, "lost_work_s")
     if lost_work is None and lost_steps is not None and step_time is not None:
         lost_work = lost_steps * step_time
     return lost_steps, lost_work
-
-
-def _merged(events: list[Event]) -> dict[str, Any]:
-    """Evidence of an incident's events, earliest first, later values filling in only what is missing."""
-    out: dict[str, Any] = {}
-    for e in sorted(events, key=lambda x: x.at):
-        for k, v in e.evidence.items():
-            out.setdefault(k, v)
-    return out
-
-
-def _number(v: Any) -> TypeGuard[int | float]:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _num(ev: Mapping[str, Any], key: str) -> float | None:
-    v = ev.get(key)
-    return float(v) if _number(v) and v >= 0 else None
-
-
-def _int(ev: Mapping[str, Any], key: str) -> int | None:
-    v = ev.get(key)
-    return int(v) if _number(v) else None
 
 
 # ---------------------------------------------------------------- accounting
@@ -258,13 +201,15 @@ def goodput(
     start: float | None = None,
     end: float | None = None,
     series: Sequence[ProgressPoint] | None = None,
+    run_nodes: int | None = None,
 ) -> Goodput:
     """The run's goodput over [start, end] (default: first submission to the run's end, or ``now``).
 
     ``series``: the progress series the daemon read (the store's); with it, productive time is the
     kept steps' time and the start-up after each restart is lost. ``now`` is also where the record
     ends: no running after it is counted (the supervision's last record, for a run no longer
-    supervised)."""
+    supervised). ``run_nodes``: the run's node count (its spec's), to count the hot spares a job
+    held beyond it; without it, what the swaps' evidence says."""
     attempts = sorted((a for a in attempts if a.run == run), key=lambda a: a.seq)
     events = [e for e in events if e.run == run]
     mine = [p for p in series if p.run == run] if series is not None else None
@@ -273,7 +218,7 @@ def goodput(
     run_end = _run_end(events, now)
     lo = start if start is not None else (attempts[0].submitted_at if attempts else run_end)
     hi = min(end if end is not None else run_end, now)
-    found = interruptions(attempts, events, steps, pace)
+    found = interruptions(attempts, events, steps, pace, mine)
     segments = [
         (a.started_at, min(a.ended_at, run_end) if a.ended_at is not None else run_end)
         for a in attempts
@@ -287,7 +232,8 @@ def goodput(
     inside = tuple(i for i in found if lo <= i.at < hi or (i.at == hi == run_end))
     notes = _notes(inside) + (unmeasured_note(mine) if mine is not None and measured is None else ())
     flag = None if mine is None else measured is not None
-    return Goodput(run, lo, max(lo, hi), productive, running, idle, lost, by_cause, inside, notes, flag)
+    spares = spare_economics(attempts, events, found, run_nodes, hi)
+    return Goodput(run, lo, max(lo, hi), productive, running, idle, lost, by_cause, inside, notes, flag, spares)
 
 
 def windows(
@@ -336,6 +282,9 @@ def _claims(
             claims.append((i.onset, i.at, "detection", cat))
         if i.lost_work_s:
             claims += [(a, b, "rework", cat) for a, b in back_from(i.onset, i.lost_work_s, segments)]
+        if i.in_allocation:  # the same job: restarting until the step computes again, no queue
+            claims.append((i.at, i.at + i.restart_s if i.restart_s is not None else run_end, "restart", cat))
+            continue
         nxt = next((a for a in attempts if i.attempt is not None and a.seq > i.attempt), None)
         submitted = nxt.submitted_at if nxt is not None else run_end
         claims.append((i.at, submitted, "restart", cat))
@@ -372,6 +321,7 @@ __all__ = [  # the advice lives in goodput_advice; readers import it from here t
     "CheckpointAdvice",
     "Goodput",
     "Interruption",
+    "SpareEconomics",
     "checkpoint_advice",
     "goodput",
     "interruptions",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from supervisor.domain.goodput import KINDS, CheckpointAdvice, Goodput
+from supervisor.domain.goodput import KINDS, CheckpointAdvice, Goodput, SpareEconomics
 from supervisor.domain.goodput_sweep import Lost
 from supervisor.domain.run import RunSpec
 
@@ -37,6 +37,7 @@ def summary_rows(g: Goodput, advice: CheckpointAdvice, gpus: int | None = None) 
         ("interruptions per day", "-" if g.interruptions_per_day is None else f"{g.interruptions_per_day:.2f}"),
         ("mean time between interruptions (running)", "-" if g.mtbi_s is None else hours(g.mtbi_s)),
     ]
+    rows += spare_rows(g.spares)
     if gpus:
         rows.append(("GPU-hours lost", f"{g.lost.total_s * gpus / 3600:,.1f} ({gpus} GPUs)"))
     if advice.interval_s is not None:
@@ -49,6 +50,29 @@ def summary_rows(g: Goodput, advice: CheckpointAdvice, gpus: int | None = None) 
     else:
         rows.append(("checkpoint interval (Young)", f"- ({advice.reason})"))
     return rows
+
+
+def spare_rows(spares: SpareEconomics | None) -> list[tuple[str, str]]:
+    """In-allocation runs: what the hot spares cost (idle node-hours) against what the swaps saved."""
+    if spares is None:
+        return []
+    return [
+        ("hot spares: idle node-hours", f"{spares.idle_spare_node_s / 3600:.2f}"),
+        ("hot spares: what the swaps saved", _saving(spares)),
+    ]
+
+
+def _saving(s: SpareEconomics) -> str:
+    if not s.swaps:
+        return "no swap yet"
+    each = "-" if s.swap_recovery_s is None else hours(s.swap_recovery_s)
+    swaps = f"{s.swaps} swap(s), {each} each from detection to computing again"
+    if s.saved_s is None or s.resubmit_recovery_s is None:
+        return f"{swaps}; no resubmission of this run on record to compare with"
+    return (
+        f"{swaps}, against {hours(s.resubmit_recovery_s)} per resubmission ({s.resubmissions} on record): "
+        f"saved {s.saved_s:.0f} s ({hours(max(0.0, s.saved_s))})"
+    )
 
 
 def cause_rows(g: Goodput) -> list[tuple[str, str, str, str]]:

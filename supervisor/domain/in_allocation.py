@@ -38,6 +38,9 @@ def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Ob
         return fall_back(run, a, job, bad, why, obs, policy)
     if bad:
         return swap(run, a, goal, current, bad, spares, obs, policy)
+    drops = boundary_drops(run, a, goal, current, obs)
+    if drops and len(spares) >= len(drops):  # else the ordinary boundary drop below resubmits
+        return swap(run, a, goal, current, drops, spares, obs, policy)
     in_use = set(current) | set(spares)
     view = replace(job, nodes=tuple(n for n in job.nodes if n in in_use))
     return (
@@ -50,9 +53,26 @@ def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Ob
 def hot_spares(run: RunRecord, job: JobInfo, current: tuple[str, ...], obs: Observation) -> tuple[str, ...]:
     """Nodes of the allocation outside the step that may take a faulty node's place: healthy,
     not kept out of the run, not quarantined."""
-    others = tuple(n for n in job.nodes if n not in current)
+    in_step = frozenset(current)  # a set: the allocation has thousands of nodes
+    others = tuple(n for n in job.nodes if n not in in_step)
     faulty = faulty_nodes(run, others, obs)
     return tuple(n for n in others if n not in faulty and n not in run.deferred and n not in obs.quarantined)
+
+
+def boundary_drops(
+    run: RunRecord, a: AttemptRecord, goal: StepGoal | None, current: tuple[str, ...], obs: Observation
+) -> dict[str, str]:
+    """Degraded nodes of the step (a straggler, a throttling GPU: kept out from the next boundary)
+    once a verified checkpoint is newer than the step's launch and their findings: swapped out now,
+    losing (almost) no work, as a resubmitting run restarts without them."""
+    ckpt = obs.checkpoint_at.get(run.name)
+    nodes = [n for n in current if n in run.deferred]
+    launched = goal.decided_at if goal is not None else a.started_at
+    if ckpt is None or not nodes or launched is None:
+        return {}
+    if ckpt <= max([launched] + [run.deferred[n][0] for n in nodes]):
+        return {}
+    return {n: f"checkpoint boundary: dropping degraded {n} ({run.deferred[n][1]})" for n in nodes}
 
 
 def cannot_continue(
@@ -128,7 +148,8 @@ def _leftovers(
     """Faulty nodes of the job outside the step — a hot spare that failed, or a node swapped out
     whose DOWN/DRAIN a crashed daemon did not get to — contained like any faulty node while a
     node change is still due (idempotent records; no action once the node is ours)."""
-    others = tuple(dict.fromkeys(n for n in (*a.nodes, *job.nodes) if n not in current))
+    in_step = frozenset(current)  # a set: the allocation has thousands of nodes
+    others = tuple(dict.fromkeys(n for n in (*a.nodes, *job.nodes) if n not in in_step))
     due = {n: why for n, why in faulty_nodes(run, others, obs).items() if not _taken_out(run, n, obs)}
     if not due:
         return Decision()
