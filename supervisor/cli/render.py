@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -325,3 +326,28 @@ def _interruption_dict(i: Interruption) -> dict[str, Any]:
         "lost_steps": i.lost_steps,
         "resume_step": i.resume_step,
     }
+
+
+@contextmanager
+def progress_bar(enabled: bool) -> Iterator[Callable[[str, float], None] | None]:
+    """A transient progress bar on the terminal, one task per label (None when not ``enabled``)."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>5.1f}%"),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as bar:
+        tasks: dict[str, object] = {}
+
+        def update(label: str, fraction: float) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=1.0)
+            bar.update(tasks[label], completed=fraction)  # type: ignore[arg-type]
+
+        yield update

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -25,30 +23,6 @@ if TYPE_CHECKING:  # the simulator is imported when the command runs, not with t
 
 def _fmt_s(value: object) -> str:
     return "-" if value is None else f"{float(value):.0f} s"  # type: ignore[arg-type]
-
-
-@contextmanager
-def _progress(enabled: bool) -> Iterator[Callable[[str, float], None] | None]:
-    if not enabled:
-        yield None
-        return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>5.1f}%"),
-        TimeElapsedColumn(),
-        transient=True,
-    ) as bar:
-        tasks: dict[str, object] = {}
-
-        def update(label: str, fraction: float) -> None:
-            if label not in tasks:
-                tasks[label] = bar.add_task(label, total=1.0)
-            bar.update(tasks[label], completed=fraction)  # type: ignore[arg-type]
-
-        yield update
 
 
 @click.command()
@@ -92,6 +66,17 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, float], None] | None]:
     "--baseline", "only_baseline", is_flag=True, help="Only the baseline: plain Slurm requeue, no supervisor."
 )
 @click.option("--compare", is_flag=True, help="Both the supervisor and the baseline, on the same failure draws.")
+@click.option(
+    "--mode",
+    "restart_mode",
+    type=click.Choice(["resubmit", "in-allocation"]),
+    default="resubmit",
+    show_default=True,
+    help="The supervisor's recovery: resubmit the job, or swap hot spares in the job.",
+)
+@click.option(
+    "--hot-spares", type=int, default=None, help="In-allocation: spares held in the job. [default: 16, demo: 1]"
+)
 @click.option("--poll-interval", type=float, default=5.0, show_default=True, help="The daemon's poll interval (s).")
 @click.option(
     "--hang-multiple",
@@ -151,7 +136,6 @@ def simulate(**options: Any) -> None:
     costs, and leaves the supervisor's logbook in a state directory
     (`slurm-supervisor --state-dir DIR logbook llama3-405b`)."""
     from supervisor.adapters.logging import configure_logging
-    from supervisor.sim.settings import Mode
 
     configure_logging("warning", "auto")
     o = _Options(**options)
@@ -159,7 +143,7 @@ def simulate(**options: Any) -> None:
     plan = _plan(o, trace)
     root = Path(o.state_dir) if o.state_dir else Path(tempfile.mkdtemp(prefix="ssv-sim-"))
     results = _simulate(o, plan, root, trace)
-    supervised = results[Mode.SUPERVISOR][0].run if Mode.SUPERVISOR in results else None
+    supervised = results[o.supervisor][0].run if o.supervisor in results else None
     _report(o, plan, results, root, supervised, trace)
     if (o.show_logbook if o.show_logbook is not None else o.demo) and supervised is not None:
         _print_logbook(_state_dir(o, root), supervised)
@@ -184,6 +168,8 @@ class _Options:
     seeds: int
     only_baseline: bool
     compare: bool
+    restart_mode: str
+    hot_spares: int | None
     poll_interval: float
     hang_multiple: float
     nccl_timeout: float
@@ -205,7 +191,13 @@ class _Options:
 
         if self.only_baseline:
             return [Mode.BASELINE]
-        return [Mode.SUPERVISOR, Mode.BASELINE] if self.compare else [Mode.SUPERVISOR]
+        return [self.supervisor, Mode.BASELINE] if self.compare else [self.supervisor]
+
+    @property
+    def supervisor(self) -> Mode:
+        from supervisor.sim.settings import Mode
+
+        return Mode.IN_ALLOCATION if self.restart_mode == "in-allocation" else Mode.SUPERVISOR
 
 
 def _trace(o: _Options) -> FaultTrace | None:
@@ -264,6 +256,7 @@ def _settings(o: _Options) -> SimSettings:
         gpus=gpus or base.gpus,
         gpus_per_node=o.gpus_per_node,
         spares=spares,
+        hot_spares=o.hot_spares if o.hot_spares is not None else (1 if o.demo else base.hot_spares),
         baseline_spares=_baseline_spares(o.baseline_spares, spares),
         days=o.days or base.days,
         seed=o.seed,
@@ -291,15 +284,12 @@ def _simulate(o: _Options, plan: Plan, root: Path, trace: FaultTrace | None) -> 
     """Every mode on the same failure draws: the demo's four faults, or each seed's draw."""
     from supervisor.sim import plan as planning
     from supervisor.sim.runner import Simulation
-    from supervisor.sim.settings import Mode
 
     progress = sys.stderr.isatty() if o.show_progress is None else o.show_progress
-    with _progress(progress and not o.as_json) as bar:
+    with render.progress_bar(progress and not o.as_json) as bar:
         if o.demo:
             draw = planning.demo_failures(o.seed)
-            return {
-                m: [Simulation(plan.settings, m, root if m is Mode.SUPERVISOR else None).run(draw)] for m in o.modes
-            }
+            return {m: [Simulation(plan.settings, m, root if m.supervised else None).run(draw)] for m in o.modes}
         replay = None if trace is None else (lambda s: trace.failures(s.seconds))
         return planning.run_seeds(plan, o.modes, list(range(o.seed, o.seed + o.seeds)), root, bar, replay)
 

@@ -70,7 +70,7 @@ def run_seeds(
             state = root if len(seeds) == 1 else root / f"seed-{seed}"
             label = f"{mode.value} seed {seed}"
             tick = (lambda f, label=label: progress(label, f)) if progress else None
-            sim = Simulation(settings, mode, state_dir=state if mode is Mode.SUPERVISOR else None, on_progress=tick)
+            sim = Simulation(settings, mode, state_dir=state if mode.supervised else None, on_progress=tick)
             out[mode].append(sim.run(failures))
     return out
 
@@ -175,6 +175,12 @@ def assumptions(plan: Plan) -> list[tuple[str, str]]:
             "nodes",
             f"{s.nodes_per_job} x {s.gpus_per_node} GPUs for the job; supervisor: {s.spares} named spares; "
             f"baseline: {s.baseline_spares} idle nodes (Slurm alone, requeue from the job's trap)",
+        ),
+        (
+            "in-allocation",
+            f"{s.hot_spares} hot spare(s) held in the job (--no-kill), the rest of the spares idle; a swap relaunches "
+            f"the step after {s.launcher_poll_s + s.step_relaunch_s:g} s (launcher poll + step launch), then the "
+            "restore; no hot spare left: resubmission",
         ),
     ]
 

@@ -165,6 +165,11 @@ class SimJob:
         return self.request.requeue
 
     @property
+    def no_kill(self) -> bool:
+        """Submitted with ``sbatch --no-kill`` (``-k``): a failed node leaves, the job runs on."""
+        return any(arg in ("--no-kill", "-k", "--no-kill=on") for arg in self.request.extra_args)
+
+    @property
     def duration(self) -> float | None:
         text = self.request.env.get(ENV_DURATION)
         return None if text is None else float(text)

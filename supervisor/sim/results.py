@@ -91,3 +91,20 @@ def mark_recoveries(strikes: list[Strike], attempts: Sequence[Attempt], end: flo
             i += 1
         if i < len(computing):
             strike.recovered_at = computing[i]
+
+
+def loss_breakdown(strikes: Sequence[Strike], attempts: Sequence[Attempt], step_s: float) -> dict[str, float]:
+    """Where the interruptions' time went, in seconds, from the ground truth: ``detect_s`` (the
+    failure until the next attempt starts: detection, decision, queue, relaunch wait),
+    ``restart_s`` (that attempt's start-up and restore) and ``rework_s`` (steps trained since the
+    checkpoint it resumed from, trained again). Checkpoint saves and step noise are the rest."""
+    by_computing = {a.computing_at: a for a in attempts}
+    out = {"detect_s": 0.0, "restart_s": 0.0, "rework_s": 0.0}
+    for s in strikes:
+        a = by_computing.get(s.recovered_at) if s.interrupted and s.recovered_at is not None else None
+        if a is None:
+            continue
+        out["detect_s"] += max(0.0, a.started_at - s.at)
+        out["restart_s"] += a.computing_at - max(a.started_at, s.at)
+        out["rework_s"] += max(0, (s.step or 0) - a.resume_step) * step_s
+    return out

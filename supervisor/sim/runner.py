@@ -29,7 +29,7 @@ from supervisor.domain.cluster import SubmitRequest
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.records import Event, EventKind
-from supervisor.domain.run import CheckpointPolicy, RunSpec, SparePolicy
+from supervisor.domain.run import CheckpointPolicy, RestartMode, RunSpec, SparePolicy
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.pacing import Pacing, PacingState, next_delay
 from supervisor.engine.progress import ProgressWatch
@@ -37,7 +37,7 @@ from supervisor.engine.reconcile import Engine, EngineSettings
 from supervisor.sim.clock import VirtualClock
 from supervisor.sim.failures import Failure
 from supervisor.sim.probe import SimProbe
-from supervisor.sim.results import SimResult, mark_recoveries
+from supervisor.sim.results import SimResult, loss_breakdown, mark_recoveries
 from supervisor.sim.settings import Mode, SimSettings
 from supervisor.sim.world import World
 
@@ -65,7 +65,7 @@ class Simulation:
         end = clock.now() + s.seconds
         ticks = 0
         store = None
-        if self.mode is Mode.SUPERVISOR:
+        if self.mode.supervised:
             if self.state_dir is None:
                 raise ValueError("supervisor mode needs a state directory for its store (the logbook)")
             store = self.open_store(self.state_dir)
@@ -87,7 +87,11 @@ class Simulation:
             time.process_time() - started,
             str(self.state_dir) if store is not None else None,
             self.run_name,
-            {"health_findings": len(world.health.emitted)},
+            {
+                "health_findings": len(world.health.emitted),
+                "step_attempts": [a.key for a in world.attempts()],
+                "loss_s": loss_breakdown(world.strikes, world.attempts(), s.trainer.step_s),
+            },
         )
         if store is not None:
             store.close()
@@ -97,7 +101,7 @@ class Simulation:
         s = self.settings
         names = [f"n{i:0{max(3, len(str(s.pool(self.mode))))}d}" for i in range(1, s.pool(self.mode) + 1)]
         spares = tuple(names[s.nodes_per_job :]) if self.mode is Mode.SUPERVISOR else ()
-        return RunSpec(
+        spec = RunSpec(
             name=self.run_name,
             script="/sim/train.sbatch",
             partition="gpu",
@@ -108,6 +112,9 @@ class Simulation:
             spare_nodes=spares,
             max_restarts=1_000_000,
         )
+        if self.mode is Mode.IN_ALLOCATION:  # the job holds nodes + hot_spares; the rest idle
+            return replace(spec, restart_mode=RestartMode.IN_ALLOCATION, hot_spares=s.hot_spares)
+        return spec
 
     # -- baseline: Slurm alone ------------------------------------------------------------------
 
@@ -140,6 +147,9 @@ class Simulation:
             spec, checkpoints=CheckpointPolicy(root=world.checkpoints.root, full_verify=False, scan_interval_s=600.0)
         )
         store.add_run(spec, now)
+        if world.launcher is not None:
+            store.channel_listening(now)  # the daemon's launcher channel listens from its start
+            world.launcher.attach(store, spec.name)
         store.record_event(
             Event(
                 spec.name,
@@ -178,8 +188,13 @@ class Simulation:
         engine.adopt()
         ticks = 0
         state = PacingState.start(pacing)
+        launcher = world.launcher
         while clock.now() < end:
+            if launcher is not None:
+                launcher.poll()  # the daemon hears the launcher at each tick, as within a second
             result = engine.tick()
+            if launcher is not None:
+                launcher.poll()  # and the launcher reads a goal the tick wrote (its lag: launcher_poll_s)
             ticks += 1
             step, state = next_delay(pacing, state, result)
             if step.quiet and self.settings.skip_quiet_ticks:
@@ -188,6 +203,8 @@ class Simulation:
                 clock.advance_to(min(end, clock.now() + step.delay_s))
             if ticks % 64 == 0:
                 self._report(clock.now(), world.start, end)
+        if launcher is not None:
+            launcher.poll()
         engine.tick()  # the daemon reads the logs up to the end: the steps made are on record
         return ticks + 1
 

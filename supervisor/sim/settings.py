@@ -13,6 +13,11 @@ from supervisor.sim.trainer import TrainerSettings
 class Mode(StrEnum):
     SUPERVISOR = "supervisor"  # the real engine supervises the run
     BASELINE = "baseline"  # plain Slurm requeue, no supervisor
+    IN_ALLOCATION = "in-allocation"  # the real engine, recovering inside the job (--no-kill, hot spares)
+
+    @property
+    def supervised(self) -> bool:
+        return self is not Mode.BASELINE
 
 
 @dataclass(frozen=True)
@@ -41,14 +46,27 @@ class SimSettings:
     node_agents: bool = True
     skip_quiet_ticks: bool = True  # False: tick on every poll like the daemon (slow; for checking)
     max_drains_per_hour: int = 8
+    # In-allocation mode: nodes the job holds beyond the step, warm (part of the run's idle capacity,
+    # so the comparison stays fair: the rest of ``spares`` stays idle in the partition for a
+    # resubmission). 16 of 2,048 nodes: Table 5's ~6 node faults a day spend them in ~2-3 days
+    # (a swapped-out node leaves the job), after which the run falls back to one resubmission,
+    # which brings nodes + hot_spares again; more spares buy little (one resubmission per ~2
+    # days) and cost idle node-hours.
+    hot_spares: int = 16
+    # A swap's relaunch: the launcher's poll (<= 1 s) and a new srun step in the same job (0.1 s
+    # measured, docs/in-allocation.md) plus process start and NCCL init — an assumption; no
+    # queue, allocation, prolog or job start-up. The checkpoint restore comes on top (trainer).
+    step_relaunch_s: float = 10.0
+    launcher_poll_s: float = 1.0  # the launcher reports and reads its goal this often
+    launcher_wait_s: float = 30.0  # a step that died waits this long for a new generation (launcher)
     straggler_slowdown: float = 1.3
 
     def __post_init__(self) -> None:
         problems = []
         if self.gpus_per_node < 1 or self.gpus < self.gpus_per_node or self.gpus % self.gpus_per_node:
             problems.append(f"gpus ({self.gpus}) must be a positive multiple of gpus_per_node ({self.gpus_per_node})")
-        if self.spares < 0 or self.baseline_spares < 0:
-            problems.append("spares must be 0 or more")
+        if self.spares < 0 or self.baseline_spares < 0 or self.hot_spares < 1:
+            problems.append("spares must be 0 or more, hot_spares 1 or more")
         if not (math.isfinite(self.days) and self.days > 0):
             problems.append(f"days must be positive (got {self.days})")
         for name in (
@@ -59,6 +77,9 @@ class SimSettings:
             "agent_sample_s",
             "max_skip_s",
             "hang_multiple",
+            "step_relaunch_s",
+            "launcher_poll_s",
+            "launcher_wait_s",
         ):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 problems.append(f"{name} must be a positive number (got {getattr(self, name)!r})")
@@ -74,4 +95,7 @@ class SimSettings:
         return self.days * 86400.0
 
     def pool(self, mode: Mode) -> int:
+        """Nodes in the partition. In-allocation: the hot spares are among the spares."""
+        if mode is Mode.IN_ALLOCATION:
+            return self.nodes_per_job + max(self.spares, self.hot_spares)
         return self.nodes_per_job + (self.spares if mode is Mode.SUPERVISOR else self.baseline_spares)

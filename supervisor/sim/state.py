@@ -197,12 +197,28 @@ class ClusterState:
         if job.state is JobState.PENDING and held:
             job.reason = hold_reason
 
-    def fail_on_node(self, job: SimJob) -> None:
-        """A node of the job failed: requeue it if it may be, else it ends NODE_FAIL."""
-        if job.requeueable:
+    def fail_on_node(self, job: SimJob, node: SimNode | None = None) -> None:
+        """A node of the job failed: requeue it if it may be, else it ends NODE_FAIL — unless the
+        job was submitted with ``--no-kill``: then the node only leaves its allocation."""
+        if node is not None and job.no_kill and job.state is JobState.RUNNING and len(job.nodes) > 1:
+            self.shrink(job, node)
+        elif job.requeueable:
             self.requeue(job)
         else:
             self.finish(job, JobState.NODE_FAIL, reason="NodeDown")
+
+    def shrink(self, job: SimJob, node: SimNode) -> None:
+        """``--no-kill``: the node leaves the job's NodeList (NumNodes shrinks), its processes of
+        the job are gone, the job runs on — even when it was the batch host (measured on 22.05:
+        docs/in-allocation.md)."""
+        job.nodes = tuple(n for n in job.nodes if n != node.name)
+        node.job = None
+        exe = job.execution
+        if exe is not None and node.name in exe.live:
+            exe.live.discard(node.name)
+            node.procs.discard(exe)
+            if not exe.live:
+                self._ended(exe)
 
     def _release(self, job: SimJob, *, everywhere: bool) -> None:
         if job.execution is not None:
@@ -283,7 +299,7 @@ class ClusterState:
         if node.job is not None:
             job = self.jobs[node.job]
             if job.execution is None or node.name not in job.execution.live:
-                self.fail_on_node(job)  # Slurm finds the job missing from the node
+                self.fail_on_node(job, node)  # Slurm finds the job missing from the node
         self.schedule()
 
     def _arm_timeouts(self, node: SimNode) -> None:
@@ -301,7 +317,7 @@ class ClusterState:
         if not node.reason:
             node.reason = REASON_NOT_RESPONDING
         if node.job is not None:
-            self.fail_on_node(self.jobs[node.job])
+            self.fail_on_node(self.jobs[node.job], node)
         self.schedule()
 
     def drain(self, node: SimNode, reason: str) -> None:
@@ -313,7 +329,7 @@ class ClusterState:
         node.down_auto = False
         node.reason = reason
         if node.job is not None:
-            self.fail_on_node(self.jobs[node.job])
+            self.fail_on_node(self.jobs[node.job], node)
 
     def resume(self, node: SimNode) -> None:
         node.drain = node.down = node.down_auto = False

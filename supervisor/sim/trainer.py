@@ -91,7 +91,7 @@ class TrainerSettings:
 class Attempt:
     """One incarnation's ground truth and its generated-but-unread log lines."""
 
-    key: tuple[int, int]
+    key: tuple[int, ...]  # (job id, restart count[, step generation in in-allocation mode])
     path: str
     nodes: tuple[str, ...]
     started_at: float
@@ -153,11 +153,20 @@ class SimTrainer:
     # -- attempts -------------------------------------------------------------------------------
 
     def start(
-        self, key: tuple[int, int], path: str, nodes: tuple[str, ...], env: dict[str, str], slow: float = 1.0
+        self,
+        key: tuple[int, ...],
+        path: str,
+        nodes: tuple[str, ...],
+        env: dict[str, str],
+        slow: float = 1.0,
+        startup_s: float | None = None,
     ) -> Attempt:
+        """``startup_s``: before the restore (default the settings' job start-up; a step relaunched
+        inside the job pays less)."""
         now = self.clock.now()
         save = self._resume_point(env)
         s = self.settings
+        startup = s.startup_s if startup_s is None else startup_s
         a = Attempt(
             key,
             path,
@@ -165,7 +174,7 @@ class SimTrainer:
             now,
             save.step if save else 0,
             save is not None and not save.committed(now),
-            now + s.startup_s + (s.restore_s if save else 0.0),
+            now + startup + (s.restore_s if save else 0.0),
             random.Random(f"trainer:{self.seed}:{len(self.attempts)}"),
             slow=slow,
         )

@@ -15,7 +15,9 @@ on a real cluster (see ``failures.Manifestation``):
 
 When the job's processes exit, the job script's exit status reaches Slurm: with the supervisor
 the job ends FAILED; in the baseline the script's trap requeues it (``scontrol requeue``), the
-usual way of getting automatic restarts from plain Slurm.
+usual way of getting automatic restarts from plain Slurm. In in-allocation mode the job
+(``--no-kill``) runs the ``SimLauncher``: the processes that die are the step's, the job lives on,
+and each step generation is a trainer attempt of its own (keyed job id, restart count, generation).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from supervisor.sim.clock import Timer, VirtualClock
 from supervisor.sim.cluster import SimCluster
 from supervisor.sim.failures import Category, Failure, Manifestation
 from supervisor.sim.health import SimHealthFeed
+from supervisor.sim.launcher import SimLauncher
 from supervisor.sim.records import Incarnation
 from supervisor.sim.results import Strike
 from supervisor.sim.settings import Mode, SimSettings
@@ -73,8 +76,9 @@ class World:
         self.torn_restarts = 0
         self.hang_times: list[float] = []  # absolute times of drawn hangs, for the driver's look-ahead
         self.interrupt_times: list[float] = []  # of every drawn failure that stops a computing attempt
-        self._attempts: dict[tuple[int, int], Attempt] = {}
-        self._timers: dict[tuple[int, int], list[Timer]] = {}  # an attempt's pending exits
+        self._attempts: dict[tuple[int, ...], Attempt] = {}  # per job incarnation: its newest attempt
+        self._timers: dict[tuple[int, ...], list[Timer]] = {}  # an attempt's pending exits
+        self.launcher = SimLauncher(self) if mode is Mode.IN_ALLOCATION else None
         self._last_nodes: tuple[str, ...] = self.cluster.node_names[: settings.nodes_per_job]
         self._path_of = path_of
         self.cluster.on_incarnation(self._incarnation)
@@ -100,18 +104,27 @@ class World:
     def _incarnation(self, kind: str, inc: Incarnation) -> None:
         key = (inc.job_id, inc.restart_count)
         if kind == "end":
+            if self.launcher is not None:
+                self.launcher.job_ended(inc)
             a = self._attempts.get(key)
             if a is not None:
-                self.trainer.end(a, inc.end if inc.end is not None else self.clock.now())
-            for timer in self._timers.pop(key, []):
-                timer.cancel()  # a watchdog or crash of an attempt that is gone is no event
+                self.stop_attempt(a, inc.end if inc.end is not None else self.clock.now())
             return
         env = dict(self.cluster.job_request(inc.job_id).env)
-        slow = max((self.slow.get(n, 1.0) for n in inc.nodes), default=1.0)
-        a = self.trainer.start(key, self.log_path(inc.job_id), inc.nodes, env, slow)
-        self._attempts[key] = a
-        self._last_nodes = inc.nodes
-        bad = sorted(n for n in inc.nodes if n in self.broken)
+        if self.launcher is not None:  # the batch script runs the launcher, which starts the step
+            self.launcher.job_started(inc, env)
+        else:
+            self.run_attempt(key, inc.nodes, env)
+
+    def run_attempt(
+        self, key: tuple[int, ...], nodes: tuple[str, ...], env: dict[str, str], startup_s: float | None = None
+    ) -> Attempt:
+        """The trainer's processes start on ``nodes`` (``key``: job id, restart count[, generation])."""
+        slow = max((self.slow.get(n, 1.0) for n in nodes), default=1.0)
+        a = self.trainer.start(key, self.log_path(key[0]), nodes, env, slow, startup_s)
+        self._attempts[key[:2]] = a
+        self._last_nodes = nodes
+        bad = sorted(n for n in nodes if n in self.broken)
         if bad:
             self.crash_restarts += 1
             self._later(a, a.started_at + self.settings.trainer.crash_at_start_s, self._exit)
@@ -120,6 +133,13 @@ class World:
             self._later(a, a.computing_at, self._exit)
         if a.exit_at is not None:  # doomed, or resuming from an unloadable save (TrainerSettings)
             self._later(a, a.exit_at, self._exit)
+        return a
+
+    def stop_attempt(self, a: Attempt, at: float | None = None) -> None:
+        """The attempt's processes are gone (its job ended, or the launcher stopped its step)."""
+        self.trainer.end(a, self.clock.now() if at is None else at)
+        for timer in self._timers.pop(a.key, []):
+            timer.cancel()  # a watchdog or crash of an attempt that is gone is no event
 
     def _later(self, a: Attempt, when: float, fn: Callable[[Attempt], None]) -> None:
         self._timers.setdefault(a.key, []).append(self.clock.call_at(when, fn, a))
@@ -134,6 +154,10 @@ class World:
         except Exception:  # noqa: BLE001 - the job was purged: nothing left to exit
             return
         if info.state is not JobState.RUNNING or info.restart_count != a.key[1]:
+            return
+        if self.launcher is not None:  # --no-kill: the step dies, the job and its launcher live on
+            self.stop_attempt(a)
+            self.launcher.step_exited(a)
             return
         if self.mode is Mode.BASELINE:
             self.cluster.requeue(job_id)  # the job script's trap: scontrol requeue $SLURM_JOB_ID
