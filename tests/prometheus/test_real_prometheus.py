@@ -151,7 +151,14 @@ def test_prometheus_scrapes_every_series_the_route_serves(scraped: Scraped) -> N
 
 
 def test_a_scrape_without_the_read_token_is_refused(scraped: Scraped) -> None:
-    wrong = [t for t in scraped.prometheus.targets() if t["labels"]["job"] == "wrong-token"]
+    def wrong_target() -> list[dict[str, Any]]:
+        return [t for t in scraped.prometheus.targets() if t["labels"]["job"] == "wrong-token"]
+
+    deadline = time.monotonic() + 20
+    wrong = wrong_target()
+    while any(t["health"] == "unknown" for t in wrong) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the fixture waited for the good scrape; this target's first may come later
+        wrong = wrong_target()
     assert len(wrong) == 1 and wrong[0]["health"] == "down", wrong
     assert "403" in wrong[0]["lastError"], wrong[0]["lastError"]
 
