@@ -167,6 +167,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--min-step-s", type=float, default=0.0, help="pace: sleep so a step lasts this long")
+    p.add_argument(
+        "--compute-s", type=float, default=0.0, help="sleep this long in each step's compute (a GPU's share)"
+    )
+    p.add_argument(
+        "--straggler-file",
+        type=Path,
+        help="when it exists, it names a node and a fraction ('n2 0.1'): that node's compute sleeps that much longer",
+    )
     p.add_argument("--trace", type=Path, help="rank 0 appends one JSON line per step (trained or skipped)")
     p.add_argument(
         "--exit-file", type=Path, default=os.environ.get("TRAIN_EXIT_FILE"), help="rank 0 writes its exit code"
@@ -218,6 +226,7 @@ def train(args: argparse.Namespace) -> None:
             logits = model(tokens[:, :-1])
             loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
             loss.backward()
+            time.sleep(args.compute_s * (1.0 + straggling(args.straggler_file)))
         mean_loss = average_gradients(model, loss, world)
         grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), 1.0))
         optimizer.step()
@@ -231,6 +240,18 @@ def train(args: argparse.Namespace) -> None:
         if step % args.ckpt_every == 0:
             state["progress"]["step"] = step
             ssv.save(state, step)
+
+
+def straggling(path: Path | None) -> float:
+    """How much slower this node's compute is made (0: not at all), as the test's file says: a
+    straggler made by the test, as a GPU with falling clocks is (a sleep: the rest is as fast)."""
+    if path is None:
+        return 0.0
+    try:
+        node, fraction = path.read_text().split()
+        return max(0.0, min(float(fraction), 10.0)) if node == os.environ.get("SLURMD_NODENAME") else 0.0
+    except (OSError, ValueError):  # not written (yet), or not "NODE FRACTION"
+        return 0.0
 
 
 class Trace:

@@ -21,6 +21,10 @@ stalls that hit every node):
   amount, then fed to a one-sided per-node **CUSUM**: ``S = min(s_cap, max(0, S + z - k))``;
 * a node is named when ``S > h`` **and** its exponentially weighted mean relative excess over the
   median (``alpha`` = 0.1, about the last 10-20 steps) is at least ``min_slowdown`` (2 %).
+* the verdict says how much slower the node is as the mean relative excess over the steps since
+  its CUSUM last rose from 0 (the CUSUM's own estimate of when the shift began), each step bounded
+  at 10x. Not the gate's average: its steps are clipped at ``z_clip`` MADs, which on a quiet
+  cluster is ~4 %, so a node 10 % slower would be reported "2 % above" when named.
 
 Why CUSUM: it is the optimal sequential test for a persistent shift in the mean (Lorden;
 Moustakides), which is exactly what a slow GPU is, and it costs one add and one clip per node. Why
@@ -61,6 +65,7 @@ from supervisor.domain.peer_groups import Imbalance, PeerGroups, learn_levels, s
 
 FloatArray = npt.NDArray[np.float64]
 MAD_TO_SIGMA = 1.4826
+SHIFT_BOUND = 9.0  # a step counts at most 10x its peers' time in the reported slowdown
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,7 @@ class StragglerVerdict:
 
     node: int
     name: str
-    slowdown: float  # EWMA of step time / median step time, e.g. 1.05
+    slowdown: float  # mean step time / reference since the shift began (CUSUM last at 0), e.g. 1.05
     score: float  # CUSUM statistic, robust-z units
     steps_observed: int  # steps this node reported since the last reset
     sm_clock_ratio: float | None
@@ -147,6 +152,8 @@ class StragglerScorer:
         self.groups = PeerGroups(groups, nodes)
         self.cusum = np.zeros(nodes)
         self.excess = np.zeros(nodes)  # EWMA of x / reference - 1
+        self.shift_sum = np.zeros(nodes)  # sum of x / reference - 1 since the CUSUM last rose from 0
+        self.shift_steps = np.zeros(nodes, dtype=np.int64)
         self.observed = np.zeros(nodes, dtype=np.int64)
         self.clock = np.full(nodes, np.nan)  # EWMA of SM clock ratio
         self.throttle = np.full(nodes, np.nan)  # EWMA of the throttle flag
@@ -162,9 +169,10 @@ class StragglerScorer:
 
     def reset(self) -> None:
         """Forget everything, e.g. after a restart (the node set may have changed too: build anew)."""
-        for arr in (self.cusum, self.excess):
+        for arr in (self.cusum, self.excess, self.shift_sum):
             arr.fill(0.0)
         self.observed.fill(0)
+        self.shift_steps.fill(0)
         self.clock.fill(np.nan)
         self.throttle.fill(np.nan)
         self.level.fill(1.0)
@@ -205,6 +213,7 @@ class StragglerScorer:
         r = rel if all_scored else rel[scored]
         scale = MAD_TO_SIGMA * max(float(np.median(np.abs(r))), p.mad_floor)
         z = np.clip(r / scale, -p.z_clip, p.z_clip) - p.k
+        shift = np.clip(r, -1.0, SHIFT_BOUND)
         r = np.clip(r, -p.z_clip * scale, p.z_clip * scale)
         if all_scored:
             self.cusum += z
@@ -212,10 +221,18 @@ class StragglerScorer:
             self.excess *= 1 - p.alpha
             self.excess += p.alpha * r
             self.observed += 1
+            self._track_shift(slice(None), shift)
             return
         self.cusum[scored] = np.clip(self.cusum[scored] + z, 0.0, 2 * p.h)
         self.excess[scored] = (1 - p.alpha) * self.excess[scored] + p.alpha * r
         self.observed[scored] += 1
+        self._track_shift(scored, shift)
+
+    def _track_shift(self, where: slice | npt.NDArray[np.bool_], shift: FloatArray) -> None:
+        """Sum the relative excess of the steps since each node's CUSUM last rose from 0."""
+        rising = self.cusum[where] > 0
+        self.shift_sum[where] = np.where(rising, self.shift_sum[where] + shift, 0.0)
+        self.shift_steps[where] = np.where(rising, self.shift_steps[where] + 1, 0)
 
     def _learn(self) -> None:
         """The start-up steps are in: levels of blocks slower together from the start (and of
@@ -225,6 +242,8 @@ class StragglerScorer:
         learned = self.level != 1.0
         self.cusum[learned] = 0.0
         self.excess[learned] = 0.0
+        self.shift_sum[learned] = 0.0
+        self.shift_steps[learned] = 0
         self.imbalances = tuple(self._imbalance(b) for b in blocks) + self._pooled_imbalance()
 
     def _imbalance(self, block: npt.NDArray[np.int64]) -> Imbalance:
@@ -275,7 +294,8 @@ class StragglerScorer:
         return [self._verdict(int(i)) for i in hits]
 
     def _verdict(self, i: int) -> StragglerVerdict:
-        slowdown = 1.0 + float(self.excess[i])
+        since = int(self.shift_steps[i])
+        slowdown = 1.0 + (float(self.shift_sum[i]) / since if since else float(self.excess[i]))
         clock = _opt(self.clock[i])
         thr = _opt(self.throttle[i])
         compared = self.groups.describe(i)
@@ -285,8 +305,8 @@ class StragglerScorer:
             compared = f"its own start-up pace ({self.level[i]:.2f}x the other nodes'; too few peers for a median)"
         reason = (
             f"step time {100 * (slowdown - 1):.1f}% above {compared}, "
-            f"sustained (CUSUM {float(self.cusum[i]):.1f} > {self.params.h:g}) "
-            f"over {int(self.observed[i])} reported steps"
+            f"over the {since} steps since its CUSUM last rose from 0 "
+            f"(CUSUM {float(self.cusum[i]):.1f} > {self.params.h:g}, {int(self.observed[i])} reported steps)"
         )
         if clock is not None:
             reason += f"; SM clock at {100 * clock:.0f}% of nominal"
