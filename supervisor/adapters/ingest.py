@@ -94,8 +94,11 @@ class ReportIngest:
         return found
 
     def heartbeat_ages(self, now: float) -> Mapping[str, float]:
+        """Nodes whose last report promised another (an agent's, ``interval_s`` > 0): a hook's or
+        a one-shot check's report (a hot spare's pre-flight) promises none, and its node must not
+        be judged a silent agent later."""
         with self._lock:
-            return {node: max(0.0, now - at) for node, (at, _, _) in self._seen.items()}
+            return {node: max(0.0, now - at) for node, (at, _, interval) in self._seen.items() if interval > 0}
 
     def heartbeat_intervals(self) -> Mapping[str, float]:
         """Per node: the sample interval its agent announced (0 when a hook reported)."""

@@ -3,13 +3,15 @@ body).
 
 * ``ThreadRenderer(store)`` renders in the calling thread (the HTTP server's worker thread).
 * ``ProcessRenderer(state_dir)`` renders in a child process, ``python -I -m
-  supervisor.adapters.page_renderer STATE_DIR``, with a store connection of its own (started on
-  first use, started again if it dies or stalls past ``timeout_s``). The daemon uses it: a
-  20,000-event logbook takes ~2 s of CPU and ~100 MB to render, and in a thread of the daemon's
-  process that work holds the GIL against the event loop that takes agents' reports — every
-  system call of the loop (accept, recv, send) then waits up to the interpreter's switch interval
-  to get it back, and a burst of accepts stalled the loop 0.1–0.35 s (ADR 0003). In a process of
-  its own the operating system shares the CPU, and the daemon never holds a render's peak memory.
+  supervisor.adapters.page_renderer STATE_DIR``, with a read-only store connection of its own
+  (SQLite ``mode=ro``: it never writes or migrates the store; a store of a schema it does not know
+  gets a 503 that says why) — started on first use, started again if it dies or stalls past
+  ``timeout_s``. The daemon uses it: a 20,000-event logbook takes ~2 s of CPU and ~100 MB to
+  render, and in a thread of the daemon's process that work holds the GIL against the event loop
+  that takes agents' reports — every system call of the loop (accept, recv, send) then waits up to
+  the interpreter's switch interval to get it back, and a burst of accepts stalled the loop
+  0.1–0.35 s (ADR 0003). In a process of its own the operating system shares the CPU, and the
+  daemon never holds a render's peak memory.
 
 The child reads one JSON request a line on stdin (``{"kind": "metrics"}`` or ``{"kind":
 "logbook", "run": RUN, "now": T}``) and answers each with a JSON line (status, headers, length)
@@ -21,15 +23,17 @@ from __future__ import annotations
 import json
 import os
 import select
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from supervisor.adapters.html_logbook import logbook_page
 from supervisor.adapters.metrics import HEADERS, StoreCollector, collector_text
+from supervisor.adapters.sqlite.schema import SchemaMismatch
 from supervisor.ports import Store
 
 Page = tuple[int, list[tuple[str, str]], bytes]
@@ -155,18 +159,39 @@ def _read_page(stream: IO[bytes], deadline: float) -> Page:
 
 # ---------------------------------------------------------------- the child
 def serve(state_dir: str, requests: IO[bytes], answers: IO[bytes]) -> None:
-    from supervisor.adapters.sqlite import SqliteStore
-
-    pages = ThreadRenderer(SqliteStore(Path(state_dir)))
+    """Answer each request line. The store is opened read-only (the child holds no right to write
+    it, and never migrates it); until it opens — absent, or of a schema this code does not know —
+    each page is a 503 that says why, and the next request tries again."""
+    pages: ThreadRenderer | None = None
     for line in requests:
         request = json.loads(line)
-        if request["kind"] == "metrics":
-            status, headers, body = pages.metrics()
+        try:
+            pages = pages or ThreadRenderer(_open_store(state_dir))
+        except (sqlite3.Error, SchemaMismatch) as exc:
+            status, headers, body = _unreadable(state_dir, exc)
         else:
-            status, headers, body = pages.logbook(str(request["run"]), float(request["now"]))
+            status, headers, body = _page(pages, request)
         answers.write(json.dumps({"status": status, "headers": headers, "length": len(body)}).encode() + b"\n")
         answers.write(body)
         answers.flush()
+
+
+def _open_store(state_dir: str) -> Store:
+    from supervisor.adapters.sqlite import SqliteStore
+
+    return SqliteStore(Path(state_dir), read_only=True)
+
+
+def _page(pages: ThreadRenderer, request: dict[str, Any]) -> Page:
+    if request["kind"] == "metrics":
+        return pages.metrics()
+    return pages.logbook(str(request["run"]), float(request["now"]))
+
+
+def _unreadable(state_dir: str, exc: Exception) -> Page:
+    reason = f"the page renderer cannot read the store in {state_dir}: {exc}"
+    headers = [("Content-Type", "application/json"), ("Cache-Control", "no-store")]
+    return 503, headers, json.dumps({"error": reason}).encode()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ nodes are not ``nodes`` names of this job's allocation is refused. A step that e
 success ends the launcher; after a failure it waits ``decision_wait_s`` for a new generation (the
 daemon may be about to swap a node that killed it), then exits with the step's code. SIGTERM (the
 job cancelled) stops the step and ends the launcher. Argv lists only.
+
+Beside generation 0 it starts the pre-flight check of the hot spares (``spare_check``: one
+overlapping step over the allocation's other nodes, bounded by ``spare_check_timeout_s``;
+supervisor.agent.spare_check): it never delays or stops the training step, and ends with the launcher.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import structlog
 
 from supervisor.adapters.launcher_channel import LauncherGoal, LauncherPoll
 from supervisor.agent.launcher_client import ChannelClient
+from supervisor.agent.spare_check import SpareCheck, spare_check_argv
 
 log = structlog.get_logger(__name__)
 
@@ -45,6 +50,8 @@ class LaunchSettings:
     decision_wait_s: float = 30.0
     stop_grace_s: float = 10.0
     srun: str = "srun"
+    spare_check: tuple[str, ...] = ()  # the one-shot check run on every hot spare at start; () none
+    spare_check_timeout_s: float = 60.0
 
 
 # Which of the step's nodes do not answer (their slurmd): srun notices a dead node only once
@@ -102,6 +109,14 @@ class Launcher:
 
     def run(self) -> int:
         step = self._start()
+        check = self._check_spares()
+        try:
+            return self._converge(step)
+        finally:
+            if check is not None:
+                check.stop()
+
+    def _converge(self, step: Step) -> int:
         ended_at: float | None = None
         while not self.stopping.is_set():
             code = step.exit_code()
@@ -144,6 +159,18 @@ class Launcher:
         env = {**os.environ, **self._env, "SSV_STEP_GENERATION": str(self.generation)}
         log.info("launcher_step_start", generation=self.generation, nodes=list(self.nodes))
         return Step(self.argv(), env, self._nudge.set)
+
+    def _check_spares(self) -> SpareCheck | None:
+        """The pre-flight check of the hot spares (the allocation's nodes outside generation 0), started."""
+        spares = self.s.allocation[self.s.nodes :]
+        if not spares or not self.s.spare_check:
+            return None
+        check = SpareCheck(
+            spare_check_argv(self.s.srun, spares, self.s.spare_check), spares, self.s.spare_check_timeout_s
+        )
+        log.info("launcher_spare_check_start", spares=list(spares[:16]), count=len(spares))
+        check.start()
+        return check
 
     def _unreachable(self, code: int | None) -> tuple[str, ...]:
         """The running step's nodes that do not answer (none asked once the step has ended)."""

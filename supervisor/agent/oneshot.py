@@ -6,6 +6,10 @@ planted in the working directory they were left in must never be imported) and j
 with the GPU-health rules. A driver call that
 hangs (a wedged GPU) cannot hang the hook: the child is killed at the deadline and the result is
 the fatal finding ``nvml-hung@1``. The child prints one JSON ``NodeReport``.
+
+``send_result`` hands one check to the daemon through the agent's ``HttpSender`` (``agent --once
+--send``, the launcher's pre-flight check of hot spares): an agent report with the run's token,
+judged by the daemon's own rules. It promises no heartbeat (``interval_s`` 0).
 """
 
 from __future__ import annotations
@@ -15,16 +19,22 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from supervisor.domain.gpu_health import RULES_VERSION, HealthRules
 from supervisor.domain.gpu_table import GpuHealthSettings
 from supervisor.domain.health import NodeFinding, Severity
-from supervisor.domain.node_report import SCHEMA_VERSION, NodeReport, to_wire
+from supervisor.domain.node_report import MAX_TEXT, SCHEMA_VERSION, NodeReport, to_wire
+from supervisor.domain.text_safety import printable
+
+if TYPE_CHECKING:
+    from supervisor.agent.sender import HttpSender
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,31 @@ def _judged(done: subprocess.CompletedProcess[bytes], settings: GpuHealthSetting
         return CheckResult((), None, elapsed, f"NVML check failed (exit {done.returncode}): {tail}")
     findings = HealthRules(settings).evaluate(report, time.time())
     return CheckResult(tuple(findings), report, elapsed)
+
+
+def as_agent_report(result: CheckResult, node: str) -> NodeReport:
+    """What the check read, as the agent would report it (a run's token sends agent reports only);
+    a check without a report (NVML hung, the child failed) says why, as the agent's heartbeat does."""
+    if result.report is not None:
+        return msgspec.structs.replace(result.report, source="agent", interval_s=0.0)
+    why = printable(result.error or "no GPU reading", MAX_TEXT)
+    return NodeReport(v=SCHEMA_VERSION, node=node, seq=0, at=time.time(), source="agent", errors=(why,))
+
+
+def send_result(sender: HttpSender, report: NodeReport, within_s: float, pause_s: float = 0.25) -> str | None:
+    """Send ``report`` until the daemon takes it or ``within_s`` has passed; None when taken, else
+    why not. A refusal that may pass (401/403/404: the daemon's tick has not yet seen this job's
+    nodes; a daemon restarting) is retried, backing off; a malformed report is not."""
+    deadline = time.monotonic() + within_s
+    sender.add(report)
+    pause, waiter = pause_s, threading.Event()
+    while not sender.flush(time.time(), force=True):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return sender.problem or "not taken"
+        waiter.wait(min(pause, left))
+        pause = min(2 * pause, 5.0)
+    return None if sender.rejected_total == 0 else f"refused as malformed ({sender.last_rejection})"
 
 
 def _child(node: str, source: str, library_path: str | None) -> int:

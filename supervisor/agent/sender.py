@@ -122,10 +122,16 @@ class HttpSender:
         self._delay = 0.0
         self._next_try = 0.0
         self._last_problem: str | None = None
+        self.last_rejection: str | None = None  # why the ingest last refused a batch as malformed
 
     @property
     def pending(self) -> int:
         return len(self._buffer)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the last send did not go through (None: it did)."""
+        return self._last_problem
 
     def add(self, report: NodeReport) -> None:
         if len(self._buffer) >= self.settings.buffer_max:
@@ -157,6 +163,7 @@ class HttpSender:
                     self.dropped = 0
                 else:
                     self.rejected_total += len(batch)
+                    self.last_rejection = f"{status}: {reason}"
                     log.error("agent_batch_rejected", status=status, reason=reason, reports=len(batch))
                 self._delay = 0.0
                 self._problem(None)

@@ -4,6 +4,7 @@ batch host) of a run with ``[restart] mode = "in-allocation"``. Wiring only (sup
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -37,6 +38,24 @@ def _allocation() -> tuple[str, ...]:
     return nodes
 
 
+def _spare_check(text: str | None, url: str | None, run: str | None, token_file: str | None) -> tuple[str, ...]:
+    """The pre-flight check's argv: as given, else this installation's one-shot agent check that
+    reports to the daemon (none without a daemon to report to). The token travels in the
+    environment (SLURM_SUPERVISOR_TOKEN, set by the supervisor) or as its file, never in argv."""
+    if text is not None:
+        try:
+            argv = tuple(shlex.split(text))
+        except ValueError as exc:
+            raise click.ClickException(f"--spare-check {text[:80]!r}: {exc}") from None
+        if not argv:
+            raise click.ClickException("--spare-check is empty: give a command, or --no-spare-check")
+        return argv
+    if not url or not run:
+        return ()
+    check = (sys.executable, "-m", "supervisor", "agent", "--once", "--send", "--daemon-url", url, "--run", run)
+    return check + (("--token-file", token_file) if token_file else ())
+
+
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.option("--nodes", "run_nodes", type=click.IntRange(1, 65_536), envvar="SSV_RUN_NODES", help="Nodes of the step (env SSV_RUN_NODES, set by the supervisor).")  # fmt: skip
 @click.option("--ntasks-per-node", type=click.IntRange(1, 1024), default=1, show_default=True, help="Tasks per node of the step.")  # fmt: skip
@@ -45,6 +64,9 @@ def _allocation() -> tuple[str, ...]:
 @click.option("--daemon-url", envvar="SLURM_SUPERVISOR_URL", metavar="URL", help="The daemon's ingest (env SLURM_SUPERVISOR_URL).")  # fmt: skip
 @click.option("--run", "run_name", envvar="SLURM_SUPERVISOR_RUN", metavar="RUN", help="The supervised run (env SLURM_SUPERVISOR_RUN).")  # fmt: skip
 @click.option("--token-file", envvar="SLURM_SUPERVISOR_TOKEN_FILE", type=click.Path(dir_okay=False), help="File holding the run's token (else env SLURM_SUPERVISOR_TOKEN).")  # fmt: skip
+@click.option("--spare-check", "spare_check", metavar="ARGV", envvar="SSV_SPARE_CHECK", help="The pre-flight check run on every hot spare at start, one overlapping step (split like a shell's words, never run by a shell; default: this installation's `agent --once --send`).")  # fmt: skip
+@click.option("--no-spare-check", is_flag=True, help="No pre-flight check of the hot spares.")  # fmt: skip
+@click.option("--spare-check-timeout", "spare_check_timeout_s", type=click.FloatRange(1, 3600), default=60.0, show_default=True, help="Seconds the pre-flight check may take; then it is stopped (the training step never waits for it).")  # fmt: skip
 @click.argument("command", nargs=-1, required=True)
 def launch(
     run_nodes: int | None,
@@ -54,6 +76,9 @@ def launch(
     daemon_url: str | None,
     run_name: str | None,
     token_file: str | None,
+    spare_check: str | None,
+    no_spare_check: bool,
+    spare_check_timeout_s: float,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND as the job's training step on the run's nodes; swap in hot spares when the
@@ -70,7 +95,16 @@ def launch(
             raise click.ClickException(str(exc)) from None
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     settings = LaunchSettings(
-        command, nodes, allocation, _env_int("SLURM_JOB_ID"), host, ntasks_per_node, poll_s, decision_wait_s
+        command,
+        nodes,
+        allocation,
+        _env_int("SLURM_JOB_ID"),
+        host,
+        ntasks_per_node,
+        poll_s,
+        decision_wait_s,
+        spare_check=() if no_spare_check else _spare_check(spare_check, daemon_url, run_name, token_file),
+        spare_check_timeout_s=spare_check_timeout_s,
     )
     # the step's nodes' slurmd, looked at each poll: the daemon hears of a dead node at once (a hint)
     reach = SlurmdReach(SlurmCli(), settings.job_id) if client is not None else None

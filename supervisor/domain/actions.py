@@ -92,7 +92,7 @@ class Fence:
 @dataclass(frozen=True)
 class SwapStep:
     """In-allocation recovery: the job's step becomes generation ``generation`` on ``nodes`` (``out``
-    replaced by the hot spares ``into``). Performing it writes the step goal the launcher converges
+    replaced by the hot spares ``into``; neither for a relaunch in place). Performing it writes the step goal the launcher converges
     on; the engine fills ``resume`` before journaling, as for a submission."""
 
     run: str
@@ -104,6 +104,7 @@ class SwapStep:
     reason: str
     kind: ActionKind = ActionKind.SWAP_STEP
     resume: ResumePlan | None = None
+    restart: bool = False  # a relaunch in place after a failure of the step: one restart spent
 
 
 Action = Submit | Cancel | ChangeNode | SetExcluded | Release | Fence | SwapStep

@@ -33,6 +33,14 @@ class LauncherReport:
     host: str
     at: float
     exit_code: int | None = None
+    # When the daemon first heard this generation's step ended (None: it runs). The launcher
+    # repeats its report every poll, so ``at`` keeps moving; waits count from this.
+    ended_at: float | None = None
+
+    @property
+    def ended(self) -> float:
+        """When the step ended, as first heard (``at`` for a report not read from the store)."""
+        return self.ended_at if self.ended_at is not None else self.at
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from supervisor.domain.actions import Cancel, Decision, Record, SetState, SwapStep
-from supervisor.domain.alloc_step import AllocationStep, StepGoal, initial_nodes
+from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoal, initial_nodes
 from supervisor.domain.cluster import JobInfo
 from supervisor.domain.faults import contain, decide_running, faulty_nodes, recover
 from supervisor.domain.observation import Observation, Policy, event_for, fmt_nodes, marked_by_us
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.resume import describe_plan
 from supervisor.domain.run import RunState
+from supervisor.domain.step_relaunch import died_step, evidence_due, left_to_end, relaunch, relaunch_refused
 
 
 def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
@@ -38,6 +39,11 @@ def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Ob
         return fall_back(run, a, job, bad, why, obs, policy)
     if bad:
         return swap(run, a, goal, current, bad, spares, obs, policy)
+    died = died_step(a, goal, step)
+    if died is not None and not left_to_end(run, died):
+        return _leftovers(run, a, job, current, obs, policy) + _after_death(
+            run, a, job, goal, current, died, obs, policy
+        )
     drops = boundary_drops(run, a, goal, current, obs)
     if drops and len(spares) >= len(drops):  # else the ordinary boundary drop below resubmits
         return swap(run, a, goal, current, drops, spares, obs, policy)
@@ -48,6 +54,27 @@ def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Ob
         + _resumed(run, a, goal, step, obs)
         + decide_running(run, a, view, obs, policy)
     )
+
+
+def _after_death(
+    run: RunRecord,
+    a: AttemptRecord,
+    job: JobInfo,
+    goal: StepGoal | None,
+    current: tuple[str, ...],
+    died: LauncherReport,
+    obs: Observation,
+    policy: Policy,
+) -> Decision:
+    """The step died with no node found faulty (yet): wait for the agents' evidence, then relaunch
+    it in place — or fall back to the paced resubmission (domain/step_relaunch.py)."""
+    until = evidence_due(current, died, obs, policy)
+    if until is not None:
+        return Decision(recheck_at=until)
+    why = relaunch_refused(run, a, job, goal, died)
+    if why is not None:
+        return fall_back(run, a, job, {}, why, obs, policy)
+    return relaunch(run, a, current, died, obs)
 
 
 def hot_spares(run: RunRecord, job: JobInfo, current: tuple[str, ...], obs: Observation) -> tuple[str, ...]:
@@ -197,10 +224,16 @@ def swap_event(run: RunRecord, action: SwapStep, now: float) -> Event:
     """The logbook line of a swap once its goal is written: which node out, which spare in, which
     checkpoint the step resumes from."""
     plan = f"; {describe_plan(action.resume)}" if action.resume is not None else ""
-    message = (
-        f"swap in job {action.job_id}: {fmt_nodes(action.out)} out, hot spare {fmt_nodes(action.into)} in; "
-        f"the step's generation {action.generation} runs on {fmt_nodes(action.nodes)}{plan}"
-    )
+    if action.out:
+        message = (
+            f"swap in job {action.job_id}: {fmt_nodes(action.out)} out, hot spare {fmt_nodes(action.into)} in; "
+            f"the step's generation {action.generation} runs on {fmt_nodes(action.nodes)}{plan}"
+        )
+    else:  # a relaunch in place (domain/step_relaunch.py)
+        message = (
+            f"relaunched in job {action.job_id} on the same nodes: the step's generation {action.generation} "
+            f"runs on {fmt_nodes(action.nodes)} ({action.reason}){plan}"
+        )
     evidence = {
         "in_allocation": "swap",
         "generation": action.generation,
@@ -209,7 +242,10 @@ def swap_event(run: RunRecord, action: SwapStep, now: float) -> Event:
         "nodes": list(action.nodes),
         "reason": action.reason,
         "resume_step": action.resume.step if action.resume is not None else None,
+        "relaunch": not action.out,
     }
+    if action.restart:
+        evidence["restarts_spent"] = run.restarts_spent + 1
     a = run.attempt
     seq = a.seq if a else None
     key = f"{run.name}:{seq}:note:swap-{action.generation}"

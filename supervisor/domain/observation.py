@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import hostlist
+
 from supervisor.domain.actions import (
     Decision,
     SetState,
@@ -102,5 +104,12 @@ def event_for(
     )
 
 
+FEW_NODES = 8  # named one by one, in their order; more are a hostlist and a count
+
+
 def fmt_nodes(nodes: tuple[str, ...]) -> str:
-    return ",".join(nodes) or "(no nodes)"
+    """Nodes for a logbook line: a few by name, more as a Slurm hostlist (a 2,048-node step
+    named node by node made a 16 KB line of every swap)."""
+    if len(nodes) <= FEW_NODES:
+        return ",".join(nodes) or "(no nodes)"
+    return f"{hostlist.collect_hostlist(list(nodes))} ({len(nodes)} nodes)"

@@ -80,8 +80,8 @@ def place(
         usable |= {q.node for q in overridden}
     keep_out = set(barred) - {q.node for q in overridden}
     exclude = set(exclusions_for(run, snapshot, keep_out))
-    if current is not None and len(usable) >= spec.nodes:
-        spares = set(spec.spare_nodes)
+    spares = set(spec.spare_nodes)
+    if current is not None and len(usable - spares) >= spec.nodes:  # else the job needs a spare it keeps out
         exclude = (exclude - spares) | (set(current) & spares)
     exclude, fits = _fit(exclude, members, spec.nodes, keep_out, set(spec.spare_nodes))
     unavailable = () if len(usable) >= spec.nodes else _unavailable(run, members, usable, barred, when_short)

@@ -269,6 +269,9 @@ class Executor:
             elif isinstance(action, ChangeNode):
                 self._node_changed(run, intent, action, now)
             elif isinstance(action, SwapStep):
+                if action.restart:  # a relaunch in place after the step failed: a restart, as a resubmission is
+                    state = (self.store.get_run(run.name) or run).state
+                    self.store.set_state(run.name, state, now, spend_restart=True)
                 self.apply([swap_event(run, action, now)])
             else:
                 self.apply(_done_events(run, action, now))

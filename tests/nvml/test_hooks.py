@@ -80,7 +80,8 @@ def test_a_healthy_node_passes_the_prolog_in_under_five_seconds_and_reports(inge
     server, feed = ingest
     rc, out, took = hook("prolog", hooks_toml(tmp_path, f"http://127.0.0.1:{server.port}"), node)
     assert rc == 0 and out["findings"] == [] and out["sent"] == 1 and took < 5.0, (out, took)
-    assert "gpu017" in feed.heartbeat_ages(time.time())
+    assert feed.heartbeat_intervals()["gpu017"] == 0.0  # heard; a hook promises no heartbeat
+    assert "gpu017" not in feed.heartbeat_ages(time.time())  # so it is never judged a silent agent
 
 
 def test_a_gpu_off_the_bus_fails_the_prolog_and_the_daemon_hears_of_it(ingest, node, tmp_path):

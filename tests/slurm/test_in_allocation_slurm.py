@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slurm
 STEP = "while true; do echo \"beat $SLURM_JOB_ID $SSV_STEP_GENERATION $SLURMD_NODENAME ${SSV_RESUME_STEP:-none}\" >> \"$MARKS\"; sleep 0.2; done"  # fmt: skip
 
 
-def start(cluster, tmp_path: Path) -> tuple[Path, Path]:
+def start(cluster, tmp_path: Path, step: str = STEP, restart: str = "") -> tuple[Path, Path]:
     """The run spec (in-allocation, one hot spare, a verified checkpoint at step 100) and the marks file."""
     root = tmp_path / "ckpt"
     (root / "step_000100").mkdir(parents=True)
@@ -33,11 +33,12 @@ def start(cluster, tmp_path: Path) -> tuple[Path, Path]:
     commit_checkpoint(backend, "step_000100", build_manifest(backend, "step_000100", 100, writer="rank0"))
     marks = tmp_path / "marks.txt"
     marks.touch()
-    body = f"exec {sys.executable} -m supervisor launch --poll 0.2 --decision-wait 20 -- bash -c '{STEP}'\n"
-    spec = write_run(tmp_path, "llm", nodes=2, partition=cluster.partition, script_body=body, env={"MARKS": str(marks)})
+    body = f"exec {sys.executable} -m supervisor launch --poll 0.2 --decision-wait 20 -- bash -c '{step}'\n"
+    env = {"MARKS": str(marks), "FAIL": str(tmp_path / "fail")}
+    spec = write_run(tmp_path, "llm", nodes=2, partition=cluster.partition, script_body=body, env=env)
     spec.write_text(
         spec.read_text()
-        + 'mode = "in-allocation"\nhot_spares = 1\nlauncher_timeout_s = 30\n'
+        + f'mode = "in-allocation"\nhot_spares = 1\nlauncher_timeout_s = 30\n{restart}'
         + f'[checkpoints]\nroot = "{root}"\nscan_interval_s = 1\n'
     )
     return spec, marks
@@ -158,3 +159,39 @@ def test_the_batch_host_dying_falls_back_to_resubmission_with_the_reason(slurm_c
     assert second["job_id"] != first["job_id"] and second["restarts"]["spent"] == 1
     assert any(f"the batch host {host} (where the launcher runs) is faulty" in m and "falling back" in m for m in book)
     assert not any(m.startswith("swap in job") for m in book)
+
+
+# Generation 0 exits 1 once the test creates $FAIL: a software fault, no node at fault.
+FAILING = "while true; do if [ \"$SSV_STEP_GENERATION\" = 0 ] && [ -e \"$FAIL\" ]; then exit 1; fi; echo \"beat $SLURM_JOB_ID $SSV_STEP_GENERATION $SLURMD_NODENAME ${SSV_RESUME_STEP:-none}\" >> \"$MARKS\"; sleep 0.2; done"  # fmt: skip
+
+
+def test_a_step_that_fails_with_no_node_at_fault_is_relaunched_in_place(slurm_cluster, tmp_path):
+    """The step exits 1 on healthy nodes: the next generation runs on the same two nodes in the same
+    job, from checkpoint 100, one restart spent — no second job, nothing drained."""
+    sup = SupervisorProcess(slurm_cluster, tmp_path, ingest_port=free_port())
+    spec, marks = start(slurm_cluster, tmp_path, FAILING, "fast_failure_s = 1\n")
+    sup.start()
+    try:
+        sup.cli("submit", str(spec))
+        first = sup.wait_running("llm", attempt=0)
+        job = str(first["job_id"])
+        wait(lambda: len(beats(marks).get((job, "0"), ())) == 2, 30, "generation 0 on two nodes")
+        (tmp_path / "fail").touch()
+        failed = time.monotonic()
+        wait(lambda: len(beats(marks).get((job, "1"), ())) == 2, 30, "generation 1 on two nodes")
+        took = time.monotonic() - failed
+        wait(lambda: any("running again" in e["message"] for e in sup.logbook("llm")), 10, "resumed line")
+        status, book = sup.status("llm"), sup.logbook("llm")
+    finally:
+        assert sup.stop() == 0
+    gen0, gen1 = beats(marks)[(job, "0")], beats(marks)[(job, "1")]
+    assert {n.split("@")[0] for n in gen1} == {n.split("@")[0] for n in gen0}  # the same nodes
+    assert {n.split("@")[1] for n in gen1} == {"100"}  # resumed from checkpoint 100
+    assert status["job_id"] == first["job_id"] and status["attempt"] == 0 and status["restarts"]["spent"] == 1
+    messages = [e["message"] for e in book]
+    fault = next(i for i, m in enumerate(messages) if "exited with code 1" in m and "relaunching it in place" in m)
+    relaunched = next(i for i, m in enumerate(messages) if m.startswith("relaunched in job"))
+    resumed = next(i for i, m in enumerate(messages) if "running again" in m)
+    assert fault < relaunched < resumed, messages
+    assert not any(e["kind"] in ("restarted", "stopped", "node_drained") for e in book), messages
+    print(f"in-allocation relaunch: {took:.1f} s from the step's failure to the step beating again")

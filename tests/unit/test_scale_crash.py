@@ -10,7 +10,7 @@ from sim_world import SimWorld
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RunSpec, SparePolicy
 
-NODE_LIST = re.compile(r"n\d{3,4}(,n\d{3,4})*")
+NODE_LIST = re.compile(r"n\d{3,4}(,n\d{3,4})*|n\[[\d,-]+\] \(\d+ nodes\)")  # a few by name, more as a hostlist
 JOB = re.compile(r"job \d+")
 SECONDS = re.compile(r"\d+\.\d s")
 

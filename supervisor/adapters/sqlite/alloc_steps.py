@@ -34,8 +34,12 @@ class SqliteAllocSteps(SqliteBase):
     def launcher_reported(self, run: str, report: LauncherReport) -> None:
         with self.transaction() as db:
             db.execute(
-                "INSERT INTO launcher_reports(run, job_id, generation, alive, nodes, host, exit_code, at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run, job_id) DO UPDATE SET"
+                "INSERT INTO launcher_reports(run, job_id, generation, alive, nodes, host, exit_code, at, ended_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run, job_id) DO UPDATE SET"
+                # a death repeated (same generation, dead before) keeps when it was first heard
+                " ended_at = CASE WHEN excluded.alive = 0 AND launcher_reports.alive = 0"
+                " AND launcher_reports.generation = excluded.generation"
+                " THEN COALESCE(launcher_reports.ended_at, excluded.ended_at) ELSE excluded.ended_at END,"
                 " generation = excluded.generation, alive = excluded.alive, nodes = excluded.nodes,"
                 " host = excluded.host, exit_code = excluded.exit_code, at = excluded.at",
                 (
@@ -47,6 +51,7 @@ class SqliteAllocSteps(SqliteBase):
                     report.host,
                     report.exit_code,
                     report.at,
+                    None if report.alive else report.at,
                 ),
             )
 
@@ -78,7 +83,14 @@ def _report(db: sqlite3.Connection, run: str, job_id: int) -> LauncherReport | N
         return None
     nodes = tuple(json.loads(row["nodes"]))
     return LauncherReport(
-        row["job_id"], row["generation"], bool(row["alive"]), nodes, row["host"], row["at"], row["exit_code"]
+        row["job_id"],
+        row["generation"],
+        bool(row["alive"]),
+        nodes,
+        row["host"],
+        row["at"],
+        row["exit_code"],
+        row["ended_at"],
     )
 
 

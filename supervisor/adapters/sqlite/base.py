@@ -1,7 +1,8 @@
 """The connection every table of the store shares: one per daemon, WAL, short transactions.
 
 One connection per daemon; every write is one short transaction, so a crash between any two
-statements leaves a consistent database.
+statements leaves a consistent database. Readers in other processes (the page renderer) open it
+read-only and never migrate it.
 """
 
 from __future__ import annotations
@@ -12,21 +13,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from supervisor.adapters.sqlite.schema import migrate
+from supervisor.adapters.sqlite.schema import migrate, require_current
 
 DB_NAME = "supervisor.db"
 
 
 class SqliteBase:
-    def __init__(self, state_dir: str | Path) -> None:
+    """The store's connection: the daemon's (``read_only=False``: created if absent, WAL, migrated)
+    or a reader's (``read_only=True``, the page renderer: SQLite's ``mode=ro``, never created,
+    migrated or written; a schema other than this code's raises ``SchemaMismatch``).
+    ``durable=False`` (the simulator's throwaway logbook): commits are not synced to disk, so a
+    power cut may lose the newest ones; the daemon's store is always durable."""
+
+    def __init__(self, state_dir: str | Path, *, read_only: bool = False, durable: bool = True) -> None:
         self.path = Path(state_dir) / DB_NAME
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        _enable_wal(self._db)
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        migrate(self._db)
+        self._db = _open_read_only(self.path) if read_only else _open_writable(self.path, durable)
         self.instance_id: str = self._db.execute("SELECT value FROM meta WHERE key = 'instance'").fetchone()[0]
 
     def close(self) -> None:
@@ -44,6 +45,32 @@ class SqliteBase:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+
+
+def _open_writable(path: Path, durable: bool = True) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, isolation_level=None, timeout=10.0, check_same_thread=False)
+    db.row_factory = sqlite3.Row
+    _enable_wal(db)
+    db.execute("PRAGMA synchronous=FULL" if durable else "PRAGMA synchronous=OFF")
+    db.execute("PRAGMA foreign_keys=ON")
+    migrate(db)
+    return db
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """The file opened O_RDONLY (``mode=ro``; the URI escapes odd characters in the path), and
+    ``query_only`` on top, so no statement of a reader's can write whatever the file's mode."""
+    uri = f"{path.absolute().as_uri()}?mode=ro"
+    db = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10.0, check_same_thread=False)
+    try:
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA query_only=ON")
+        require_current(db)
+    except BaseException:
+        db.close()
+        raise
+    return db
 
 
 def _enable_wal(db: sqlite3.Connection, patience_s: float = 10.0) -> None:

@@ -265,6 +265,10 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (run, job_id)
     );
     """,
+    # when the daemon first heard the reported generation's step ended (its report repeats)
+    """
+    ALTER TABLE launcher_reports ADD COLUMN ended_at REAL;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -272,6 +276,20 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 class SchemaTooNew(RuntimeError):
     pass
+
+
+class SchemaMismatch(RuntimeError):
+    """A read-only reader found a schema other than SCHEMA_VERSION; only the daemon migrates."""
+
+
+def require_current(db: sqlite3.Connection) -> None:
+    """For read-only readers (the page renderer): refuse a schema this code does not know."""
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version != SCHEMA_VERSION:
+        raise SchemaMismatch(
+            f"the state database has schema version {version}, this slurm-supervisor reads only "
+            f"version {SCHEMA_VERSION}; restart the daemon of this version (it migrates the store)"
+        )
 
 
 def migrate(db: sqlite3.Connection) -> int:

@@ -1,0 +1,80 @@
+"""In-allocation: a step that died with no node at fault — a software bug, an NCCL error, a
+trainer's data check; a quarter of Llama 3's interruptions — is relaunched in place: the step's
+next generation on the same nodes, from the newest verified checkpoint, in the same job. No new
+allocation, no queue (a resubmitted job also loses its age priority), no job start-up. Pure
+(docs/in-allocation.md).
+
+What stays as it was: a step that succeeded ends the job (the launcher exits 0); a do-not-restart
+code ends the run (the launcher exits with it after its wait); node agents' evidence is awaited
+first, as for a job that died, so that a GPU fault's XID swaps the node out rather than relaunching
+on it; a fast failure or a spent restart budget falls back to resubmission, whose pacing (backoff,
+crash loop, budget) then decides — a relaunch spends one restart, as a resubmission does.
+"""
+
+from __future__ import annotations
+
+from supervisor.domain.actions import Decision, SwapStep
+from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoal
+from supervisor.domain.cluster import JobInfo
+from supervisor.domain.observation import Observation, Policy, event_for, fmt_nodes
+from supervisor.domain.records import AttemptRecord, EventKind, RunRecord
+
+
+def died_step(a: AttemptRecord, goal: StepGoal | None, step: AllocationStep) -> LauncherReport | None:
+    """The launcher's report that the step the daemon wants now ended unsuccessfully (None: it
+    runs, succeeded, or the report is about an older generation or another job)."""
+    report = step.report
+    generation = goal.generation if goal is not None else 0
+    if report is None or report.job_id != a.job_id or report.generation != generation:
+        return None
+    if report.alive or report.exit_code is None or report.exit_code == 0:
+        return None
+    return report
+
+
+def left_to_end(run: RunRecord, report: LauncherReport) -> bool:
+    """A code that says restarting will not help: the launcher's exit ends the job and the run."""
+    return report.exit_code in run.spec.do_not_restart_exit_codes
+
+
+def evidence_due(current: tuple[str, ...], report: LauncherReport, obs: Observation, policy: Policy) -> float | None:
+    """Until when the step nodes' agents are given to say whether a node killed the step."""
+    until = report.ended + policy.evidence_wait_s
+    if policy.evidence_wait_s > 0 and obs.now < until and not obs.agents.isdisjoint(current):
+        return until
+    return None
+
+
+def relaunch_refused(
+    run: RunRecord, a: AttemptRecord, job: JobInfo, goal: StepGoal | None, report: LauncherReport
+) -> str | None:
+    """Why the step is not relaunched in place (None: it is)."""
+    launched = goal.decided_at if goal is not None else (a.started_at or job.start_time or report.ended)
+    ran = max(0.0, report.ended - launched)
+    died = f"step generation {report.generation} exited with code {report.exit_code}"
+    if ran < run.spec.pacing.fast_failure_s:
+        return f"{died} {ran:.0f} s after its launch (a fast failure: the restart pacing decides)"
+    if run.restarts_spent >= run.spec.max_restarts:
+        return f"{died}; restart budget spent ({run.restarts_spent} of {run.spec.max_restarts})"
+    return None
+
+
+def relaunch(
+    run: RunRecord, a: AttemptRecord, current: tuple[str, ...], report: LauncherReport, obs: Observation
+) -> Decision:
+    """The fault on record and the step's next generation on the same nodes (one restart spent)."""
+    message = (
+        f"{a.label}: step generation {report.generation} exited with code {report.exit_code} on "
+        f"{fmt_nodes(current)}; no node found faulty: relaunching it in place"
+    )
+    evidence: dict[str, object] = {
+        "in_allocation": "step_died",
+        "generation": report.generation,
+        "exit_code": report.exit_code,
+        "nodes": list(current),
+        "detection_s": round(max(0.0, obs.now - report.ended), 1),  # from the launcher's first report of it
+    }
+    fault = event_for(run, a, EventKind.FAULT, message, obs, evidence, f"step-died-{report.generation}")
+    why = f"step generation {report.generation} exited with code {report.exit_code}, no node at fault"
+    action = SwapStep(run.name, a.job_id, report.generation + 1, current, (), (), why, restart=True)
+    return Decision((fault,), (action,))
