@@ -44,6 +44,9 @@ class Submit:
     resume: ResumePlan | None = None
     # The random part of the job's tag, chosen (and journaled) with the intent: engine.intents.
     nonce: str = ""
+    # In-allocation mode: hot spares the job asks for beyond the run's nodes, as many of the spec's
+    # as the usable nodes leave room for (None: the spec's, as journals before it was counted say).
+    hot_spares: int | None = None
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ from supervisor.domain.observation import (
     fmt_nodes,
     set_terminal,
 )
-from supervisor.domain.placement import place, placement_notes
+from supervisor.domain.placement import Placement, place, placement_notes
 from supervisor.domain.records import AttemptRecord, EventKind, RunRecord
-from supervisor.domain.run import RunState
+from supervisor.domain.run import RestartMode, RunState
 
 
 def decide_pending(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
@@ -75,8 +75,22 @@ def submit_next(
     notes = placement_notes(run, a, placement, since, obs.now, policy.stuck_page_s, waiting=not placement.submittable)
     if not placement.submittable:
         return Decision(notes.events, (), notes.recheck_at, waiting=True)
-    submit = Submit(run.name, placement.exclude, restart=restart, reason=reason)
+    hot, reason = _hot_spares_for(run, placement, reason)
+    submit = Submit(run.name, placement.exclude, restart=restart, reason=reason, hot_spares=hot)
     return Decision(notes.events, (submit,), notes.recheck_at)
+
+
+def _hot_spares_for(run: RunRecord, placement: Placement, reason: str) -> tuple[int | None, str]:
+    """In-allocation mode: as many hot spares as the usable nodes leave room for beyond the run's
+    (Slurm refuses a job asking for more nodes than its exclude list leaves); the reason says when
+    fewer than the spec's. None outside in-allocation mode."""
+    spec = run.spec
+    if spec.restart_mode is not RestartMode.IN_ALLOCATION:
+        return None, reason
+    hot = max(0, min(spec.hot_spares, placement.usable - spec.nodes))
+    if hot < spec.hot_spares:
+        reason = f"{reason}; with {hot} of {spec.hot_spares} hot spare(s): {placement.usable} usable node(s)"
+    return hot, reason
 
 
 REFUSAL_RETRY_S = 60.0  # after Slurm refuses a submission for good: one more try after this long

@@ -107,7 +107,7 @@ def submit_request(
         script=spec.script,
         job_name=spec.name,
         partition=spec.partition,
-        nodes=spec.nodes + (spec.hot_spares if in_allocation else 0),
+        nodes=spec.nodes + (_hot_spares(spec, action) if in_allocation else 0),
         comment=tag,
         exclude=action.exclude,
         extra_args=(("--no-kill",) if in_allocation else ()) + spec.sbatch_args,
@@ -116,6 +116,10 @@ def submit_request(
         workdir=spec.workdir,
         requeue=spec.restart_mode is RestartMode.REQUEUE,
     )
+
+
+def _hot_spares(spec: RunSpec, action: Submit) -> int:
+    return spec.hot_spares if action.hot_spares is None else action.hot_spares
 
 
 def effect_present(
