@@ -15,18 +15,6 @@ from supervisor.domain.cluster import NodeInfo, NodeState
 
 
 @pytest.fixture
-def unanswering():
-    """A port whose accept queue is full: connects to it neither finish nor fail."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(0)
-    filler = socket.create_connection(server.getsockname())
-    yield server.getsockname()[1]
-    filler.close()
-    server.close()
-
-
-@pytest.fixture
 def listening():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
