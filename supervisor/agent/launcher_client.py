@@ -5,12 +5,12 @@ keeps its step as it is (jobs outlive the daemon)."""
 from __future__ import annotations
 
 import http.client
-import urllib.parse
 
 import msgspec
 import structlog
 
 from supervisor.adapters.launcher_channel import LAUNCHER_PREFIX, LauncherGoal, LauncherPoll
+from supervisor.agent.daemon_url import run_endpoint
 
 log = structlog.get_logger(__name__)
 
@@ -19,11 +19,7 @@ MAX_ANSWER = 1 << 16  # bytes read of an answer; a goal is a few hundred
 
 class ChannelClient:
     def __init__(self, url: str, run: str, token: str, timeout_s: float = 5.0) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"not an http(s) URL: {url!r}")
-        self._parsed = parsed
-        self.path = f"{parsed.path.rstrip('/')}{LAUNCHER_PREFIX}{urllib.parse.quote(run, safe='')}"
+        self._parsed, self.path = run_endpoint(url, LAUNCHER_PREFIX, run)
         self._token = token
         self.timeout_s = timeout_s
         self._decoder = msgspec.json.Decoder(LauncherGoal)

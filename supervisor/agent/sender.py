@@ -25,7 +25,6 @@ import json
 import random
 import socket
 import threading
-import urllib.parse
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any
 
 import structlog
 
+from supervisor.agent.daemon_url import run_endpoint
 from supervisor.domain.node_report import SCHEMA_VERSION, NodeReport, ReportBatch, to_wire
 
 log = structlog.get_logger(__name__)
@@ -102,11 +102,7 @@ class HttpSender:
         rng: random.Random | None = None,
         resolve: Resolver = system_resolver,
     ) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"daemon URL {url!r} must look like http://HOST:PORT")
-        self._parsed = parsed
-        self.path = f"{parsed.path.rstrip('/')}/v1/reports/{urllib.parse.quote(run, safe='')}"
+        self._parsed, self.path = run_endpoint(url, "/v1/reports/", run)
         self.run = run
         self._token = token
         self.node = node
