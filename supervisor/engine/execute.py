@@ -41,10 +41,8 @@ from supervisor.domain.actions import (
     SwapStep,
     Unexclude,
 )
-from supervisor.domain.alloc_step import StepGoal
 from supervisor.domain.blast import NodeChangeRecord
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange
-from supervisor.domain.in_allocation import swap_event
 from supervisor.domain.lemon import Fault
 from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.resume import ResumePlan, describe_plan
@@ -52,6 +50,7 @@ from supervisor.domain.rollback import RollbackRecord
 from supervisor.domain.run import RunState, transition
 from supervisor.engine import intents
 from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
+from supervisor.engine.swaps import goal_written, swap_done, write_goal
 from supervisor.ports import (
     CapReached,
     Clock,
@@ -252,12 +251,8 @@ class Executor:
         elif isinstance(action, Fence):
             assert self.fencer is not None
             self.fencer.fence(action.node)
-        elif isinstance(action, SwapStep):  # the launcher converges on it at its next poll
-            goal = StepGoal(
-                action.job_id, action.generation, action.nodes, action.reason, self.clock.now(), action.resume
-            )
-            self.store.set_step_goal(run.name, goal)
-            return {"generation": action.generation}
+        elif isinstance(action, SwapStep):
+            return write_goal(self.store, run.name, action, self.clock.now())
         return {}
 
     def _complete(self, run: RunRecord, intent: int, action: Action, outcome: Mapping[str, Any]) -> None:
@@ -269,10 +264,7 @@ class Executor:
             elif isinstance(action, ChangeNode):
                 self._node_changed(run, intent, action, now)
             elif isinstance(action, SwapStep):
-                if action.restart:  # a relaunch in place after the step failed: a restart, as a resubmission is
-                    state = (self.store.get_run(run.name) or run).state
-                    self.store.set_state(run.name, state, now, spend_restart=True)
-                self.apply([swap_event(run, action, now)])
+                self.apply(swap_done(self.store, run, action, now))
             else:
                 self.apply(_done_events(run, action, now))
 
@@ -356,8 +348,8 @@ class Executor:
                 continue
             action = action_from(intent["kind"], intent["params"])
             tag = intents.intent_tag(run.name, self.store.instance_id, intent["id"], intent["params"])
-            outcome = effect_present(intent["kind"], tag, intent["params"], snap, self.own_uid) or self._goal_set(
-                run.name, action
+            outcome = effect_present(intent["kind"], tag, intent["params"], snap, self.own_uid) or goal_written(
+                self.store, run.name, action
             )
             if outcome is not None:
                 log.info("intent_settled", intent=intent["id"], action=intent["kind"], outcome=outcome)
@@ -372,13 +364,6 @@ class Executor:
             except TransientError:
                 pass
         return blocked, acted
-
-    def _goal_set(self, run: str, action: Action) -> dict[str, Any] | None:
-        """A swap whose goal is in the store already took effect (the launcher reads it there)."""
-        if not isinstance(action, SwapStep):
-            return None
-        goal = self.store.step_goal(run, action.job_id)
-        return {"generation": goal.generation} if goal is not None and goal.generation >= action.generation else None
 
 
 def _done_events(run: RunRecord, action: Action, now: float) -> list[Record]:
