@@ -30,8 +30,7 @@ def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Ob
     if run.state is RunState.RECOVERING:  # falling back already: finish stopping the job
         return decide_running(run, a, job, obs, policy)
     step = run.step or AllocationStep()
-    goal = step.goal if step.goal is not None and step.goal.job_id == a.job_id else None
-    current = goal.nodes if goal is not None else initial_nodes(a.nodes or job.nodes, run.spec.nodes)
+    goal, current = current_step(run, a, job.nodes)
     bad = faulty_nodes(run, current, obs)
     spares = hot_spares(run, job, current, obs)
     why = cannot_continue(run, a, job, step, bad, len(spares), obs)
@@ -54,6 +53,15 @@ def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Ob
         + _resumed(run, a, goal, step, obs)
         + decide_running(run, a, view, obs, policy)
     )
+
+
+def current_step(
+    run: RunRecord, a: AttemptRecord, allocation: tuple[str, ...]
+) -> tuple[StepGoal | None, tuple[str, ...]]:
+    """The goal the attempt's step runs by (None: generation 0) and the step's nodes."""
+    step = run.step or AllocationStep()
+    goal = step.goal if step.goal is not None and step.goal.job_id == a.job_id else None
+    return goal, goal.nodes if goal is not None else initial_nodes(a.nodes or allocation, run.spec.nodes)
 
 
 def _after_death(

@@ -15,8 +15,10 @@ from typing import Any
 
 import structlog
 
-from supervisor.domain.cluster import ClusterSnapshot, JobState
+from supervisor.domain.alloc_step import StepGoal
+from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState
 from supervisor.domain.health import NodeFinding
+from supervisor.domain.in_allocation import current_step
 from supervisor.domain.peer_groups import Imbalance
 from supervisor.domain.progress import ProgressParser, ProgressRecord, parser_for
 from supervisor.domain.progress.hang import HangDetector, HangPace, HangSettings, HangVerdict
@@ -26,8 +28,8 @@ from supervisor.domain.progress.pauses import ends_pause, pause_of
 from supervisor.domain.progress.ranks import RankProgress, suspects
 from supervisor.domain.progress.ssv import NAME as SSV_FORMAT
 from supervisor.domain.progress_series import ProgressPoint, point_of
-from supervisor.domain.records import Event, EventKind, RunRecord
-from supervisor.domain.run import SpikePolicy
+from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
+from supervisor.domain.run import RestartMode, SpikePolicy
 from supervisor.domain.spike_detector import SpikeDetector
 from supervisor.domain.spikes import Notice, SpikeSettings
 from supervisor.engine.pace import Pace
@@ -46,6 +48,7 @@ class _Watch:
     spikes: SpikeDetector | None = None
     pace: Pace | None = None
     seq: int | None = None  # the attempt's seq: the progress series' points carry it (with the run)
+    generation: int = 0  # in-allocation: the step's generation followed (each relaunch is a new one)
     run: str = ""
     last_step: int | None = None
     records: int = 0
@@ -167,9 +170,12 @@ class ProgressWatch:
             if a is None or job is None or job.state is not JobState.RUNNING or a.started_at is None:
                 continue
             seen.add(run.name)
-            watch = self._watch(run, (a.job_id, a.restart_count), a.started_at, job.nodes, job.stdout)
+            goal, nodes = _step_of(run, a, job)
+            watch = self._watch(run, (a.job_id, a.restart_count), a.started_at, nodes, job.stdout)
             if watch is None:
                 continue
+            if goal is not None and goal.generation != watch.generation:
+                _relaunched(watch, run.name, goal)
             self._read(run.name, watch, now)
             verdict = watch.detector.check(now)
             if verdict is not None:
@@ -380,3 +386,20 @@ def imbalance_events(
             )
         )
     return out
+
+
+def _step_of(run: RunRecord, a: AttemptRecord, job: JobInfo) -> tuple[StepGoal | None, tuple[str, ...]]:
+    """The nodes the training's ranks run on: an in-allocation step's (the job holds its hot
+    spares too, and other nodes after a swap), else the job's."""
+    if run.spec.restart_mode is not RestartMode.IN_ALLOCATION:
+        return None, job.nodes
+    return current_step(run, a, job.nodes)
+
+
+def _relaunched(watch: _Watch, run: str, goal: StepGoal) -> None:
+    """A new generation of the step: its ranks are on its nodes, and it restores before its first
+    step (the hang detector's start-up grace, from its launch)."""
+    watch.generation = goal.generation
+    watch.pace = Pace(run, goal.nodes)
+    watch.ranks = RankProgress()
+    watch.detector.relaunched(goal.decided_at)

@@ -22,6 +22,8 @@ A ``HangDetector`` follows one run. It is fed ``observe(step, at)`` for every pr
 A step lower than the last one means the trainer restarted from a checkpoint within the job: the
 pace learned so far is kept (same job, same nodes) but start-up is skipped again. ``reset(at)``
 starts a new attempt: everything learned is forgotten (the next attempt may run on other nodes).
+``relaunched(at)``: the step was launched again within the same job (in-allocation mode); the
+start-up grace applies from ``at`` until its first step, the pace is kept.
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ class HangDetector:
         self._read_step = 0
         self._to_skip = 0  # samples still to ignore after a (re)start
         self._pause: str | None = None  # a save or an evaluation the log announced, until the next step
+        self._relaunch_grace = False  # relaunched within the job: start-up grace until its first step
+        self._relaunch_floor: int | None = None  # the last step seen before the relaunch
         self.reset(started_at)
 
     # ------------------------------------------------------------------------ feeding
@@ -118,12 +122,27 @@ class HangDetector:
         self._samples.clear()
         self._strides.clear()
         self._started_at = at if at is not None and math.isfinite(at) else None
+        self._relaunch_grace = False
         self._restart()
+
+    def relaunched(self, at: float) -> None:
+        """The step was launched again within the job at ``at`` (in-allocation: a swap, a relaunch
+        in place): it loads its checkpoint before its first step, so the start-up grace applies
+        until then, from ``at``; the pace learned is kept (the same run, the same work)."""
+        # Steps past the last one seen are the old generation's last lines (it is stopped at the
+        # launcher's next poll): the new one resumes from a checkpoint at or below it.
+        self._relaunch_floor = self._last_step
+        self._restart()
+        if math.isfinite(at):
+            self._started_at = at
+        self._relaunch_grace = True
 
     def observe(self, step: int | None, at: float) -> None:
         """A progress record reporting ``step`` was read at ``at``. Records without a step, repeats
         of the last step (several ranks print it) and non-finite times change nothing."""
         if step is None or not math.isfinite(at):
+            return
+        if self._relaunch_grace and self._relaunch_floor is not None and step > self._relaunch_floor:
             return
         if self._last_step is not None and step < self._last_step:
             self._restart()
@@ -132,6 +151,7 @@ class HangDetector:
         if last_step is not None and step == last_step:
             return
         self._pause = None  # a new step: whatever paused the log is over
+        self._relaunch_grace = False
         at = at if last_at is None else max(at, last_at)  # a clock step backwards is no pace
         if last_step is not None:
             self._strides.append(step - last_step)
@@ -185,6 +205,8 @@ class HangDetector:
             limit, learned = min(max(s.multiple * interval, s.floor_s), s.cap_s), True
         if self._pause is not None:
             limit = max(limit, s.pause_cap_s)
+        if self._relaunch_grace:
+            limit = max(limit, s.startup_grace_s)
         return limit, learned
 
     def check(self, now: float) -> HangVerdict | None:
