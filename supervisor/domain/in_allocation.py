@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from supervisor.domain.actions import Cancel, Decision, Record, SetState, SwapStep
 from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoal, initial_nodes
@@ -21,7 +22,15 @@ from supervisor.domain.observation import Observation, Policy, event_for, fmt_no
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.resume import describe_plan
 from supervisor.domain.run import RunState
-from supervisor.domain.step_relaunch import died_step, evidence_due, left_to_end, relaunch, relaunch_refused
+from supervisor.domain.step_relaunch import (
+    died_step,
+    evidence_due,
+    hang_refused,
+    hang_relaunch,
+    left_to_end,
+    relaunch,
+    relaunch_refused,
+)
 
 
 def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
@@ -42,6 +51,11 @@ def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Ob
     if died is not None and not left_to_end(run, died):
         return _leftovers(run, a, job, current, obs, policy) + _after_death(
             run, a, job, goal, current, died, obs, policy
+        )
+    hang = obs.hangs.get(run.name)
+    if hang is not None and not hang.get("suspect_nodes"):  # a named node: excluded by resubmission, as before
+        return _leftovers(run, a, job, current, obs, policy) + _after_hang(
+            run, a, job, goal, current, hang, obs, policy
         )
     drops = boundary_drops(run, a, goal, current, obs)
     if drops and len(spares) >= len(drops):  # else the ordinary boundary drop below resubmits
@@ -83,6 +97,23 @@ def _after_death(
     if why is not None:
         return fall_back(run, a, job, {}, why, obs, policy)
     return relaunch(run, a, current, died, obs)
+
+
+def _after_hang(
+    run: RunRecord,
+    a: AttemptRecord,
+    job: JobInfo,
+    goal: StepGoal | None,
+    current: tuple[str, ...],
+    hang: Mapping[str, Any],
+    obs: Observation,
+    policy: Policy,
+) -> Decision:
+    """The step hangs with no node singled out: relaunched in place, or the paced resubmission."""
+    why = hang_refused(run, a, job, goal, obs.now)
+    if why is not None:
+        return fall_back(run, a, job, {}, why, obs, policy)
+    return hang_relaunch(run, a, goal.generation if goal is not None else 0, current, hang, obs)
 
 
 def hot_spares(run: RunRecord, job: JobInfo, current: tuple[str, ...], obs: Observation) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
 """In-allocation: a step that died with no node at fault — a software bug, an NCCL error, a
-trainer's data check; a quarter of Llama 3's interruptions — is relaunched in place: the step's
+trainer's data check; a quarter of Llama 3's interruptions — or that hangs with no node singled
+out (an NCCL watchdog) is relaunched in place: the step's
 next generation on the same nodes, from the newest verified checkpoint, in the same job. No new
 allocation, no queue (a resubmitted job also loses its age priority), no job start-up. Pure
 (docs/in-allocation.md).
@@ -12,6 +13,9 @@ crash loop, budget) then decides — a relaunch spends one restart, as a resubmi
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from supervisor.domain.actions import Decision, SwapStep
 from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoal
@@ -48,14 +52,23 @@ def evidence_due(current: tuple[str, ...], report: LauncherReport, obs: Observat
 def relaunch_refused(
     run: RunRecord, a: AttemptRecord, job: JobInfo, goal: StepGoal | None, report: LauncherReport
 ) -> str | None:
-    """Why the step is not relaunched in place (None: it is)."""
-    launched = goal.decided_at if goal is not None else (a.started_at or job.start_time or report.ended)
-    ran = max(0.0, report.ended - launched)
+    """Why the dead step is not relaunched in place (None: it is)."""
     died = f"step generation {report.generation} exited with code {report.exit_code}"
+    return _refused(run, a, job, goal, died, report.ended)
+
+
+def hang_refused(run: RunRecord, a: AttemptRecord, job: JobInfo, goal: StepGoal | None, now: float) -> str | None:
+    """Why the hung step is not relaunched in place (None: it is)."""
+    return _refused(run, a, job, goal, f"step generation {goal.generation if goal else 0} hung", now)
+
+
+def _refused(run: RunRecord, a: AttemptRecord, job: JobInfo, goal: StepGoal | None, what: str, at: float) -> str | None:
+    launched = goal.decided_at if goal is not None else (a.started_at or job.start_time or at)
+    ran = max(0.0, at - launched)
     if ran < run.spec.pacing.fast_failure_s:
-        return f"{died} {ran:.0f} s after its launch (a fast failure: the restart pacing decides)"
+        return f"{what} {ran:.0f} s after its launch (a fast failure: the restart pacing decides)"
     if run.restarts_spent >= run.spec.max_restarts:
-        return f"{died}; restart budget spent ({run.restarts_spent} of {run.spec.max_restarts})"
+        return f"{what}; restart budget spent ({run.restarts_spent} of {run.spec.max_restarts})"
     return None
 
 
@@ -77,4 +90,23 @@ def relaunch(
     fault = event_for(run, a, EventKind.FAULT, message, obs, evidence, f"step-died-{report.generation}")
     why = f"step generation {report.generation} exited with code {report.exit_code}, no node at fault"
     action = SwapStep(run.name, a.job_id, report.generation + 1, current, (), (), why, restart=True)
+    return Decision((fault,), (action,))
+
+
+def hang_relaunch(
+    run: RunRecord,
+    a: AttemptRecord,
+    generation: int,
+    current: tuple[str, ...],
+    hang: Mapping[str, Any],
+    obs: Observation,
+) -> Decision:
+    """A hang no node is singled out for (an NCCL watchdog, a collective that never completes):
+    the fault on record and the step's next generation on the same nodes (one restart spent)."""
+    said = hang.get("reason", "no progress")
+    message = f"{a.label}: hang: {said} on {fmt_nodes(current)}; no node singled out: relaunching it in place"
+    evidence = {**hang, "in_allocation": "step_hung", "generation": generation, "nodes": list(current)}
+    fault = event_for(run, a, EventKind.FAULT, message, obs, evidence, f"hang-{generation}")
+    why = f"step generation {generation} hung ({said}), no node singled out"
+    action = SwapStep(run.name, a.job_id, generation + 1, current, (), (), why, restart=True)
     return Decision((fault,), (action,))

@@ -82,3 +82,15 @@ def test_a_new_generations_restore_is_given_the_start_up_grace_not_called_a_hang
     assert watch.update([run(goal)], ClusterSnapshot(restoring, {7: JOB}), restoring) == {}
     late = goal.decided_at + settings.startup_grace_s + 1
     assert "llm" in watch.update([run(goal)], ClusterSnapshot(late, {7: JOB}), late)  # a real hang still is one
+
+
+def test_a_generation_resumed_past_the_last_step_read_ends_the_grace_with_its_first_step():
+    """The log lags the checkpoints (buffered output): the new generation resumes past the last step
+    the daemon had read. Its steps are progress, not the old generation's last lines."""
+    logs = MemoryLogs()
+    watch = ProgressWatch(logs, HangSettings(floor_s=120.0, startup_grace_s=1800.0))
+    t = follow(watch, logs, run(), range(1, 40), None, 100.0)
+    goal = StepGoal(7, 1, ("n1", "n2", "n4", "n5"), "n3 died", t)
+    t = follow(watch, logs, run(goal), range(50, 60), None, t + 120.0)  # resumed from step 49
+    quiet = t + 200.0  # then a real hang: judged by the learned threshold again, not the grace
+    assert "llm" in watch.update([run(goal)], ClusterSnapshot(quiet, {7: JOB}), quiet)

@@ -128,3 +128,29 @@ def test_a_thousand_node_step_is_named_in_a_line_people_can_read():
     nodes = tuple(f"n{i:04d}" for i in range(1, 2050) if i != 122)
     assert fmt_nodes(nodes) == "n[0001-0121,0123-2049] (2048 nodes)"
     assert fmt_nodes(("n2", "n1")) == "n2,n1" and fmt_nodes(()) == "(no nodes)"
+
+
+HANG = {"reason": "no new step for 900 s after step 4100", "since_s": 900.0, "threshold_s": 300.0}
+HEARING = AllocationStep(report=replace(DIED, alive=True, exit_code=None, at=LONG - 0.5))  # the launcher reports
+
+
+def test_a_hang_with_no_node_singled_out_is_relaunched_in_place():
+    d = decide(run(HEARING), Observation(snap(LONG), hangs={"llm": HANG}), Policy())
+    (relaunch,) = of(d, SwapStep)
+    assert relaunch.nodes == ("n1", "n2") and relaunch.out == () and relaunch.restart
+    assert not of(d, Cancel)  # the job is kept
+    (fault,) = [e for e in of(d, Event) if e.kind is EventKind.FAULT]
+    assert "hang: no new step for 900 s" in fault.message and "relaunching it in place" in fault.message
+
+
+def test_a_hang_soon_after_the_launch_falls_back_to_the_paced_resubmission():
+    d = decide(run(), Observation(snap(A0.started_at + 100), hangs={"llm": HANG}), Policy())
+    assert not of(d, SwapStep) and of(d, Cancel)
+    assert "fast failure" in [e for e in of(d, Event) if "falling back" in e.message][0].message
+
+
+def test_a_hang_that_names_a_node_keeps_todays_path():
+    hang = {**HANG, "suspect_nodes": ["n2"], "suspects": "rank 1 stopped at step 4100"}
+    d = decide(run(HEARING), Observation(snap(LONG), hangs={"llm": hang}), Policy())
+    assert not of(d, SwapStep) and of(d, Cancel)  # resubmitted without the suspect, as before
+    assert not [e for e in of(d, Event) if "falling back" in e.message]

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
+RELAUNCH_SETTLE_S = 30.0  # after a relaunch in the job, the old generation's lines stop within this
+
 
 @dataclass(frozen=True)
 class HangSettings:
@@ -129,8 +131,9 @@ class HangDetector:
         """The step was launched again within the job at ``at`` (in-allocation: a swap, a relaunch
         in place): it loads its checkpoint before its first step, so the start-up grace applies
         until then, from ``at``; the pace learned is kept (the same run, the same work)."""
-        # Steps past the last one seen are the old generation's last lines (it is stopped at the
-        # launcher's next poll): the new one resumes from a checkpoint at or below it.
+        # Steps past the last one seen, read within RELAUNCH_SETTLE_S, are the old generation's
+        # last lines (it is stopped at the launcher's next poll, SIGKILL 10 s later); the new one
+        # resumes from a checkpoint — at or below the last step seen, unless the log lagged.
         self._relaunch_floor = self._last_step
         self._restart()
         if math.isfinite(at):
@@ -142,7 +145,7 @@ class HangDetector:
         of the last step (several ranks print it) and non-finite times change nothing."""
         if step is None or not math.isfinite(at):
             return
-        if self._relaunch_grace and self._relaunch_floor is not None and step > self._relaunch_floor:
+        if self._old_generation(step, at):
             return
         if self._last_step is not None and step < self._last_step:
             self._restart()
@@ -179,6 +182,12 @@ class HangDetector:
 
     def unpause(self) -> None:
         self._pause = None
+
+    def _old_generation(self, step: int, at: float) -> bool:
+        """A line of the generation stopped by a relaunch, written before it was stopped."""
+        if not self._relaunch_grace or self._relaunch_floor is None or self._started_at is None:
+            return False
+        return step > self._relaunch_floor and at < self._started_at + RELAUNCH_SETTLE_S
 
     # ------------------------------------------------------------------------ judging
 
