@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
-
-import hostlist
 
 from supervisor.domain.actions import (
     Decision,
@@ -16,6 +15,7 @@ from supervisor.domain.actions import (
 )
 from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.health import NodeFinding
+from supervisor.domain.hostnames import fold
 from supervisor.domain.lemon import Quarantine
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.rollback import RollbackRecord
@@ -112,4 +112,11 @@ def fmt_nodes(nodes: tuple[str, ...]) -> str:
     named node by node made a 16 KB line of every swap)."""
     if len(nodes) <= FEW_NODES:
         return ",".join(nodes) or "(no nodes)"
-    return f"{hostlist.collect_hostlist(list(nodes))} ({len(nodes)} nodes)"
+    return _hostlist(tuple(nodes))
+
+
+@lru_cache(maxsize=64)
+def _hostlist(nodes: tuple[str, ...]) -> str:
+    """Folding thousands of names takes milliseconds, and a job's nodes are named in several
+    lines (started, ended, swapped): folded once."""
+    return f"{fold(nodes)} ({len(nodes)} nodes)"

@@ -387,19 +387,21 @@ class SlowdownDetector:
             return self.verdict()
         self._recent[self._n_recent % self._recent.size] = throughput
         self._n_recent += 1
-        if self._n_recent >= self._recent.size and self._recent_median() <= self.baseline * (1 - self.drop):
+        recent = self._recent_median()  # once per step: the verdict reads it too
+        if self._n_recent >= self._recent.size and recent <= self.baseline * (1 - self.drop):
             self.below += 1
         else:
             self.below = 0
-        return self.verdict()
+        return self.verdict(recent)
 
     def _recent_median(self) -> float:
         return float(np.median(self._recent[: min(self._n_recent, self._recent.size)]))
 
-    def verdict(self) -> SlowdownVerdict:
+    def verdict(self, recent: float | None = None) -> SlowdownVerdict:
+        """``recent``: the median of the last steps when the caller has it already."""
         if self.baseline is None or self._n_recent == 0:
             return SlowdownVerdict(SlowdownState.LEARNING, self.baseline, None, None, 0, "learning the baseline")
-        recent = self._recent_median()
+        recent = self._recent_median() if recent is None else recent
         drop = 1 - recent / self.baseline
         slow = self.below >= self.sustain
         reason = (

@@ -61,7 +61,7 @@ class _RunState:
     pending: list[tuple[CheckpointRef, Level, Future[VerifyResult]]] = field(default_factory=list)
     queued: set[tuple[str, Level]] = field(default_factory=set)
     retry: list[tuple[CheckpointRef, Level]] = field(default_factory=list)  # unverifiable: again next scan
-    known: dict[str, tuple[bool, float]] = field(default_factory=dict)  # location -> (committed, seen_at) stored
+    known: dict[str, CheckpointRef] = field(default_factory=dict)  # location -> as listed when stored
 
 
 class CheckpointWatch:
@@ -133,8 +133,9 @@ class CheckpointWatch:
             except Exception as exc:  # noqa: BLE001 - storage trouble, or a store bug: never the tick's end
                 self._listing_failed(run, store, exc)
                 refs = []
-            for ref in refs:
-                if self._seen(run, st, store, ref):
+            known = st.known
+            for ref in refs:  # the very ref stored last is passed over here, not by a call per old checkpoint
+                if known.get(ref.location) is not ref and self._seen(run, st, store, ref):
                     self._queue(run, st, ref, Level.METADATA)
             retry, st.retry = st.retry, []
             for ref, level in retry:
@@ -151,9 +152,10 @@ class CheckpointWatch:
     def _seen(self, run: RunRecord, st: _RunState, store: Store, ref: CheckpointRef) -> bool:
         """Store a listed checkpoint unless this watch stored it unchanged already (a root holds
         hundreds of old checkpoints; each scan must cost only what is new)."""
-        if st.known.get(ref.location) == (ref.committed, ref.seen_at):
+        known = st.known.get(ref.location)
+        if known is not None and (known.committed, known.seen_at) == (ref.committed, ref.seen_at):
             return False
-        st.known[ref.location] = (ref.committed, ref.seen_at)
+        st.known[ref.location] = ref
         stored = store.checkpoint_state(run.name, ref.location)
         if stored is not None and stored[0] == ref.committed and stored[1] >= ref.seen_at:
             return False
@@ -316,7 +318,8 @@ class CheckpointWatch:
         verified one that have no verdict yet (found by the last scan, or never scanned)."""
         try:
             for ref in st.store.discover():
-                self._seen(run, st, store, ref)
+                if st.known.get(ref.location) is not ref:
+                    self._seen(run, st, store, ref)
         except Exception as exc:  # noqa: BLE001 - the choice falls back on what earlier scans verified
             self._listing_failed(run, store, exc)
         rows = store.checkpoints(run.name, RECENT)

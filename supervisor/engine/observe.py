@@ -37,6 +37,8 @@ from supervisor.ports import Accounting, Clock, NodeGuard, PortError, Scheduler,
 
 log = structlog.get_logger("supervisor.engine")
 
+Watched = tuple[set[str], set[str]]  # nodes under watch (not healthy), nodes open intents name
+
 
 @dataclass(frozen=True)
 class Facts:
@@ -124,9 +126,10 @@ class Observer:
         self._ticks += 1
         runs = self.store.runs(active_only=True)
         fresh = nodes_needed or self._nodes is None or self._ticks % self.node_refresh_ticks == 0
-        scope = self._scope(runs, fresh, cluster_needed)
+        watched = self._watched()  # read once: the snapshot writes nothing to the store
+        scope = self._scope(runs, fresh, cluster_needed, watched)
         snap = self._merged(self._read_jobs(runs, scope), scope)
-        again = self._unread(runs, snap, scope)
+        again = self._unread(runs, snap, scope, watched)
         if again:
             snap = self._merged(self._read_nodes(snap, again), again)
         self._jobs = snap.jobs
@@ -154,29 +157,38 @@ class Observer:
             return self.scheduler.snapshot(include_nodes=nodes)
         return replace(self._by_id.snapshot_of(frozenset(), nodes), jobs=snap.jobs)
 
-    def _scope(self, runs: list[RunRecord], fresh: bool, cluster_needed: bool) -> bool | frozenset[str]:
+    def _scope(
+        self, runs: list[RunRecord], fresh: bool, cluster_needed: bool, watched: Watched
+    ) -> bool | frozenset[str]:
         """What to read of the nodes: all (True), those in focus (a set), or none (False)."""
         age = self.clock.now() - self._whole_at
         if self._nodes is None or (fresh and (age >= self.whole_max_s or (cluster_needed and age >= self.whole_min_s))):
             return True
-        return self._focus(runs, self._jobs) or False if fresh else False
+        return self._focus(runs, self._jobs, watched) or False if fresh else False
 
-    def _unread(self, runs: list[RunRecord], snap: ClusterSnapshot, scope: bool | frozenset[str]) -> frozenset[str]:
+    def _unread(
+        self, runs: list[RunRecord], snap: ClusterSnapshot, scope: bool | frozenset[str], watched: Watched
+    ) -> frozenset[str]:
         """Nodes to read once more: a job of ours moved since the nodes were last read (maybe onto a
         node that came back since: stale info would call it down), or holds nodes not read; after a
         whole read (grouped: no addresses), those in focus whose address is not known yet (the
         probe connects to it). ``snap``: merged with what was read before."""
-        focus = self._focus(runs, snap.jobs)
+        focus = self._focus(runs, snap.jobs, watched)
         if scope is True:
             return frozenset(n for n in focus if (info := snap.nodes.get(n)) is not None and not info.address)
         if scope is False:
             return focus if self._a_job_moved(runs, snap) else frozenset()
         return focus if focus - scope else frozenset()
 
-    def _focus(self, runs: list[RunRecord], jobs: Mapping[int, JobInfo]) -> frozenset[str]:
+    def _watched(self) -> Watched:
+        """Nodes under watch (a verdict other than healthy), and those an open intent names."""
         watched = {v.node for v in self.store.verdicts() if v.verdict is not Verdict.HEALTHY}
         intents = {str(a["params"]["node"]) for a in self.store.open_actions() if "node" in (a.get("params") or {})}
-        return focus_nodes(runs, jobs) | watched | intents | self.nodes.finding_nodes
+        return watched, intents
+
+    def _focus(self, runs: list[RunRecord], jobs: Mapping[int, JobInfo], watched: Watched) -> frozenset[str]:
+        under_watch, intents = watched
+        return focus_nodes(runs, jobs) | under_watch | intents | self.nodes.finding_nodes
 
     def _merged(self, snap: ClusterSnapshot, scope: bool | frozenset[str]) -> ClusterSnapshot:
         if scope is True:

@@ -45,10 +45,21 @@ class SimCheckpointStore:
         self.shard_bytes = shard_bytes
         self.shards = shards
         self._saves: dict[int, SimSave] = {}
+        # A 54-day run holds thousands of saves and the engine lists them all every scan: the
+        # listing is kept. Its first ``_settled`` refs are of saves begun and committed (or torn)
+        # by the last listing, which time alone cannot change; only a save begun again, torn or
+        # committed by hand does (``_changed``: list again from scratch).
+        self._listing: list[CheckpointRef] = []
+        self._settled = 0
+        self._changed = False
+        self._top = -1  # the highest step begun
+        self._refs: dict[int, CheckpointRef] = {}  # each save's ref, made again only when it changes
 
     # -- the trainer's side ---------------------------------------------------------------------
 
     def begin_save(self, step: int, at: float, commit_at: float) -> None:
+        self._changed |= step <= self._top  # begun again, or among older ones: not at the listing's end
+        self._top = max(self._top, step)
         self._saves[step] = SimSave(step, at, commit_at)
 
     def attempt_ended(self, at: float) -> None:
@@ -57,12 +68,15 @@ class SimCheckpointStore:
             save = self._saves[step]
             if save.started_at > at:
                 del self._saves[step]
+                self._changed = True
             elif save.committed_at is not None and save.committed_at > at:
                 save.committed_at = None
+                self._changed = True
 
     def visible(self) -> list[SimSave]:
         now = self.clock.now()
-        return sorted((s for s in self._saves.values() if s.started_at <= now), key=lambda s: s.step)
+        saves = self._saves
+        return [save for save in map(saves.__getitem__, sorted(saves)) if save.started_at <= now]
 
     def newest(self, *, committed_only: bool) -> SimSave | None:
         now = self.clock.now()
@@ -84,17 +98,34 @@ class SimCheckpointStore:
 
     def discover(self) -> list[CheckpointRef]:
         now = self.clock.now()
-        return [
-            CheckpointRef(
-                self.location(s.step),
-                f"step_{s.step:08d}",
-                s.step,
+        if self._changed:
+            self._listing, self._settled, self._changed = [], 0, False
+        listing = self._listing[: self._settled]
+        settling = True  # every save so far is listed for good
+        for step in sorted(self._saves)[self._settled :]:
+            save = self._saves[step]
+            if save.started_at > now:
+                settling = False
+                continue
+            listing.append(self._ref(save, save.committed(now)))
+            settling = settling and (save.committed_at is None or save.committed_at <= now)
+            self._settled += settling
+        self._listing = listing
+        return list(listing)
+
+    def _ref(self, save: SimSave, committed: bool) -> CheckpointRef:
+        seen_at = save.committed_at or save.started_at
+        ref = self._refs.get(save.step)
+        if ref is None or ref.committed != committed or ref.seen_at != seen_at:
+            ref = self._refs[save.step] = CheckpointRef(
+                self.location(save.step),
+                f"step_{save.step:08d}",
+                save.step,
                 Guarantee.MANIFEST,
-                committed=s.committed(now),
-                seen_at=s.committed_at or s.started_at,
+                committed=committed,
+                seen_at=seen_at,
             )
-            for s in self.visible()
-        ]
+        return ref
 
     def verify(self, ref: CheckpointRef, level: Level) -> VerifyResult:
         now = self.clock.now()
@@ -135,4 +166,5 @@ class SimCheckpointStore:
         if save.committed(self.clock.now()):
             raise PermanentError(f"{self.root}{name}: already committed; refusing to overwrite its manifest")
         save.committed_at = self.clock.now()
+        self._changed = True
         return self.location(manifest.step)

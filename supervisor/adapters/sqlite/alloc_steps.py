@@ -8,8 +8,8 @@ import json
 import sqlite3
 
 from supervisor.adapters.sqlite.base import SqliteBase
+from supervisor.adapters.sqlite.decoded import names, resume_plan
 from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoal
-from supervisor.domain.resume import ResumePlan
 
 _SINCE = "launcher_channel_since"
 
@@ -81,7 +81,7 @@ def _report(db: sqlite3.Connection, run: str, job_id: int) -> LauncherReport | N
     row = db.execute("SELECT * FROM launcher_reports WHERE run = ? AND job_id = ?", (run, job_id)).fetchone()
     if row is None:
         return None
-    nodes = tuple(json.loads(row["nodes"]))
+    nodes = names(row["nodes"])
     return LauncherReport(
         row["job_id"],
         row["generation"],
@@ -95,6 +95,5 @@ def _report(db: sqlite3.Connection, run: str, job_id: int) -> LauncherReport | N
 
 
 def _goal(row: sqlite3.Row) -> StepGoal:
-    resume = ResumePlan.from_json(json.loads(row["resume"])) if row["resume"] else None
-    nodes = tuple(json.loads(row["nodes"]))
-    return StepGoal(row["job_id"], row["generation"], nodes, row["reason"], row["decided_at"], resume)
+    resume = resume_plan(row["resume"]) if row["resume"] else None
+    return StepGoal(row["job_id"], row["generation"], names(row["nodes"]), row["reason"], row["decided_at"], resume)

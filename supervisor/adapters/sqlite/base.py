@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from supervisor.adapters.sqlite.schema import migrate, require_current
 
 DB_NAME = "supervisor.db"
+T = TypeVar("T")
 
 
 class SqliteBase:
@@ -29,9 +31,29 @@ class SqliteBase:
         self.path = Path(state_dir) / DB_NAME
         self._db = _open_read_only(self.path) if read_only else _open_writable(self.path, durable)
         self.instance_id: str = self._db.execute("SELECT value FROM meta WHERE key = 'instance'").fetchone()[0]
+        self._writes: dict[str, int] = {}  # table -> this connection's writes to it (see ``_kept_read``)
+        self._kept: dict[str, tuple[tuple[int, int], Any]] = {}
 
     def close(self) -> None:
         self._db.close()
+
+    def _wrote(self, table: str) -> None:
+        self._writes[table] = self._writes.get(table, 0) + 1
+
+    def _kept_read(self, table: str, read: Callable[[], T]) -> T:
+        """``read()`` of ``table``, kept until this connection writes the table again (its writers
+        call ``_wrote``) or another connection commits (SQLite's ``data_version``): the engine
+        reads some tables several times a tick and writes them a few times a day. Never kept
+        inside a transaction (it may roll back)."""
+        if self._db.in_transaction:
+            return read()
+        version = (self._db.execute("PRAGMA data_version").fetchone()[0], self._writes.get(table, 0))
+        kept = self._kept.get(table)
+        if kept is not None and kept[0] == version:
+            return cast(T, kept[1])
+        value = read()
+        self._kept[table] = (version, value)
+        return value
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from supervisor.adapters.sqlite.base import SqliteBase
+from supervisor.adapters.sqlite.decoded import resume_plan
 from supervisor.domain.checkpoints import CheckpointRef, Guarantee, Level, Outcome, ShardProblem, VerifyResult
 from supervisor.domain.resume import ResumePlan
 
@@ -67,7 +68,7 @@ class SqliteCheckpoints(SqliteBase):
         rows = self._db.execute(
             "SELECT attempt, plan FROM resume_plans WHERE run = ? ORDER BY attempt DESC LIMIT ?", (run, last)
         ).fetchall()
-        return {r["attempt"]: ResumePlan.from_json(json.loads(r["plan"])) for r in rows}
+        return {r["attempt"]: resume_plan(r["plan"]) for r in rows}
 
     def checkpoints(
         self, run: str, limit: int | None = None

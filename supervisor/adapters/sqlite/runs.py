@@ -7,10 +7,12 @@ import secrets
 import sqlite3
 import time
 from dataclasses import asdict
+from functools import lru_cache
 from typing import Any
 
 from supervisor.adapters.sqlite.alloc_steps import read_step
 from supervisor.adapters.sqlite.base import SqliteBase
+from supervisor.adapters.sqlite.decoded import names
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import AttemptRecord, RunRecord
 from supervisor.domain.run import (
@@ -183,7 +185,7 @@ class SqliteRuns(SqliteBase):
         ex = self._db.execute(
             "SELECT node, reason, since, deferred FROM exclusions WHERE run = ? ORDER BY node", (name,)
         ).fetchall()
-        spec = _spec_from_json(json.loads(row["spec"]))
+        spec = _spec_of(row["spec"])
         in_allocation = spec.restart_mode is RestartMode.IN_ALLOCATION and a is not None
         return RunRecord(
             spec=spec,
@@ -208,8 +210,8 @@ def _attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
         job_id=r["job_id"],
         restart_count=r["restart_count"],
         submitted_at=r["submitted_at"],
-        nodes=tuple(json.loads(r["nodes"] or "[]")),
-        excluded=tuple(json.loads(r["excluded"] or "[]")),
+        nodes=names(r["nodes"]),
+        excluded=names(r["excluded"]),
         started_at=r["started_at"],
         ended_at=r["ended_at"],
         end_state=r["end_state"],
@@ -229,6 +231,13 @@ def _spec_to_json(spec: RunSpec) -> dict[str, Any]:
     d["env"] = dict(spec.env)
     d["do_not_restart_exit_codes"] = sorted(spec.do_not_restart_exit_codes)
     return d
+
+
+@lru_cache(maxsize=256)
+def _spec_of(text: str) -> RunSpec:
+    """A stored spec, decoded once: every tick reads the runs, and a spec changes only when its
+    owner edits it (a new text). A frozen value, handed out again."""
+    return _spec_from_json(json.loads(text))
 
 
 def _spec_from_json(d: dict[str, Any]) -> RunSpec:

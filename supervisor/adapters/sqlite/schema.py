@@ -269,6 +269,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE launcher_reports ADD COLUMN ended_at REAL;
     """,
+    # the checkpoint ledger read newest step first (each restart's choice, the stale alarm): an
+    # index walk of the newest rows, not a sort of the thousands a long run collects
+    """
+    CREATE INDEX checkpoints_by_step ON checkpoints(run, step, first_seen);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

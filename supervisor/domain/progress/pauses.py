@@ -24,8 +24,17 @@ _ENDS = re.compile(
 )
 
 
+def _may_announce(line: str) -> bool:
+    """Every announcement above has a "v" ("saving", "saved", "evaluation", "event"; no other
+    character matches one, whatever the case): a step line (most lines) is passed over without
+    the patterns' search."""
+    return "v" in line or "V" in line
+
+
 def pause_of(line: str) -> str | None:
     """What the line says has begun ("a checkpoint save", "an evaluation"), else None."""
+    if not _may_announce(line):
+        return None
     m = _STARTS.search(line)
     if m is None:
         return None
@@ -34,4 +43,4 @@ def pause_of(line: str) -> str | None:
 
 
 def ends_pause(line: str) -> bool:
-    return _ENDS.search(line) is not None
+    return _may_announce(line) and _ENDS.search(line) is not None
