@@ -11,7 +11,9 @@ checkpoint interval (Young/Daly from the failure rate and save cost, or the one 
 table per seed, the assumed costs, where the lost time went, and as its last line one JSON object:
 ``interruptions_mean``, ``ettr_supervisor``, ``ettr_in_allocation``, ``ettr_baseline``,
 ``ettr_baseline_same_spares``, ``spare_node_hours``, ``spare_node_hours_in_allocation``,
-``wall_s_per_run`` (mean over the supervised runs of both modes), among others.
+``wall_s_per_run`` (mean over the supervised runs of both modes), ``ettr_ceiling`` (what no
+recovery can beat at these checkpoint costs: saves plus the work since the last save, detection,
+start-up and restore free) and ``ettr_ceiling_with_restore``, among others.
 
     python bench/simulate.py              # 10 seeds (the issue's figure), every mode
     python bench/simulate.py --seeds 2    # quicker
@@ -184,6 +186,7 @@ def _figures(args, plan, sup, alloc, base, fair, walls) -> dict[str, object]:  #
         "loss_h_in_allocation": {k: round(v / 3600, 2) for k, v in _loss(alloc).items()},
         "loss_h_supervisor": {k: round(v / 3600, 2) for k, v in _loss(sup).items()},
         "checkpoint_interval_s": round(plan.checkpoint_interval_s),
+        **_ceilings(plan, sup, args.days),
         "hot_spares": plan.settings.hot_spares,
         "ettr_supervisor_min": round(min(r.ettr for r in sup), 4),
         "ettr_in_allocation_min": round(min(r.ettr for r in alloc), 4),
@@ -194,6 +197,21 @@ def _figures(args, plan, sup, alloc, base, fair, walls) -> dict[str, object]:  #
         "goal_ettr_met": ettr_s >= 0.95,
         "goal_ettr_in_allocation_met": ettr_a >= 0.97,
         "goal_wall_met": statistics.fmean(walls) < 60.0,
+    }
+
+
+def _ceilings(plan, sup, days: float) -> dict[str, float]:  # noqa: ANN001
+    """What no recovery can beat on these draws: the saves' own cost (``C`` per interval ``tau``)
+    and the work since the last save that each interruption loses (half an interval on average),
+    with detection, start-up, queue and restore all free (``ettr_ceiling``); and with the restore
+    paid (``ettr_ceiling_with_restore``: every recovery loads the checkpoint)."""
+    trainer = plan.settings.trainer
+    save, tau = trainer.save_s, plan.checkpoint_interval_s
+    per_s = statistics.fmean(r.interruptions for r in sup) / (days * 86400.0)
+    ceiling = 1.0 - save / (tau + save) - per_s * (tau + save) / 2.0
+    return {
+        "ettr_ceiling": round(ceiling, 4),
+        "ettr_ceiling_with_restore": round(ceiling - per_s * trainer.restore_s, 4),
     }
 
 
