@@ -53,9 +53,11 @@ def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Ob
             run, a, job, goal, current, died, obs, policy
         )
     hang = obs.hangs.get(run.name)
-    if hang is not None and not hang.get("suspect_nodes"):  # a named node: excluded by resubmission, as before
+    suspects = tuple(n for n in (hang or {}).get("suspect_nodes") or () if n in current)
+    if hang is not None and len(spares) >= len(suspects):  # else resubmitted without the suspects, as before
+        out = (suspects, spares[: len(suspects)])
         return _leftovers(run, a, job, current, obs, policy) + _after_hang(
-            run, a, job, goal, current, hang, obs, policy
+            run, a, job, goal, current, hang, out, obs, policy
         )
     drops = boundary_drops(run, a, goal, current, obs)
     if drops and len(spares) >= len(drops):  # else the ordinary boundary drop below resubmits
@@ -106,14 +108,16 @@ def _after_hang(
     goal: StepGoal | None,
     current: tuple[str, ...],
     hang: Mapping[str, Any],
+    out: tuple[tuple[str, ...], tuple[str, ...]],
     obs: Observation,
     policy: Policy,
 ) -> Decision:
-    """The step hangs with no node singled out: relaunched in place, or the paced resubmission."""
+    """The step hangs: relaunched in place, without the nodes its ranks single out (``out``: those
+    and the hot spares taking their places) — or the paced resubmission."""
     why = hang_refused(run, a, job, goal, obs.now)
     if why is not None:
         return fall_back(run, a, job, {}, why, obs, policy)
-    return hang_relaunch(run, a, goal.generation if goal is not None else 0, current, hang, obs)
+    return hang_relaunch(run, a, goal.generation if goal is not None else 0, current, hang, out, obs)
 
 
 def hot_spares(run: RunRecord, job: JobInfo, current: tuple[str, ...], obs: Observation) -> tuple[str, ...]:

@@ -1,8 +1,8 @@
 """In-allocation: a step that died with no node at fault — a software bug, an NCCL error, a
-trainer's data check; a quarter of Llama 3's interruptions — or that hangs with no node singled
-out (an NCCL watchdog) is relaunched in place: the step's
-next generation on the same nodes, from the newest verified checkpoint, in the same job. No new
-allocation, no queue (a resubmitted job also loses its age priority), no job start-up. Pure
+trainer's data check; a quarter of Llama 3's interruptions — or that hangs (an NCCL watchdog) is
+relaunched in place: the step's next generation on the same nodes (a hang's ranks that single out
+nodes: without them, hot spares in their places), from the newest verified checkpoint, in the
+same job. No new allocation, no queue (a resubmitted job also loses its age priority), no job start-up. Pure
 (docs/in-allocation.md).
 
 What stays as it was: a step that succeeded ends the job (the launcher exits 0); a do-not-restart
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from supervisor.domain.actions import Decision, SwapStep
+from supervisor.domain.actions import Decision, Defer, SwapStep
 from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoal
 from supervisor.domain.cluster import JobInfo
 from supervisor.domain.observation import Observation, Policy, event_for, fmt_nodes
@@ -99,14 +99,25 @@ def hang_relaunch(
     generation: int,
     current: tuple[str, ...],
     hang: Mapping[str, Any],
+    swapped: tuple[tuple[str, ...], tuple[str, ...]],
     obs: Observation,
 ) -> Decision:
-    """A hang no node is singled out for (an NCCL watchdog, a collective that never completes):
-    the fault on record and the step's next generation on the same nodes (one restart spent)."""
+    """A hang (an NCCL watchdog, a collective that never completes): the fault on record and the
+    step's next generation, one restart spent — on the same nodes, or without the nodes its ranks
+    single out, hot spares in their places. Those are deferred (kept out of the step, the hot
+    spares and the next job), not excluded: an excluded node of the job counts as faulty and would
+    be drained, and a stopped rank is no proof of a broken node."""
+    out, into = swapped
     said = hang.get("reason", "no progress")
-    message = f"{a.label}: hang: {said} on {fmt_nodes(current)}; no node singled out: relaunching it in place"
+    if out:
+        what = f"{hang.get('suspects', 'singled out')}: {fmt_nodes(out)} out, hot spare {fmt_nodes(into)} in"
+    else:
+        what = "no node singled out: relaunching it in place"
+    message = f"{a.label}: hang: {said} on {fmt_nodes(current)}; {what}"
     evidence = {**hang, "in_allocation": "step_hung", "generation": generation, "nodes": list(current)}
     fault = event_for(run, a, EventKind.FAULT, message, obs, evidence, f"hang-{generation}")
-    why = f"step generation {generation} hung ({said}), no node singled out"
-    action = SwapStep(run.name, a.job_id, generation + 1, current, (), (), why, restart=True)
-    return Decision((fault,), (action,))
+    kept_out = tuple(Defer(run.name, n, f"hang: {hang.get('suspects', 'singled out')}") for n in out)
+    nodes = tuple(n for n in current if n not in out) + into
+    why = f"step generation {generation} hung ({said})" + (f", {fmt_nodes(out)} singled out" if out else "")
+    action = SwapStep(run.name, a.job_id, generation + 1, nodes, out, into, why, restart=True)
+    return Decision((fault, *kept_out), (action,))

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from test_in_allocation import A0, JOB, SPEC, of, run, snap
 
-from supervisor.domain.actions import Cancel, SetState, SwapStep
+from supervisor.domain.actions import Cancel, ChangeNode, Defer, SetState, SwapStep
 from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoal
 from supervisor.domain.in_allocation import swap_event
 from supervisor.domain.policy import Observation, Policy, decide
@@ -149,8 +149,24 @@ def test_a_hang_soon_after_the_launch_falls_back_to_the_paced_resubmission():
     assert "fast failure" in [e for e in of(d, Event) if "falling back" in e.message][0].message
 
 
-def test_a_hang_that_names_a_node_keeps_todays_path():
+def test_a_hang_that_names_a_node_swaps_it_out_for_a_hot_spare_without_draining_it():
     hang = {**HANG, "suspect_nodes": ["n2"], "suspects": "rank 1 stopped at step 4100"}
     d = decide(run(HEARING), Observation(snap(LONG), hangs={"llm": hang}), Policy())
-    assert not of(d, SwapStep) and of(d, Cancel)  # resubmitted without the suspect, as before
+    (swap,) = of(d, SwapStep)
+    assert (swap.nodes, swap.out, swap.into, swap.restart) == (("n1", "n3"), ("n2",), ("n3",), True)
+    assert [e.node for e in of(d, Defer)] == ["n2"] and not of(d, ChangeNode)  # kept out, not drained
+    after = run(
+        AllocationStep(StepGoal(7, 1, swap.nodes, swap.reason, LONG), HEARING.report), deferred={"n2": (LONG, "hang")}
+    )
+    later = decide(after, Observation(snap(LONG + 5)), Policy())
+    assert not of(later, ChangeNode) and not of(later, SwapStep) and not of(later, Cancel)  # and stays undrained
+    assert not of(d, Cancel)
+    (fault,) = [e for e in of(d, Event) if e.kind is EventKind.FAULT]
+    assert "rank 1 stopped at step 4100: n2 out, hot spare n3 in" in fault.message
+
+
+def test_a_hang_that_names_more_nodes_than_there_are_spares_keeps_todays_path():
+    hang = {**HANG, "suspect_nodes": ["n1", "n2"], "suspects": "ranks 0-1 stopped"}
+    d = decide(run(HEARING), Observation(snap(LONG), hangs={"llm": hang}), Policy())
+    assert not of(d, SwapStep) and of(d, Cancel)  # resubmitted without the suspects, as before
     assert not [e for e in of(d, Event) if "falling back" in e.message]
