@@ -24,9 +24,8 @@ import numpy as np
 from supervisor.domain.health import NodeFinding, Severity
 from supervisor.domain.peer_groups import Imbalance
 from supervisor.domain.progress import ProgressRecord
+from supervisor.domain.slowdown import SlowdownDetector, SlowdownState
 from supervisor.domain.stragglers import (
-    SlowdownDetector,
-    SlowdownState,
     StragglerScorer,
     node_peer_groups,
     node_step_times,

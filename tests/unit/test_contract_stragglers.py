@@ -6,9 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from supervisor.domain.slowdown import SlowdownDetector, SlowdownState
 from supervisor.domain.stragglers import (
-    SlowdownDetector,
-    SlowdownState,
     StragglerParams,
     StragglerScorer,
     node_peer_groups,

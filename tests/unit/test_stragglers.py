@@ -8,9 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from supervisor.domain.slowdown import SlowdownDetector, SlowdownState
 from supervisor.domain.stragglers import (
-    SlowdownDetector,
-    SlowdownState,
     StragglerScorer,
     node_step_times,
 )
