@@ -30,8 +30,9 @@ from supervisor.engine.forgotten import ForgottenJobs
 from supervisor.engine.job_reads import JobReadPlan, plan_job_read
 from supervisor.engine.nodes import NodeFacts, NodeWatch, focus_nodes, running_nodes
 from supervisor.engine.nulls import NoCheckpoints, NoProgress
+from supervisor.engine.pace import imbalance_events
 from supervisor.engine.probes import ProbeTracker
-from supervisor.engine.progress import ProgressWatch, imbalance_events
+from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.spikes import pending_rollbacks, spike_records
 from supervisor.ports import Accounting, Clock, NodeGuard, PortError, Scheduler, Store
 

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ import numpy as np
 from supervisor.domain.health import NodeFinding, Severity
 from supervisor.domain.peer_groups import Imbalance
 from supervisor.domain.progress import ProgressRecord
+from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.slowdown import SlowdownDetector, SlowdownState
 from supervisor.domain.stragglers import (
     StragglerScorer,
@@ -113,3 +115,32 @@ class Pace:
             "step": record.step,
             "stragglers": {n: f.reason for n, f in self.named.items()},
         }
+
+
+def imbalance_events(
+    runs: Iterable[RunRecord], taken: list[tuple[str, tuple[int, int], Imbalance]], now: float
+) -> list[Event]:
+    """A logbook note per imbalance of the current attempts: nodes slower together from the start
+    (a pipeline stage), reported, never drained."""
+    by_name = {r.name: r for r in runs}
+    out = []
+    for name, key, imb in taken:
+        run = by_name.get(name)
+        a = run.attempt if run else None
+        if a is None or (a.job_id, a.restart_count) != key:
+            continue
+        evidence = {"nodes": list(imb.names[:256]), "level": round(imb.level, 4), "steps": imb.steps}
+        message = f"{a.label}: imbalance: {imb.reason}"
+        out.append(
+            Event(
+                name,
+                EventKind.NOTE,
+                message,
+                f"{name}:{a.seq}:imbalance:{imb.names[0]}",
+                now,
+                a.seq,
+                a.job_id,
+                evidence=evidence,
+            )
+        )
+    return out

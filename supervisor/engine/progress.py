@@ -28,7 +28,7 @@ from supervisor.domain.progress.pauses import ends_pause, pause_of
 from supervisor.domain.progress.ranks import RankProgress, suspects
 from supervisor.domain.progress.ssv import NAME as SSV_FORMAT
 from supervisor.domain.progress_series import ProgressPoint, point_of
-from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
+from supervisor.domain.records import AttemptRecord, RunRecord
 from supervisor.domain.run import RestartMode, SpikePolicy
 from supervisor.domain.spike_detector import SpikeDetector
 from supervisor.domain.spikes import Notice, SpikeSettings
@@ -357,35 +357,6 @@ def _bounded_put(memory: dict[tuple[int, int], Any], key: tuple[int, int], value
     memory[key] = value
     if len(memory) > 256:
         memory.pop(next(iter(memory)))
-
-
-def imbalance_events(
-    runs: Iterable[RunRecord], taken: list[tuple[str, tuple[int, int], Imbalance]], now: float
-) -> list[Event]:
-    """A logbook note per imbalance of the current attempts: nodes slower together from the start
-    (a pipeline stage), reported, never drained."""
-    by_name = {r.name: r for r in runs}
-    out = []
-    for name, key, imb in taken:
-        run = by_name.get(name)
-        a = run.attempt if run else None
-        if a is None or (a.job_id, a.restart_count) != key:
-            continue
-        evidence = {"nodes": list(imb.names[:256]), "level": round(imb.level, 4), "steps": imb.steps}
-        message = f"{a.label}: imbalance: {imb.reason}"
-        out.append(
-            Event(
-                name,
-                EventKind.NOTE,
-                message,
-                f"{name}:{a.seq}:imbalance:{imb.names[0]}",
-                now,
-                a.seq,
-                a.job_id,
-                evidence=evidence,
-            )
-        )
-    return out
 
 
 def _step_of(run: RunRecord, a: AttemptRecord, job: JobInfo) -> tuple[StepGoal | None, tuple[str, ...]]:

@@ -37,7 +37,8 @@ from supervisor.domain.progress.line_clock import ClockSource, LineClock, SaveTr
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.rollback import RollbackRecord
 from supervisor.domain.run import CheckpointPolicy, RunSpec, SpikePolicy
-from supervisor.engine.progress import ProgressWatch, imbalance_events
+from supervisor.engine.pace import imbalance_events
+from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.spikes import spike_records
 from supervisor.ports import Store
 
