@@ -133,9 +133,8 @@ class CheckpointWatch:
             except Exception as exc:  # noqa: BLE001 - storage trouble, or a store bug: never the tick's end
                 self._listing_failed(run, store, exc)
                 refs = []
-            known = st.known
-            for ref in refs:  # the very ref stored last is passed over here, not by a call per old checkpoint
-                if known.get(ref.location) is not ref and self._seen(run, st, store, ref):
+            for ref in refs:
+                if self._seen(run, st, store, ref):
                     self._queue(run, st, ref, Level.METADATA)
             retry, st.retry = st.retry, []
             for ref, level in retry:
@@ -153,8 +152,8 @@ class CheckpointWatch:
         """Store a listed checkpoint unless this watch stored it unchanged already (a root holds
         hundreds of old checkpoints; each scan must cost only what is new)."""
         known = st.known.get(ref.location)
-        if known is not None and (known.committed, known.seen_at) == (ref.committed, ref.seen_at):
-            return False
+        if known is ref or (known is not None and (known.committed, known.seen_at) == (ref.committed, ref.seen_at)):
+            return False  # the very ref stored last (a listing that keeps its refs) costs one lookup
         st.known[ref.location] = ref
         stored = store.checkpoint_state(run.name, ref.location)
         if stored is not None and stored[0] == ref.committed and stored[1] >= ref.seen_at:
@@ -318,8 +317,7 @@ class CheckpointWatch:
         verified one that have no verdict yet (found by the last scan, or never scanned)."""
         try:
             for ref in st.store.discover():
-                if st.known.get(ref.location) is not ref:
-                    self._seen(run, st, store, ref)
+                self._seen(run, st, store, ref)
         except Exception as exc:  # noqa: BLE001 - the choice falls back on what earlier scans verified
             self._listing_failed(run, store, exc)
         rows = store.checkpoints(run.name, RECENT)
