@@ -70,6 +70,15 @@ def wait(predicate, timeout: float, what: str):
     raise AssertionError(f"{what} not within {timeout} s")
 
 
+def generation_0(sup: SupervisorProcess, spec: Path, marks: Path) -> tuple[dict, str]:
+    """Submit the run and wait until generation 0 beats on its two nodes: the first status, the job id."""
+    sup.cli("submit", str(spec))
+    first = sup.wait_running("llm", attempt=0)
+    job = str(first["job_id"])
+    wait(lambda: len(beats(marks).get((job, "0"), ())) == 2, 30, "generation 0 on two nodes")
+    return first, job
+
+
 def swap_once(cluster, tmp_path: Path, *crash_at: str) -> tuple[SupervisorProcess, dict, float]:
     """Run to generation 0 on two nodes, crash the run node that is not the batch host, and wait
     for generation 1 (daemon restarted once if ``crash_at`` killed it). Returns the process, the
@@ -77,10 +86,7 @@ def swap_once(cluster, tmp_path: Path, *crash_at: str) -> tuple[SupervisorProces
     sup = SupervisorProcess(cluster, tmp_path, ingest_port=free_port())  # the same URL after a restart
     spec, marks = start(cluster, tmp_path)
     sup.start()
-    sup.cli("submit", str(spec))
-    first = sup.wait_running("llm", attempt=0)
-    job = str(first["job_id"])
-    wait(lambda: len(beats(marks).get((job, "0"), ())) == 2, 30, "generation 0 on two nodes")
+    first, job = generation_0(sup, spec, marks)
     if crash_at:
         assert sup.stop() == 0
         sup.start(f"--crash-at={crash_at[0]}")
@@ -146,10 +152,7 @@ def test_the_batch_host_dying_falls_back_to_resubmission_with_the_reason(slurm_c
     spec, marks = start(slurm_cluster, tmp_path)
     sup.start()
     try:
-        sup.cli("submit", str(spec))
-        first = sup.wait_running("llm", attempt=0)
-        job = str(first["job_id"])
-        wait(lambda: len(beats(marks).get((job, "0"), ())) == 2, 30, "generation 0 on two nodes")
+        first, job = generation_0(sup, spec, marks)
         host = sorted(n.split("@")[0] for n in beats(marks)[(job, "0")])[0]
         slurm_cluster.crash_node(host)
         second = sup.wait_running("llm", attempt=1, avoid=[host], timeout=45)
@@ -172,10 +175,7 @@ def test_a_step_that_fails_with_no_node_at_fault_is_relaunched_in_place(slurm_cl
     spec, marks = start(slurm_cluster, tmp_path, FAILING, "fast_failure_s = 1\n")
     sup.start()
     try:
-        sup.cli("submit", str(spec))
-        first = sup.wait_running("llm", attempt=0)
-        job = str(first["job_id"])
-        wait(lambda: len(beats(marks).get((job, "0"), ())) == 2, 30, "generation 0 on two nodes")
+        first, job = generation_0(sup, spec, marks)
         (tmp_path / "fail").touch()
         failed = time.monotonic()
         wait(lambda: len(beats(marks).get((job, "1"), ())) == 2, 30, "generation 1 on two nodes")

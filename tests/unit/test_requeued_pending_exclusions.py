@@ -8,20 +8,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sim_world import SimWorld
+from test_engine_sim import SPEC as RESUBMITTING
 
 from supervisor.domain.cluster import JobState
-from supervisor.domain.run import RestartMode, RunSpec, SparePolicy
+from supervisor.domain.run import RestartMode
 
-SPEC = RunSpec(
-    name="llm",
-    script="/train.sbatch",
-    partition="main",
-    nodes=2,
-    spare_policy=SparePolicy.NAMED,
-    spare_nodes=("n004",),
-    max_restarts=5,
-    restart_mode=RestartMode.REQUEUE,
-)
+SPEC = replace(RESUBMITTING, restart_mode=RestartMode.REQUEUE)  # 2 nodes of n001-n004, spare n004
 
 
 def _requeued_after_a_node_crash(w: SimWorld) -> int:
