@@ -228,6 +228,15 @@ class CheckpointsSection(Section):
     )
     allow_adopted: bool = True
     resume_file: StrictStr | None = None
+    save_on_failure_s: FloatField = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        json_schema_extra=fix_hint(
+            "set the seconds the trainer's surviving ranks need to save after a rank fails (0: they do not save), "
+            "e.g. save_on_failure_s = 120"
+        ),
+    )
 
     @field_validator("root")
     @classmethod

@@ -33,6 +33,7 @@ from supervisor.domain.observation import (
 )
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import RestartMode, RunState
+from supervisor.domain.survivors import hold_for_survivors, survivors_save_until
 
 
 def faulty_nodes(run: RunRecord, nodes: tuple[str, ...], obs: Observation) -> dict[str, str]:
@@ -72,6 +73,9 @@ def decide_running(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observat
         if run.state is not RunState.RECOVERING:
             records.append(SetState(run.name, RunState.RUNNING))
     bad = faulty_nodes(run, job.nodes, obs)
+    until = survivors_save_until(run, bad, obs) if run.state is not RunState.RECOVERING else None
+    if until is not None:
+        return Decision(tuple(records)) + hold_for_survivors(run, a, bad, until, "job", obs)
     if bad:
         return Decision(tuple(records)) + recover(run, a, job, bad, obs, policy)
     if run.name in obs.rollbacks and run.state is not RunState.RECOVERING:

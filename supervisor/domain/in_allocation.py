@@ -31,6 +31,7 @@ from supervisor.domain.step_relaunch import (
     relaunch,
     relaunch_refused,
 )
+from supervisor.domain.survivors import hold_for_survivors, survivors_save_until
 
 
 def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
@@ -41,6 +42,9 @@ def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Ob
     step = run.step or AllocationStep()
     goal, current = current_step(run, a, job.nodes)
     bad = faulty_nodes(run, current, obs)
+    until = survivors_save_until(run, bad, obs) if _runs(a, goal, step) else None
+    if until is not None:
+        return hold_for_survivors(run, a, bad, until, "step", obs)
     spares = hot_spares(run, job, current, obs)
     why = cannot_continue(run, a, job, step, bad, len(spares), obs)
     if why is not None:
@@ -69,6 +73,13 @@ def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Ob
         + _resumed(run, a, goal, step, obs)
         + decide_running(run, a, view, obs, policy)
     )
+
+
+def _runs(a: AttemptRecord, goal: StepGoal | None, step: AllocationStep) -> bool:
+    """The launcher's newest word is that the step the daemon wants now runs."""
+    report = step.report
+    generation = goal.generation if goal is not None else 0
+    return report is not None and report.job_id == a.job_id and report.generation == generation and report.alive
 
 
 def current_step(

@@ -88,6 +88,10 @@ class CheckpointPolicy:
     alarm_intervals: float = 3.0  # alarm when no verified checkpoint for this many expected intervals
     allow_adopted: bool = True  # resume from adopted layouts (DCP, Megatron, NeMo) without our manifest
     resume_file: str | None = None  # where the chosen checkpoint is written for the job (shared FS)
+    # The trainer's surviving ranks save a checkpoint when a rank fails (docs/checkpoints.md): a
+    # step or job that still runs when a node of it faults is given this long, from the fault's
+    # onset, to save and exit by itself before it is stopped. 0: the trainer does not.
+    save_on_failure_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -468,6 +468,7 @@ endpoint_url = "http://127.0.0.1:9000"
 expected_interval_s = 3600
 bandwidth_mb_s = 50
 resume_file = "shared/resume.json"
+save_on_failure_s = 90
 """,
         )
     )
@@ -475,7 +476,7 @@ resume_file = "shared/resume.json"
     assert policy is not None
     assert policy.root == "s3://ckpt/llama-70b/" and policy.endpoint_url == "http://127.0.0.1:9000"
     assert policy.expected_interval_s == 3600.0 and policy.bandwidth_mb_s == 50.0 and policy.full_verify
-    assert policy.resume_file == str(tmp_path / "shared" / "resume.json")
+    assert policy.resume_file == str(tmp_path / "shared" / "resume.json") and policy.save_on_failure_s == 90.0
     assert load_run_spec(spec_in(tmp_path, MINIMAL_RUN)).checkpoints is None
 
 
@@ -492,6 +493,7 @@ def test_a_posix_checkpoint_root_is_taken_from_the_spec_files_folder(tmp_path: P
         ('root = "s3://b/"\nresume_file = "nowhere/resume.json"', "checkpoints.resume_file", "does not exist"),
         ('root = "s3://b/"\nbandwidth_mb_s = 0', "checkpoints.bandwidth_mb_s", "must be > 0"),
         ('root = "s3://b/"\nalarm_intervals = 0.5', "checkpoints.alarm_intervals", "must be >= 1"),
+        ('root = "s3://b/"\nsave_on_failure_s = -1', "checkpoints.save_on_failure_s", "must be >= 0"),
         ('endpoint_url = "http://x"', "checkpoints.root", "is missing"),
     ],
 )
