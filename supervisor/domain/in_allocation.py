@@ -30,6 +30,8 @@ from supervisor.domain.step_relaunch import (
     left_to_end,
     relaunch,
     relaunch_refused,
+    rollback_refused,
+    rollback_relaunch,
 )
 from supervisor.domain.survivors import hold_for_survivors, survivors_save_until
 
@@ -56,6 +58,11 @@ def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Ob
         return _leftovers(run, a, job, current, obs, policy) + _after_death(
             run, a, job, goal, current, died, obs, policy
         )
+    rollback = obs.rollbacks.get(run.name)
+    if rollback is not None and not rollback_refused(run):
+        generation = goal.generation if goal is not None else 0
+        leftovers = _leftovers(run, a, job, current, obs, policy)
+        return leftovers + rollback_relaunch(run, a, generation, current, rollback)
     hang = obs.hangs.get(run.name)
     suspects = tuple(n for n in (hang or {}).get("suspect_nodes") or () if n in current)
     if hang is not None and len(spares) >= len(suspects):  # else resubmitted without the suspects, as before

@@ -22,6 +22,7 @@ from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoa
 from supervisor.domain.cluster import JobInfo
 from supervisor.domain.observation import Observation, Policy, event_for, fmt_nodes
 from supervisor.domain.records import AttemptRecord, EventKind, RunRecord
+from supervisor.domain.rollback import RollbackRecord
 
 
 def died_step(a: AttemptRecord, goal: StepGoal | None, step: AllocationStep) -> LauncherReport | None:
@@ -91,6 +92,23 @@ def relaunch(
     why = f"step generation {report.generation} exited with code {report.exit_code}, no node at fault"
     action = SwapStep(run.name, a.job_id, report.generation + 1, current, (), (), why, restart=True)
     return Decision((fault,), (action,))
+
+
+def rollback_refused(run: RunRecord) -> bool:
+    """A rollback is carried out in place unless the restart budget is spent (then the job is
+    stopped and the run's pacing decides, as for a resubmitting run)."""
+    return run.restarts_spent >= run.spec.max_restarts
+
+
+def rollback_relaunch(
+    run: RunRecord, a: AttemptRecord, generation: int, current: tuple[str, ...], rollback: RollbackRecord
+) -> Decision:
+    """A loss spike that did not heal: the step's next generation on the same nodes, one restart
+    spent. Its resume plan, made when the swap is performed, is the rollback's: the checkpoint
+    before the onset, the data skipped, the LR scaled (engine/resume.py); the rollback's logbook
+    line was written when it was planned."""
+    why = f"rollback to step {rollback.checkpoint_step} after the loss spike at step {rollback.onset_step}"
+    return Decision((), (SwapStep(run.name, a.job_id, generation + 1, current, (), (), why, restart=True),))
 
 
 def hang_relaunch(

@@ -175,7 +175,7 @@ class ProgressWatch:
             if watch is None:
                 continue
             if goal is not None and goal.generation != watch.generation:
-                _relaunched(watch, run.name, goal)
+                _relaunched(watch, run, goal)
             self._read(run.name, watch, now)
             verdict = watch.detector.check(now)
             if verdict is not None:
@@ -367,10 +367,13 @@ def _step_of(run: RunRecord, a: AttemptRecord, job: JobInfo) -> tuple[StepGoal |
     return current_step(run, a, job.nodes)
 
 
-def _relaunched(watch: _Watch, run: str, goal: StepGoal) -> None:
-    """A new generation of the step: its ranks are on its nodes, and it restores before its first
-    step (the hang detector's start-up grace, from its launch)."""
+def _relaunched(watch: _Watch, run: RunRecord, goal: StepGoal) -> None:
+    """A new generation of the step: its ranks are on its nodes, it restores before its first
+    step (the hang detector's start-up grace, from its launch), and it trains again from its
+    checkpoint's step (a new spike detector, as a new job gets: the old one took those steps for
+    duplicated lines and ignored them — a rollback's replay among them)."""
     watch.generation = goal.generation
-    watch.pace = Pace(run, goal.nodes)
+    watch.pace = Pace(run.name, goal.nodes)
+    watch.spikes = SpikeDetector(spike_settings(run.spec.spikes))
     watch.ranks = RankProgress()
     watch.detector.relaunched(goal.decided_at)

@@ -30,8 +30,11 @@ def goal_written(store: StepLedger, run: str, action: Action) -> dict[str, Any] 
 
 def swap_done(store: Store, run: RunRecord, action: SwapStep, now: float) -> list[Event]:
     """Inside the intent's completing transaction: a relaunch after the step failed is a restart,
-    as a resubmission is; the logbook line."""
+    as a resubmission is; a planned rollback the new generation resumes by is carried out; the
+    logbook line."""
     if action.restart:
         state = (store.get_run(run.name) or run).state
         store.set_state(run.name, state, now, spend_restart=True)
+    if action.resume is not None and action.resume.rollback is not None and run.attempt is not None:
+        store.rollbacks_done(run.name, run.attempt.seq + 1)  # this generation carries the rollback out
     return [swap_event(run, action, now)]

@@ -15,6 +15,7 @@ from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import AttemptRecord, RunRecord
 from supervisor.domain.run import RestartMode, RunSpec, RunState
+from supervisor.domain.spikes import SpikeEvent
 from supervisor.engine.progress import ProgressWatch
 from supervisor.testing.logs import MemoryLogs
 
@@ -94,3 +95,27 @@ def test_a_generation_resumed_past_the_last_step_read_ends_the_grace_with_its_fi
     t = follow(watch, logs, run(goal), range(50, 60), None, t + 120.0)  # resumed from step 49
     quiet = t + 200.0  # then a real hang: judged by the learned threshold again, not the grace
     assert "llm" in watch.update([run(goal)], ClusterSnapshot(quiet, {7: JOB}), quiet)
+
+
+def test_a_new_generation_is_watched_for_loss_spikes_from_the_step_it_resumes_at():
+    """It resumes from a checkpoint before the old generation's last step: a spike in the steps
+    it trains again was ignored (the detector took them for duplicated lines)."""
+    logs, rng = MemoryLogs(), random.Random(5)
+    watch = ProgressWatch(logs, HangSettings())
+    record, t = run(), 100.0
+
+    def train(steps: range, record: RunRecord, spike_at: int | None = None) -> None:
+        nonlocal t
+        for step in steps:
+            loss = (8.0 if step == spike_at else 2.0) * (1 + rng.gauss(0, 0.01))
+            logs["/logs/llm-7.out"].append(json.dumps({"ssv": 1, "step": step, "loss": loss, "grad_norm": 1.0}))
+            t += 1.0
+            watch.update([record], ClusterSnapshot(t, {7: JOB}), t)
+
+    watch.update([record], ClusterSnapshot(t, {7: JOB}), t)
+    train(range(1, 200), record)
+    assert not watch.take_notices()
+    goal = StepGoal(7, 1, ALLOCATION[:4], "relaunched in place", t)
+    train(range(101, 180), run(goal), spike_at=150)  # resumed from the checkpoint at step 100
+    onsets = [n.notice.onset_step for n in watch.take_notices() if isinstance(n.notice, SpikeEvent)]
+    assert onsets == [150]
