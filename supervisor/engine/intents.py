@@ -176,7 +176,8 @@ def _job_effect(kind: str, params: Mapping[str, Any], job: Any) -> dict[str, Any
     if job.state is not JobState.PENDING:
         return {"state": job.state.value}
     if kind == ActionKind.SET_EXCLUDED:
-        return {"excluded": list(job.excluded_nodes)} if set(params["nodes"]) <= set(job.excluded_nodes) else None
+        # The very list asked for: a list that drops a node is not done while Slurm holds a longer one.
+        return {"excluded": list(job.excluded_nodes)} if set(params["nodes"]) == set(job.excluded_nodes) else None
     return None if job.held else {"held": False}
 
 

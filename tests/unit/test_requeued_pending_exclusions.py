@@ -55,3 +55,18 @@ def test_a_requeued_job_that_needs_the_spare_is_let_onto_it(tmp_path):
     w.ticks(60)
     job = w.cluster.job_info(job_id)
     assert job.state is JobState.RUNNING and "n004" in job.nodes
+
+
+def test_an_exclusion_intent_is_settled_only_by_the_list_it_asked_for():
+    """A daemon killed after journaling a list that drops a returned node, before Slurm got it:
+    the longer list still in Slurm holds the asked one, and was taken for the intent's effect."""
+    from supervisor.domain.actions import ActionKind
+    from supervisor.domain.cluster import ClusterSnapshot, JobInfo
+    from supervisor.engine.intents import effect_present
+
+    job = JobInfo(7, "llm", JobState.PENDING, excluded_nodes=("n001", "n004"))
+    snap = ClusterSnapshot(0.0, {7: job}, {})
+    asked = {"job_id": 7, "nodes": ["n004"]}
+    assert effect_present(ActionKind.SET_EXCLUDED, "tag", asked, snap) is None
+    settled = effect_present(ActionKind.SET_EXCLUDED, "tag", {"job_id": 7, "nodes": ["n004", "n001"]}, snap)
+    assert settled == {"excluded": ["n001", "n004"]}
