@@ -18,6 +18,7 @@ supervisor.agent.spare_check): it never delays or stops the training step, and e
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -52,6 +53,9 @@ class LaunchSettings:
     srun: str = "srun"
     spare_check: tuple[str, ...] = ()  # the one-shot check run on every hot spare at start; () none
     spare_check_timeout_s: float = 60.0
+    # The trainer's survivors save when a rank fails ([checkpoints] save_on_failure_s): srun leaves
+    # the other tasks this long after the first one ends (0: ends them at once, --kill-on-bad-exit).
+    save_on_failure_s: float = 0.0
 
 
 # Which of the step's nodes do not answer (their slurmd): srun notices a dead node only once
@@ -147,13 +151,20 @@ class Launcher:
             f"--ntasks={n * s.ntasks_per_node}",
             f"--ntasks-per-node={s.ntasks_per_node}",
             f"--nodelist={','.join(self.nodes)}",
-            "--kill-on-bad-exit=1",
+            *self._on_bad_exit(),
             # Until the dead node is DOWN, slurmctld keeps the stopped step's resources on the
             # survivors and a new step waits for them (measured: docs/in-allocation.md); the old
             # srun has exited by now, so sharing them with what is left of it is safe.
             "--overlap",
             *s.command,
         ]
+
+    def _on_bad_exit(self) -> list[str]:
+        """One failed task ends the step at once — unless the survivors save on failure: then srun
+        gives them ``save_on_failure_s`` (whole seconds, rounded up) after the first task ended."""
+        if self.s.save_on_failure_s <= 0:
+            return ["--kill-on-bad-exit=1"]
+        return ["--kill-on-bad-exit=0", f"--wait={math.ceil(self.s.save_on_failure_s)}"]
 
     def _start(self) -> Step:
         env = {**os.environ, **self._env, "SSV_STEP_GENERATION": str(self.generation)}

@@ -67,6 +67,7 @@ def _spare_check(text: str | None, url: str | None, run: str | None, token_file:
 @click.option("--spare-check", "spare_check", metavar="ARGV", envvar="SSV_SPARE_CHECK", help="The pre-flight check run on every hot spare at start, one overlapping step (split like a shell's words, never run by a shell; default: this installation's `agent --once --send`).")  # fmt: skip
 @click.option("--no-spare-check", is_flag=True, help="No pre-flight check of the hot spares.")  # fmt: skip
 @click.option("--spare-check-timeout", "spare_check_timeout_s", type=click.FloatRange(1, 3600), default=60.0, show_default=True, help="Seconds the pre-flight check may take; then it is stopped (the training step never waits for it).")  # fmt: skip
+@click.option("--save-on-failure", "save_on_failure_s", type=click.FloatRange(0, 3600), envvar="SSV_SAVE_ON_FAILURE_S", default=0.0, help="Seconds srun leaves the other tasks after one fails, for the trainer's survivors to save (env SSV_SAVE_ON_FAILURE_S, set by the supervisor from [checkpoints] save_on_failure_s; 0: they are ended at once).")  # fmt: skip
 @click.argument("command", nargs=-1, required=True)
 def launch(
     run_nodes: int | None,
@@ -79,6 +80,7 @@ def launch(
     spare_check: str | None,
     no_spare_check: bool,
     spare_check_timeout_s: float,
+    save_on_failure_s: float,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND as the job's training step on the run's nodes; swap in hot spares when the
@@ -105,6 +107,7 @@ def launch(
         decision_wait_s,
         spare_check=() if no_spare_check else _spare_check(spare_check, daemon_url, run_name, token_file),
         spare_check_timeout_s=spare_check_timeout_s,
+        save_on_failure_s=save_on_failure_s,
     )
     # the step's nodes' slurmd, looked at each poll: the daemon hears of a dead node at once (a hint)
     reach = SlurmdReach(SlurmCli(), settings.job_id) if client is not None else None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import msgspec
@@ -17,7 +18,7 @@ from supervisor.adapters.sqlite.schema import SCHEMA_VERSION
 from supervisor.config import load_run_spec
 from supervisor.domain.actions import Submit, SwapStep
 from supervisor.domain.alloc_step import StepGoal
-from supervisor.domain.run import RestartMode, RunSpec
+from supervisor.domain.run import CheckpointPolicy, RestartMode, RunSpec
 from supervisor.engine.intents import action_from, params_of, submit_request
 
 
@@ -125,3 +126,11 @@ def test_an_answer_the_launcher_reads_is_bounded() -> None:
     too_many = {"job_id": 7, "generation": 1, "nodes": ["n1"], "env": {f"SSV_{i}": "x" for i in range(40)}}
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(json.dumps(too_many).encode(), type=LauncherGoal)
+
+
+def test_a_run_that_saves_on_failure_tells_its_launcher_how_long_the_save_may_take() -> None:
+    saving = replace(SPEC, checkpoints=CheckpointPolicy(root="/ckpt", save_on_failure_s=90.0))
+    request = submit_request(saving, Submit("llm", (), restart=False, reason="first"), "tag", 0)
+    assert request.env["SSV_SAVE_ON_FAILURE_S"] == "90"
+    plain = submit_request(SPEC, Submit("llm", (), restart=False, reason="first"), "tag", 0)
+    assert "SSV_SAVE_ON_FAILURE_S" not in plain.env

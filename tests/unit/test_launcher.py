@@ -103,3 +103,14 @@ def test_a_step_that_succeeds_ends_the_launcher_without_a_daemon(tmp_path: Path)
     thread, result = run_in_thread(Launcher(settings(srun), None))
     thread.join(5)
     assert result == [0]
+
+
+def test_a_run_that_saves_on_failure_lets_the_survivors_finish_their_save() -> None:
+    """srun's --kill-on-bad-exit=1 ends every task the moment one fails: the survivors would be
+    killed in the middle of their save. Saving on failure: the other tasks are left --wait
+    seconds after the first one ends, then terminated by srun."""
+    plain = Launcher(settings(Path("srun")), None).argv()
+    assert "--kill-on-bad-exit=1" in plain and not any(a.startswith("--wait") for a in plain)
+    saving = Launcher(settings(Path("srun"), save_on_failure_s=90.5), None).argv()
+    assert "--kill-on-bad-exit=0" in saving and "--wait=91" in saving and "--kill-on-bad-exit=1" not in saving
+    assert saving[-2:] == ["train", "--x"]
