@@ -15,8 +15,15 @@ table per seed, the assumed costs, where the lost time went, and as its last lin
 recovery can beat at these checkpoint costs: saves plus the work since the last save, detection,
 start-up and restore free) and ``ettr_ceiling_with_restore``, among others.
 
-    python bench/simulate.py              # 10 seeds (the issue's figure), every mode
-    python bench/simulate.py --seeds 2    # quicker
+``--save-on-failure SECONDS``: the trainer saves on failure in every mode (supervisor/sim/survivors.py:
+when one node's ranks die, XID/ECC/NIC, the survivors save the step in progress and exit), the
+supervised runs' spec gives them the daemon's grace, and the checkpoint interval and the ceilings
+count only the failures that still lose the work since the last save; JSON ``save_on_failure_s``
+(null when off), ``survivor_saves_mean`` and ``survivor_saves_torn_mean`` per mode.
+
+    python bench/simulate.py                            # 10 seeds (the issue's figure), every mode
+    python bench/simulate.py --seeds 2                  # quicker
+    python bench/simulate.py --seeds 2 --save-on-failure 30
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import table  # noqa: E402
 
 from supervisor.adapters.logging import configure_logging  # noqa: E402
-from supervisor.sim.failures import TABLE5_DAYS, TABLE5_GPUS, TABLE5_TOTAL, Failure  # noqa: E402
+from supervisor.sim.failures import TABLE5_DAYS, TABLE5_GPUS, TABLE5_TOTAL, Failure, Manifestation  # noqa: E402
 from supervisor.sim.plan import assumptions, make_plan, spare_node_hours  # noqa: E402
 from supervisor.sim.results import SimResult, quantile  # noqa: E402
 from supervisor.sim.runner import Simulation  # noqa: E402
 from supervisor.sim.settings import Mode, SimSettings  # noqa: E402
+from supervisor.sim.survivors import covers, daemon_grace_s  # noqa: E402
+from supervisor.sim.trainer import TrainerSettings  # noqa: E402
 
 
 def main() -> int:
@@ -55,6 +64,13 @@ def main() -> int:
         action="store_true",
         help="the engine reads no node-agent findings (GPU faults seen only when the job dies)",
     )
+    ap.add_argument(
+        "--save-on-failure",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the trainer saves on failure, taking SECONDS (every mode); default off",
+    )
     args = ap.parse_args()
     configure_logging("warning", "json")
     plan = make_plan(
@@ -64,6 +80,7 @@ def main() -> int:
             spares=args.spares,
             hot_spares=args.hot_spares,
             node_agents=not args.no_node_agents,
+            trainer=TrainerSettings(survivor_save_s=args.save_on_failure),
         ),
         args.checkpoint_interval,
     )
@@ -118,6 +135,11 @@ def main() -> int:
     print("where the time went (hours per run; the rest is checkpoint saves and step noise):")
     for name, results in (("supervisor", sup), ("in-allocation", alloc), ("baseline same spares", fair)):
         print(f"  {name}: " + ", ".join(f"{k} {v / 3600:.1f}" for k, v in _loss(results).items()))
+    if args.save_on_failure is not None:
+        print("survivors' saves on failure per run (of them torn: stopped before written):")
+        for name, results in (("supervisor", sup), ("in-allocation", alloc), ("baseline same spares", fair)):
+            saves, torn = _survivors(results)
+            print(f"  {name}: {saves:.1f} ({torn:.1f} torn)")
     print(json.dumps(_figures(args, plan, sup, alloc, base, fair, walls)))
     return 0
 
@@ -154,6 +176,12 @@ def _swaps(r: SimResult) -> int:
 
 def _jobs(r: SimResult) -> int:
     return len({key[0] for key in r.extra["step_attempts"]})  # type: ignore[attr-defined]
+
+
+def _survivors(results: list[SimResult]) -> tuple[float, float]:
+    """Survivors' saves per run, and of them those torn."""
+    saves = statistics.fmean(r.extra["survivor_saves"] for r in results)  # type: ignore[misc]
+    return saves, statistics.fmean(r.extra["survivor_saves_torn"] for r in results)  # type: ignore[misc]
 
 
 def _loss(results: list[SimResult]) -> dict[str, float]:
@@ -197,22 +225,45 @@ def _figures(args, plan, sup, alloc, base, fair, walls) -> dict[str, object]:  #
         "goal_ettr_met": ettr_s >= 0.95,
         "goal_ettr_in_allocation_met": ettr_a >= 0.97,
         "goal_wall_met": statistics.fmean(walls) < 60.0,
+        "save_on_failure_s": args.save_on_failure,
+        **({} if args.save_on_failure is None else _survivor_figures(sup, alloc, fair)),
     }
+
+
+def _survivor_figures(sup, alloc, fair) -> dict[str, object]:  # noqa: ANN001
+    out: dict[str, object] = {"daemon_grace_s": daemon_grace_s(sup[0].settings)}
+    for name, results in (("supervisor", sup), ("in_allocation", alloc), ("baseline_same_spares", fair)):
+        saves, torn = _survivors(results)
+        out[f"survivor_saves_mean_{name}"] = round(saves, 1)
+        out[f"survivor_saves_torn_mean_{name}"] = round(torn, 1)
+    return out
 
 
 def _ceilings(plan, sup, days: float) -> dict[str, float]:  # noqa: ANN001
     """What no recovery can beat on these draws: the saves' own cost (``C`` per interval ``tau``)
     and the work since the last save that each interruption loses (half an interval on average),
     with detection, start-up, queue and restore all free (``ettr_ceiling``); and with the restore
-    paid (``ettr_ceiling_with_restore``: every recovery loads the checkpoint)."""
+    paid (``ettr_ceiling_with_restore``: every recovery loads the checkpoint). A trainer that saves
+    on failure loses the half interval only on the interruptions its survivors do not cover; on a
+    covered one it loses the survivors' save ``S`` and the step in progress (half a step, ``step_s/2``,
+    on average): 1 - C/(tau+C) - r_uncovered (tau+C)/2 - r_covered (S + step_s/2)."""
     trainer = plan.settings.trainer
     save, tau = trainer.save_s, plan.checkpoint_interval_s
-    per_s = statistics.fmean(r.interruptions for r in sup) / (days * 86400.0)
-    ceiling = 1.0 - save / (tau + save) - per_s * (tau + save) / 2.0
+    seconds = days * 86400.0
+    per_s = statistics.fmean(r.interruptions for r in sup) / seconds
+    covered_s = statistics.fmean(_covered(r) for r in sup) / seconds if trainer.survivor_save_s is not None else 0.0
+    ceiling = 1.0 - save / (tau + save) - (per_s - covered_s) * (tau + save) / 2.0
+    if trainer.survivor_save_s is not None:
+        ceiling -= covered_s * (trainer.survivor_save_s + trainer.step_s / 2.0)
     return {
         "ettr_ceiling": round(ceiling, 4),
         "ettr_ceiling_with_restore": round(ceiling - per_s * trainer.restore_s, 4),
     }
+
+
+def _covered(r: SimResult) -> int:
+    """Interruptions the survivors' save covers (one node's ranks die, the others live)."""
+    return sum(1 for s in r.strikes if s.interrupted and covers(Manifestation(s.shows)))
 
 
 def _round(value: float | None) -> float | None:

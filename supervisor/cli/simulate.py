@@ -60,6 +60,14 @@ def _fmt_s(value: object) -> str:
     help="Seconds from job start to training (launch, NCCL init), before the restore.",
 )
 @click.option("--step-time", type=float, default=6.0, show_default=True, help="Seconds per training step.")
+@click.option(
+    "--save-on-failure",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="The trainer saves on failure: when one node's ranks die (XID, ECC, NIC) the survivors save the "
+    "step in progress, taking SECONDS, and exit (every mode); the daemon holds its recovery for it. [default: off]",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="First seed of the failure draw.")
 @click.option("--seeds", type=int, default=1, show_default=True, help="Number of seeds (seed, seed+1, ...).")
 @click.option(
@@ -164,6 +172,7 @@ class _Options:
     restore_cost: float
     startup_cost: float
     step_time: float
+    save_on_failure: float | None
     seed: int
     seeds: int
     only_baseline: bool
@@ -230,7 +239,7 @@ def _plan(o: _Options, trace: FaultTrace | None) -> Plan:
             settings = planning.trace_settings(settings, trace, job, o.days)
         interval = o.checkpoint_interval
         if o.demo and interval == "auto":  # Young/Daly for the demo's own fault rate, not Table 5's
-            mtbf = settings.seconds / len(planning.DEMO_FAULTS)
+            mtbf = settings.seconds / planning.demo_losing_faults(settings.trainer)
             interval = str(round(young_daly_interval(settings.trainer.save_s, mtbf)))
         return planning.make_plan(settings, interval)
     except ValueError as exc:
@@ -249,7 +258,11 @@ def _settings(o: _Options) -> SimSettings:
     gpus = o.nodes_per_job * o.gpus_per_node if o.nodes_per_job is not None else o.gpus
     model = titan_model(o.titan_trace) if o.titan_trace else FailureModel()
     trainer = TrainerSettings(
-        step_s=o.step_time, save_s=o.save_cost, restore_s=o.restore_cost, startup_s=o.startup_cost
+        step_s=o.step_time,
+        save_s=o.save_cost,
+        restore_s=o.restore_cost,
+        startup_s=o.startup_cost,
+        survivor_save_s=o.save_on_failure,
     )
     return replace(
         base,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from supervisor.sim.quarantine_replay import judge
 from supervisor.sim.results import SimResult, quantile
 from supervisor.sim.runner import Simulation
 from supervisor.sim.settings import Mode, SimSettings
+from supervisor.sim.survivors import covered_share, covers, daemon_grace_s, lost_work_mtbf_s
 from supervisor.sim.trainer import TrainerSettings
 
 
@@ -25,7 +27,7 @@ def checkpoint_steps(
     """Steps between saves for ``interval`` (seconds, or "auto" = Young/Daly from the failure rate
     and the save cost); returns (steps, the interval in seconds it stands for)."""
     if isinstance(interval, str) and interval.strip().lower() == "auto":
-        seconds = young_daly_interval(trainer.save_s, model.mtbf_s(gpus))
+        seconds = young_daly_interval(trainer.save_s, young_daly_mtbf_s(trainer, model, gpus))
     else:
         try:
             seconds = float(interval)
@@ -35,6 +37,16 @@ def checkpoint_steps(
             raise ValueError(f"checkpoint interval must be positive seconds or 'auto' (got {interval!r})")
     lines = max(1, round(seconds / trainer.line_s))
     return lines * trainer.log_every, lines * trainer.line_s
+
+
+def young_daly_mtbf_s(trainer: TrainerSettings, model: FailureModel, gpus: int) -> float:
+    """The MTBF Young/Daly trades the saves against: of the failures that lose the work since the
+    last save — all of them, or for a trainer that saves on failure those its survivors' save does
+    not cover (all of them again when it covers every one: some periodic save is still needed)."""
+    if trainer.survivor_save_s is None:
+        return model.mtbf_s(gpus)
+    losing = lost_work_mtbf_s(model, gpus)
+    return losing if math.isfinite(losing) else model.mtbf_s(gpus)
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,11 @@ def summary(results: Sequence[SimResult]) -> dict[str, object]:
     for r in results:
         for cause, n in r.by_cause().items():
             causes[cause] = causes.get(cause, 0.0) + n / len(results)
+    survivors: dict[str, float] = {}
+    if results and results[0].settings.trainer.survivor_save_s is not None:  # only then: the figures stay as they were
+        survivors = {
+            k: statistics.fmean(_count(r, k) for r in results) for k in ("survivor_saves", "survivor_saves_torn")
+        }
     return {
         "runs": len(results),
         "ettr": statistics.fmean(r.ettr for r in results),
@@ -98,7 +115,13 @@ def summary(results: Sequence[SimResult]) -> dict[str, object]:
         "cpu_s": statistics.fmean(r.cpu_s for r in results),
         "ticks": statistics.fmean(r.ticks for r in results),
         "spare_node_hours": statistics.fmean(spare_node_hours(r) for r in results),
+        **survivors,
     }
+
+
+def _count(result: SimResult, key: str) -> int:
+    value = result.extra.get(key, 0)
+    return value if isinstance(value, int) else 0
 
 
 def spare_node_hours(result: SimResult) -> float:
@@ -149,6 +172,7 @@ def assumptions(plan: Plan) -> list[tuple[str, str]]:
     return [
         ("failure model", s.failures.source),
         ("MTBF of the job", f"{s.failures.mtbf_s(s.gpus) / 3600:.2f} h ({s.gpus} GPUs)"),
+        *_save_on_failure(plan),
         ("step time", f"{t.step_s:g} s (noise {t.step_noise:.0%}), a log line every {t.log_every} steps"),
         (
             "checkpoint",
@@ -185,6 +209,23 @@ def assumptions(plan: Plan) -> list[tuple[str, str]]:
     ]
 
 
+def _save_on_failure(plan: Plan) -> list[tuple[str, str]]:
+    """The assumption's line when the trainer saves on failure (none when it does not)."""
+    s, t = plan.settings, plan.settings.trainer
+    if t.survivor_save_s is None:
+        return []
+    return [
+        (
+            "save on failure",
+            f"when one node's ranks die (XID, ECC, NIC: {covered_share(s.failures):.0%} of the failures) the "
+            f"survivors save the step in progress in {t.survivor_save_s:g} s and exit, in every mode; the daemon "
+            f"holds its recovery up to {daemon_grace_s(s):g} s for it; Young/Daly uses the MTBF of the other "
+            f"failures (those that still lose the work since the last save): "
+            f"{young_daly_mtbf_s(t, s.failures, s.gpus) / 3600:.2f} h",
+        )
+    ]
+
+
 def trace_lines(replay: dict[str, Any]) -> list[str]:
     """``trace_report`` for people."""
     q = replay["quarantine"]
@@ -207,6 +248,14 @@ DEMO_FAULTS: tuple[tuple[float, str], ...] = (
     (13.0, "NCCL Watchdog Timeouts"),
     (18.0, "Software Bug"),
 )
+
+
+def demo_losing_faults(trainer: TrainerSettings) -> int:
+    """The demo's faults that lose the work since the last save (Young/Daly's rate)."""
+    if trainer.survivor_save_s is None:
+        return len(DEMO_FAULTS)
+    cats = {c.component: c for c in TABLE5}
+    return max(1, sum(1 for _, name in DEMO_FAULTS if not covers(cats[name].shows)))
 
 
 def demo_settings(seed: int = 7) -> SimSettings:

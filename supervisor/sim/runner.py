@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from supervisor.adapters.sqlite import SqliteStore
@@ -39,6 +39,7 @@ from supervisor.sim.failures import Failure
 from supervisor.sim.probe import SimProbe
 from supervisor.sim.results import SimResult, loss_breakdown, mark_recoveries
 from supervisor.sim.settings import Mode, SimSettings
+from supervisor.sim.survivors import daemon_grace_s
 from supervisor.sim.world import World
 
 RUN = "llama3-405b"
@@ -52,6 +53,14 @@ def open_sim_store(state_dir: Path) -> SqliteStore:
     return SqliteStore(state_dir, durable=False)
 
 
+def checkpoint_policy(settings: SimSettings, root: str) -> CheckpointPolicy:
+    """The run spec's ``[checkpoints]``: the simulated store's root, scanned every 10 minutes, and
+    for a trainer that saves on failure the daemon's grace for it (``survivors.daemon_grace_s``)."""
+    return CheckpointPolicy(
+        root=root, full_verify=False, scan_interval_s=600.0, save_on_failure_s=daemon_grace_s(settings)
+    )
+
+
 @dataclass
 class Simulation:
     settings: SimSettings
@@ -60,6 +69,7 @@ class Simulation:
     on_progress: Progress | None = None
     run_name: str = RUN
     open_store: Callable[[Path], SqliteStore] = open_sim_store  # the daemon's store on ``state_dir``
+    world: World | None = field(default=None, init=False, repr=False)  # the last run's, for its ground truth
 
     def run(self, failures: list[Failure] | None = None) -> SimResult:
         started = time.process_time()
@@ -67,7 +77,7 @@ class Simulation:
         draw = failures if failures is not None else s.failures.draw(s.seed, s.gpus, s.seconds)
         clock = VirtualClock()
         spec = self._spec(clock)
-        world = World(s, self.mode, clock, path_of=lambda job_id: output_path(spec, job_id))
+        world = self.world = World(s, self.mode, clock, path_of=lambda job_id: output_path(spec, job_id))
         world.schedule(draw)
         end = clock.now() + s.seconds
         ticks = 0
@@ -98,6 +108,8 @@ class Simulation:
                 "health_findings": len(world.health.emitted),
                 "step_attempts": [a.key for a in world.attempts()],
                 "loss_s": loss_breakdown(world.strikes, world.attempts(), s.trainer.step_s),
+                "survivor_saves": len(world.survivor_saves),
+                "survivor_saves_torn": world.survivor_saves_torn(),
             },
         )
         if store is not None:
@@ -150,9 +162,7 @@ class Simulation:
         s = self.settings
         clock = world.clock
         now = clock.now()
-        spec = replace(
-            spec, checkpoints=CheckpointPolicy(root=world.checkpoints.root, full_verify=False, scan_interval_s=600.0)
-        )
+        spec = replace(spec, checkpoints=checkpoint_policy(s, world.checkpoints.root))
         store.add_run(spec, now)
         if world.launcher is not None:
             store.channel_listening(now)  # the daemon's launcher channel listens from its start

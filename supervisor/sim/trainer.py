@@ -63,6 +63,9 @@ class TrainerSettings:
     unloadable_steps: tuple[int, ...] = ()
     unloadable_after_s: float = 30.0
     unloadable_line: str = "RuntimeError: Error(s) in loading state_dict for GPTModel:"
+    # Save on failure (just-in-time checkpointing, ``survivors.py``): when one node's ranks die, the
+    # surviving replicas save the step in progress, taking this long, then exit. None: they do not.
+    survivor_save_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -73,12 +76,12 @@ class TrainerSettings:
             "crash_at_start_s",
             "doomed_after_s",
             "unloadable_after_s",
+            "doomed_from_s",  # these two may be None (off)
+            "survivor_save_s",
         ):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0) or (name == "step_s" and value <= 0):
+            if value is not None and (not (math.isfinite(value) and value >= 0) or (name == "step_s" and value <= 0)):
                 raise ValueError(f"trainer {name} must be a non-negative number of seconds (got {value!r})")
-        if self.doomed_from_s is not None and not (math.isfinite(self.doomed_from_s) and self.doomed_from_s >= 0):
-            raise ValueError(f"trainer doomed_from_s must be None or non-negative seconds (got {self.doomed_from_s!r})")
         if self.log_every < 1 or self.checkpoint_steps < self.log_every:
             raise ValueError(f"need 1 <= log_every ({self.log_every}) <= checkpoint_steps ({self.checkpoint_steps})")
 
@@ -110,10 +113,11 @@ class Attempt:
     last_line: tuple[float, int] | None = None  # the newest generated line (time, step)
     last_read: tuple[float, int] | None = None  # the newest line handed to the engine
     pending_dur: float | None = None  # the drawn duration of the log interval in progress
+    # The newest log intervals drawn, (start, step at start, duration): the step at any moment (survivors.py).
+    intervals: deque[tuple[float, int, float]] = field(default_factory=lambda: deque(maxlen=64))
     exit_at: float | None = None  # its processes exit non-zero by themselves then (doomed, unloadable)
-    notes: deque[tuple[float, str]] = field(
-        default_factory=deque
-    )  # (time, text): lines other than steps, not yet generated
+    # (time, text): lines other than steps, not yet generated
+    notes: deque[tuple[float, str]] = field(default_factory=deque)
 
     @property
     def active(self) -> bool:
@@ -317,6 +321,7 @@ class SimTrainer:
         while a.cursor < limit and a.step < s.total_steps:
             if a.pending_dur is None:
                 a.pending_dur = s.line_s * a.slow * max(0.5, 1.0 + a.rng.gauss(0.0, s.step_noise))
+                a.intervals.append((a.cursor, a.step, a.pending_dur))
             t = a.cursor + a.pending_dur
             if t > limit:
                 break

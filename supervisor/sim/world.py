@@ -4,9 +4,11 @@
 attempt), lands each drawn failure on a node of the run's job and makes it show the way it does
 on a real cluster (see ``failures.Manifestation``):
 
-* a GPU/ECC/NIC fault kills the job's processes at once; the node stays broken until repaired,
-  a job started on it dies at CUDA/NCCL init; Slurm's HealthCheckProgram drains it at its next
-  check; the node agent (``SimHealthFeed``) reports it within one sample;
+* a GPU/ECC/NIC fault kills the job's processes at once (a trainer that saves on failure,
+  ``survivors.py``: the other nodes' ranks save the step in progress first, then exit); the node
+  stays broken until repaired, a job started on it dies at CUDA/NCCL init; Slurm's
+  HealthCheckProgram drains it at its next check; the node agent (``SimHealthFeed``) reports it
+  within one sample;
 * a dead host takes slurmd down (Slurm: NOT_RESPONDING, DOWN after SlurmdTimeout; the direct probe
   sees it at once); the other ranks hang until NCCL's watchdog kills them;
 * a hang stops progress; NCCL's watchdog kills the job after ``nccl_timeout_s``;
@@ -35,6 +37,7 @@ from supervisor.sim.launcher import SimLauncher
 from supervisor.sim.records import Incarnation
 from supervisor.sim.results import Strike
 from supervisor.sim.settings import Mode, SimSettings
+from supervisor.sim.survivors import save_on_failure, step_at
 from supervisor.sim.trainer import Attempt, SimTrainer
 
 NHC_REASON = "NHC: {what} failed"
@@ -73,6 +76,7 @@ class World:
         self.slow: dict[str, float] = {}
         self.strikes: list[Strike] = []
         self.crash_restarts = 0
+        self.survivor_saves: list[int] = []  # the steps the survivors of a crash began to save
         self.torn_restarts = 0
         self.hang_times: list[float] = []  # absolute times of drawn hangs, for the driver's look-ahead
         self.interrupt_times: list[float] = []  # of every drawn failure that stops a computing attempt
@@ -200,7 +204,7 @@ class World:
                 self.trainer.set_slow(a, self.settings.straggler_slowdown)
         if a is not None and interrupts:
             if shows in _CRASH_NOW:
-                self._exit(a)
+                self._crash(a, shows, now)
             elif shows in (Manifestation.HANG, Manifestation.HOST_DOWN):
                 self.trainer.freeze(a, now)
                 self._later(a, now + self.settings.nccl_timeout_s, self._watchdog)
@@ -211,6 +215,18 @@ class World:
             Manifestation.HANG,
         ):
             self.clock.call_at(now + repair_s, self._repair, node)
+
+    def _crash(self, a: Attempt, shows: Manifestation, now: float) -> None:
+        """The job's processes die now — unless the trainer saves on failure and the crash leaves
+        survivors with the state: they save the step in progress first and exit when it is written
+        (a stop before then, by the supervisor, tears it: ``stop_attempt`` cancels this exit)."""
+        exit_at = save_on_failure(self.trainer, a, shows, now)
+        if exit_at is not None and exit_at > now:
+            self.survivor_saves.append(step_at(self.trainer, a, now))
+        if exit_at is None or exit_at <= now:
+            self._exit(a)
+        else:
+            self._later(a, exit_at, self._exit)
 
     def _health_check(self, node: str, cat: Category) -> None:
         if self.broken.get(node) is cat:
@@ -245,3 +261,11 @@ class World:
 
     def attempts(self) -> list[Attempt]:
         return list(self.trainer.attempts)
+
+    def survivor_saves_torn(self) -> int:
+        """The survivors' saves stopped before they were written (by a cancel or a relaunch)."""
+        return sum(1 for step in self.survivor_saves if not self._committed(step))
+
+    def _committed(self, step: int) -> bool:
+        save = self.checkpoints.get(step)
+        return save is not None and save.committed(self.clock.now())
