@@ -286,7 +286,8 @@ def logbook_goodput(
     g = goodput(
         run, attempts, events, now=now, start=filt.since, end=filt.until, series=series, run_nodes=record.spec.nodes
     )
-    advice = g.advice(save_s if save_s is not None else measured_save_s(events, attempts))
+    saves = save_s if save_s is not None else measured_save_s(events, attempts)
+    advice = g.advice(saves, saves_on_failure=record.spec.save_on_failure_s > 0)
     parts = windows(run, attempts, events, now=now, width_s=window_h * 3600, series=series) if window_h else []
     if as_json:
         click.echo(json.dumps(render.goodput_dict(g, advice, parts), indent=2))

@@ -80,7 +80,8 @@ def render_markdown(
     out.append("")
     out += _blocks(run, attempts, blocks, g.interruptions)
     if attempts:
-        out += markdown_lines(g, g.advice(measured_save_s(events)), gpus_of(run.spec))
+        advice = g.advice(measured_save_s(events), saves_on_failure=run.spec.save_on_failure_s > 0)
+        out += markdown_lines(g, advice, gpus_of(run.spec))
     out += _attempt_table(attempts)
     return "\n".join(out).rstrip("\n") + "\n"
 

@@ -97,8 +97,17 @@ class Goodput:
         """Mean running time between interruptions (None before the first one)."""
         return self.running_s / len(self.interruptions) if self.interruptions else None
 
-    def advice(self, save_s: float | None) -> CheckpointAdvice:
-        return checkpoint_advice(self.mtbi_s, save_s)
+    def advice(self, save_s: float | None, saves_on_failure: bool = False) -> CheckpointAdvice:
+        """Young's interval. A trainer that saves on failure ([checkpoints] save_on_failure_s) plans
+        its periodic saves for the interruptions that still threw work away: one whose restart
+        resumed at the step it had reached (its survivors' save) lost none."""
+        if not saves_on_failure:
+            return checkpoint_advice(self.mtbi_s, save_s)
+        losing = sum(1 for i in self.interruptions if i.lost_steps is None or i.lost_steps > 0)
+        if self.interruptions and not losing:
+            why = "every interruption lost no work (the survivors saved on failure): no rate to plan for"
+            return CheckpointAdvice(None, save_s, None, why)
+        return checkpoint_advice(self.running_s / losing if losing else None, save_s)
 
 
 # ---------------------------------------------------------------- interruptions

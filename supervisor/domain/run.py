@@ -149,6 +149,11 @@ class RunSpec:
     hot_spares: int = 0  # in-allocation mode: nodes the job holds beyond ``nodes``, warm
     launcher_timeout_s: float = 60.0  # in-allocation mode: a launcher silent this long is gone
 
+    @property
+    def save_on_failure_s(self) -> float:
+        """How long the trainer's survivors need to save when a rank fails (0: they do not)."""
+        return self.checkpoints.save_on_failure_s if self.checkpoints is not None else 0.0
+
 
 @dataclass(frozen=True)
 class RestartBudget:

@@ -24,8 +24,7 @@ from supervisor.domain.records import AttemptRecord, EventKind, RunRecord
 def survivors_save_until(run: RunRecord, bad: Mapping[str, str], obs: Observation) -> float | None:
     """Until when the still-running step or job of ``run`` is left to its survivors' save, with
     ``bad`` its faulty nodes (None: stop it now)."""
-    policy = run.spec.checkpoints
-    grace = policy.save_on_failure_s if policy is not None else 0.0
+    grace = run.spec.save_on_failure_s
     if grace <= 0 or not bad:
         return None
     onsets = [_onset(node, obs) for node in bad]
@@ -49,7 +48,7 @@ def hold_for_survivors(
 ) -> Decision:
     """No action until ``until`` (or the step/job ends first): one logbook line, decided again then."""
     nodes = tuple(sorted(bad))
-    grace = run.spec.checkpoints.save_on_failure_s if run.spec.checkpoints is not None else 0.0
+    grace = run.spec.save_on_failure_s
     message = (
         f"{a.label}: {fmt_nodes(nodes)} faulted; the {what} is left up to {grace:.0f} s from the fault for its "
         f"surviving ranks to save a checkpoint and exit (save_on_failure_s), then stopped if it still runs"

@@ -99,9 +99,8 @@ def submit_request(
         env["SLURM_SUPERVISOR_TOKEN"] = token
     if action.resume is not None:
         env.update(resume_env(action.resume))
-    saves = spec.checkpoints.save_on_failure_s if spec.checkpoints is not None else 0.0
-    if saves > 0:  # the launcher's srun, or the batch script's, leaves the survivors this long
-        env["SSV_SAVE_ON_FAILURE_S"] = f"{saves:g}"
+    if spec.save_on_failure_s > 0:  # the launcher's srun, or the batch script's, leaves the survivors this long
+        env["SSV_SAVE_ON_FAILURE_S"] = f"{spec.save_on_failure_s:g}"
     in_allocation = spec.restart_mode is RestartMode.IN_ALLOCATION
     if in_allocation:  # the launcher runs the step on SSV_RUN_NODES of the job's nodes, the rest warm
         env["SSV_RUN_NODES"] = str(spec.nodes)

@@ -166,3 +166,22 @@ def test_causes_map_onto_llama3_table5_where_they_can(message, evidence, categor
     cause = classify([Event(RUN, EventKind.FAULT, message, "k", T0, 0, 1, evidence=evidence)])
     assert (cause.category, cause.component) == (category, component)
     assert cause.table5 == (component is not None)
+
+
+def test_a_trainer_that_saves_on_failure_plans_its_saves_for_the_interruptions_that_lose_work():
+    """Young's M is the time between interruptions that throw work away; an interruption whose
+    restart resumed at the step it had reached (the survivors' save on failure) lost none."""
+    from dataclasses import replace
+
+    attempts, events = scenario()
+    g = goodput(RUN, attempts, events, now=T0 + 99999)
+    lost = [i for i in g.interruptions if i.lost_steps is None or i.lost_steps > 0]
+    assert len(lost) == 2 and g.advice(120.0, saves_on_failure=True) == g.advice(120.0)
+    saved = replace(g, interruptions=(replace(g.interruptions[0], lost_steps=0, lost_work_s=0.0), *g.interruptions[1:]))
+    advice = saved.advice(120.0, saves_on_failure=True)
+    assert advice.mtbi_s == pytest.approx(g.running_s) and advice.interval_s == pytest.approx(
+        math.sqrt(2 * 120 * 28430)
+    )
+    none_lost = replace(g, interruptions=tuple(replace(i, lost_steps=0) for i in g.interruptions))
+    nothing = none_lost.advice(120.0, saves_on_failure=True)
+    assert nothing.interval_s is None and "lost no work" in nothing.reason
