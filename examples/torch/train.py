@@ -15,13 +15,16 @@ restarted job reads exactly the batches the supervisor expects.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +32,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from supervisor.telemetry.torch import Committer, ResumeFailed, Supervision
+from supervisor.telemetry.torch_survivors import SavedOnFailure, SaveOnFailure
 
 EXIT_DONE, EXIT_CRASHED, EXIT_NO_CHECKPOINT, EXIT_BAD_INPUT = 0, 1, 3, 93
 VOCAB = 256  # bytes
@@ -175,6 +179,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         help="when it exists, it names a node and a fraction ('n2 0.1'): that node's compute sleeps that much longer",
     )
+    p.add_argument(
+        "--save-on-failure",
+        action="store_true",
+        help="when a peer rank dies, one survivor saves the last completed step (SSV_SAVE_ON_FAILURE_S bounds it)",
+    )
+    p.add_argument(
+        "--die-file",
+        type=Path,
+        help="once it holds 'NODE STEP' (or 'NODE STEP after-update'), that node's rank exits in that step (tests)",
+    )
     p.add_argument("--trace", type=Path, help="rank 0 appends one JSON line per step (trained or skipped)")
     p.add_argument(
         "--exit-file", type=Path, default=os.environ.get("TRAIN_EXIT_FILE"), help="rank 0 writes its exit code"
@@ -196,50 +210,101 @@ def load_corpus(path: Path) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
+@dataclass
+class Job:
+    """What one rank trains with."""
+
+    args: argparse.Namespace
+    ssv: Supervision
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    corpus: torch.Tensor
+    state: dict[str, Any]
+    trace: Trace
+    guard: SaveOnFailure | None = None
+
+    def completed(self, step: int) -> None:
+        """Step ``step``'s update is in the state (right after optimizer.step(), no collective
+        between): the step the state holds, and for save-on-failure the step it would save."""
+        self.state["progress"]["step"] = step
+        if self.guard is not None:
+            self.guard.completed(step)  # a SIGTERM held since the last step is honoured here
+
+
 def train(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    corpus = load_corpus(args.data)
     model = TinyGPT(args.seq_len, args.dim, args.layers, heads=2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
-    commit = python_committer(args.run, endpoint) if args.commit == "python" and rank == 0 else None
+    # every rank gets the committer: after a failure, the survivor that saves may be any rank
+    commit = python_committer(args.run, endpoint) if args.commit == "python" else None
     ssv = Supervision(args.root, run=args.run, endpoint_url=endpoint, commit=commit)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "progress": {"step": 0}}
+    job = Job(args, ssv, model, optimizer, load_corpus(args.data), state, Trace(args.trace if rank == 0 else None))
     step = ssv.resume(state, step_of=lambda s: int(s["progress"]["step"]))
     if step:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    trace = Trace(args.trace if rank == 0 else None)
-    global_batch = args.batch * world
-    while step < args.steps:
-        step += 1
-        if ssv.skip(step):  # SSV_SKIP_ITERATIONS: the batch is consumed, never trained on
-            trace.write(step=step, skipped=True, consumed_samples=step * global_batch)
-            continue
-        began = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = args.lr * min(1.0, step / 10) * ssv.lr_scale  # warm-up, then flat
-        optimizer.zero_grad(set_to_none=True)
-        tokens = batch(corpus, step, args.batch, args.seq_len, rank, world)
-        with ssv.compute():  # forward + backward only: no collective inside
-            logits = model(tokens[:, :-1])
-            loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
-            loss.backward()
-            time.sleep(args.compute_s * (1.0 + straggling(args.straggler_file)))
-        mean_loss = average_gradients(model, loss, world)
-        grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), 1.0))
-        optimizer.step()
-        pause = args.min_step_s - (time.perf_counter() - began)
-        if pause > 0:
-            time.sleep(pause)
-        consumed = step * global_batch
-        ssv.log(step, loss=mean_loss, grad_norm=grad_norm, lr=optimizer.param_groups[0]["lr"],
-                consumed_samples=consumed, global_batch_size=global_batch)  # fmt: skip
-        trace.write(step=step, batch=step, loss=mean_loss, consumed_samples=consumed)
-        if step % args.ckpt_every == 0:
-            state["progress"]["step"] = step
-            ssv.save(state, step)
+    job.guard = SaveOnFailure(ssv, state) if args.save_on_failure else None
+    with job.guard or contextlib.nullcontext():  # a peer's death: one survivor saves `step`, then out
+        while step < args.steps:
+            step += 1
+            if ssv.skip(step):  # SSV_SKIP_ITERATIONS: the batch is consumed, never trained on
+                job.completed(step)
+                job.trace.write(step=step, skipped=True, consumed_samples=step * world * args.batch)
+                continue
+            train_step(job, step)
+            if step % args.ckpt_every == 0:
+                ssv.save(state, step)
+
+
+def train_step(job: Job, step: int) -> None:
+    """One step: forward and backward, the gradients' all-reduce, the update, telemetry. The state
+    changes only in optimizer.step(): a collective that fails before it leaves step-1's state,
+    one after it (telemetry, the save) step's."""
+    args, ssv, optimizer = job.args, job.ssv, job.optimizer
+    rank, world = dist.get_rank(), dist.get_world_size()
+    began = time.perf_counter()
+    for group in optimizer.param_groups:
+        group["lr"] = args.lr * min(1.0, step / 10) * ssv.lr_scale  # warm-up, then flat
+    optimizer.zero_grad(set_to_none=True)
+    tokens = batch(job.corpus, step, args.batch, args.seq_len, rank, world)
+    with ssv.compute():  # forward + backward only: no collective inside
+        logits = job.model(tokens[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        time.sleep(args.compute_s * (1.0 + straggling(args.straggler_file)))
+        die_if_told(args.die_file, step, after_update=False)
+    mean_loss = average_gradients(job.model, loss, world)
+    grad_norm = float(nn.utils.clip_grad_norm_(job.model.parameters(), 1.0))
+    optimizer.step()
+    job.completed(step)
+    die_if_told(args.die_file, step, after_update=True)
+    pause = args.min_step_s - (time.perf_counter() - began)
+    if pause > 0:
+        time.sleep(pause)
+    consumed = step * world * args.batch
+    ssv.log(step, loss=mean_loss, grad_norm=grad_norm, lr=optimizer.param_groups[0]["lr"],
+            consumed_samples=consumed, global_batch_size=world * args.batch)  # fmt: skip
+    job.trace.write(step=step, batch=step, loss=mean_loss, consumed_samples=consumed)
+
+
+def die_if_told(path: Path | None, step: int, *, after_update: bool) -> None:
+    """Exit at once, as a GPU fault's crash does (no exception, no cleanup), when the test's file
+    names this node and ``step`` (and ``after-update`` when after the optimizer's step). The file
+    is moved aside first: the restarted job does not die again."""
+    if path is None:
+        return
+    try:
+        node, at, *when = path.read_text().split()
+        told = node == os.environ.get("SLURMD_NODENAME") and int(at) == step
+    except (OSError, ValueError):  # not written (yet), or not "NODE STEP"
+        return
+    if told and (when == ["after-update"]) == after_update:
+        path.rename(path.with_name(path.name + ".done"))
+        print(f"train.py: dying in step {step} as {path} says", file=sys.stderr, flush=True)
+        os._exit(EXIT_CRASHED)
 
 
 def straggling(path: Path | None) -> float:
@@ -259,7 +324,12 @@ class Trace:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.fields = {"job": os.environ.get("SLURM_JOB_ID"), "attempt": os.environ.get("SLURM_SUPERVISOR_ATTEMPT")}
+        env = os.environ
+        self.fields = {
+            "job": env.get("SLURM_JOB_ID"),
+            "attempt": env.get("SLURM_SUPERVISOR_ATTEMPT"),
+            "generation": env.get("SSV_STEP_GENERATION"),  # in-allocation mode: the step's relaunch
+        }
 
     def write(self, **entry: object) -> None:
         if self.path is not None:
@@ -281,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(args)
         code = EXIT_DONE
+    except SavedOnFailure as exc:  # a peer died; this rank saved (or left it to another): restartable
+        done = exc.outcome
+        print(f"train.py: stopped: {done.why}: {done.location} ({done.seconds:.3f} s)", file=sys.stderr, flush=True)
+        code = EXIT_CRASHED
     except ResumeFailed as exc:
         print(f"train.py: no offered checkpoint could be loaded: {exc}", file=sys.stderr)
         code = EXIT_NO_CHECKPOINT

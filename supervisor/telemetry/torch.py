@@ -190,6 +190,7 @@ class Supervision:
         self.stream = stream
         self.timer = ComputeTimer()
         self._last_log = (time.perf_counter(), 0)  # (when, step) of the previous report
+        self.last_saved: tuple[int, str] | None = None  # (step, location) of this job's last save
 
     # ------------------------------------------------------------------ orders
 
@@ -270,6 +271,7 @@ class Supervision:
         _barrier()  # nobody deletes or resumes before the commit
         self.event("checkpoint_end")
         self._last_log = (time.perf_counter(), step)  # the save's pause is not a step's time
+        self.last_saved = (step, location)
         return location
 
     def _free_name(self, step: int) -> str:

@@ -211,3 +211,37 @@ def spike(cluster: LocalSlurm, s3: S3Server, workdir: Path, steps: int = 160) ->
     finally:
         sup.stop()
     return Outcome(run, sup.logbook("gpt"), sup.status("gpt"))
+
+
+def survivors(cluster: LocalSlurm, workdir: Path, *, save_on_failure: bool = True) -> Outcome:
+    """In-allocation mode (2 nodes + 1 hot spare, checkpoints every 20 steps on a directory):
+    between two periodic saves one node's rank exits mid-step (a GPU fault's crash, the node
+    healthy); the daemon relaunches the step in place from the newest verified checkpoint —
+    with ``save_on_failure``, the one the surviving rank saved at the step it completed."""
+    root = workdir / "ckpt"
+    root.mkdir()
+    die = workdir / "die"
+    args = ["--steps", "80", "--ckpt-every", "20", "--min-step-s", str(STEP_S), "--die-file", str(die)]
+    args += ["--save-on-failure"] if save_on_failure else []
+    run = TorchRun(workdir, cluster.partition, str(root), script="train_launch.sbatch", train_args=args)
+    run.write_corpus()
+    spec = run.spec(
+        checkpoints="full_verify = false\nsave_on_failure_s = 20\n",
+        restart='mode = "in-allocation"\nhot_spares = 1\nfast_failure_s = 1\nlauncher_timeout_s = 30\n',
+    )
+    sup = SupervisorProcess(cluster, workdir)
+    sup.start(env={"PYTHONUNBUFFERED": "1"})
+    marks: dict[str, float] = {}
+    try:
+        sup.cli("submit", str(spec))
+        first = sup.wait_running("gpt", attempt=0, interval=0.5)
+        wait_for("step 45 trained", lambda: last_step(run, 0) >= 45, 120, sup, 0.05)
+        victim = first["running_on"][1]  # not the batch host: its rank 1 dies, the node stays healthy
+        marks["die_step"] = last_step(run, 0) + 2
+        die.write_text(f"{victim} {int(marks['die_step'])}")
+        wait_for("the rank died", die.with_name("die.done").exists, 30, sup, 0.01)
+        marks["died"] = time.time()
+        wait_for("the run completed", lambda: completed(sup), 120, sup, interval=0.5)
+    finally:
+        sup.stop()
+    return Outcome(run, sup.logbook("gpt"), sup.status("gpt"), marks, victim)

@@ -35,6 +35,7 @@ class TorchRun:
     train_args: Sequence[str] = ()
     storage_env: Mapping[str, str] = field(default_factory=dict)  # S3 credentials, AWS_ENDPOINT_URL
     endpoint_url: str | None = None
+    script: str = "train.sbatch"  # or train_launch.sbatch: in-allocation mode's launcher
 
     @property
     def trace_path(self) -> Path:
@@ -57,7 +58,7 @@ class TorchRun:
             "OMP_NUM_THREADS": "1",
             **self.storage_env,
         }
-        body = (EXAMPLE / "train.sbatch").read_text().split("\n", 1)[1]
+        body = (EXAMPLE / self.script).read_text().split("\n", 1)[1]
         spec = write_run(
             self.workdir,
             self.name,
@@ -81,9 +82,16 @@ class TorchRun:
             return []
         return [json.loads(line) for line in self.trace_path.read_text().splitlines() if line.strip()]
 
-    def trained(self, attempt: int) -> list[dict[str, Any]]:
-        """The steps an attempt trained on (not the ones it skipped), in order."""
-        return [e for e in self.trace() if e.get("attempt") == str(attempt) and not e.get("skipped")]
+    def trained(self, attempt: int, generation: int | None = None) -> list[dict[str, Any]]:
+        """The steps an attempt (and a generation of its step, in-allocation) trained on (not the
+        ones it skipped), in order."""
+        return [
+            e
+            for e in self.trace()
+            if e.get("attempt") == str(attempt)
+            and not e.get("skipped")
+            and (generation is None or e.get("generation") == str(generation))
+        ]
 
     def write_corpus(
         self, n_bytes: int = 1 << 19, poison: tuple[int, int] | None = None, global_batch: int = 16
@@ -111,5 +119,6 @@ def _example() -> Any:
     loaded = importlib.util.spec_from_file_location("ssv_example_torch_train", EXAMPLE / "train.py")
     assert loaded is not None and loaded.loader is not None
     module = importlib.util.module_from_spec(loaded)
+    sys.modules[loaded.name] = module  # its dataclasses look their module up while being defined
     loaded.loader.exec_module(module)
     return module

@@ -12,6 +12,9 @@ with bench/e2e.py); the assertions are here.
 * One node of three is made 10 % slower (every rank's compute sleeps 0.2 s, a GPU's share of the
   step; that node's 10 % longer): it is named a straggler from the ranks' compute times, and the
   run moves past it at a checkpoint boundary.
+* In-allocation mode with ``--save-on-failure``: one node's rank exits mid-step between two
+  periodic saves; the surviving rank saves the step it completed and the step is relaunched in
+  place from it (without the flag: from the periodic save before).
 
 Steps are paced at 0.1 s (``--min-step-s``) so that the supervisor's 0.5 s polls see the run
 step by step; each test takes ~50-100 s here (2 shared cores, other test runs beside).
@@ -181,3 +184,25 @@ def test_bad_arguments_exit_93_through_torchrun_and_the_run_is_not_restarted(tor
         sup.stop()
     status = sup.status("gpt")
     assert status["attempts"][-1]["exit_code"] == 93 and status["restarts"]["spent"] == 0, status
+
+
+def test_a_rank_that_dies_mid_step_resumes_in_place_from_the_survivors_save(torch_ready, slurm_cluster, tmp_path):
+    """In-allocation mode, ``--save-on-failure``: between the periodic saves at 40 and 60 one node's
+    rank exits mid-step N (a GPU fault's crash); the surviving rank saves step N-1, the state it had
+    completed, alone; the daemon relaunches the step in place from it: ~one step lost, not N-41."""
+    out = scenarios.survivors(slurm_cluster, tmp_path)
+    explain = out.story()
+    died_in = int(out.marks["die_step"])
+    relaunched = [e for e in out.events("note") if e["evidence"].get("relaunch")]
+    assert len(relaunched) == 1, explain
+    resumed = relaunched[0]["evidence"]["resume_step"]
+    assert resumed > 40 and died_in - 2 <= resumed <= died_in - 1, (resumed, died_in, explain)
+    before, after = out.run.trained(0, generation=0), out.run.trained(0, generation=1)
+    assert before[-1]["step"] == died_in - 1, before[-1]  # the last step the dead rank's world completed
+    assert [e["step"] for e in after] == list(range(resumed + 1, 81)), [e["step"] for e in after]
+    assert [e["consumed_samples"] for e in after] == [e["step"] * GLOBAL_BATCH for e in after]
+    assert out.status["attempt"] == 0 and out.status["restarts"]["spent"] == 1, out.status  # the same job
+    saved = sorted(p.parent.name for p in (tmp_path / "ckpt").glob("step_*/ssv-manifest.json"))
+    assert saved == ["step_000020", "step_000040", f"step_{resumed:06d}", "step_000060", "step_000080"], saved
+    lost = min(float(e["time"]) for e in after) - out.marks["died"]
+    print(f"save on failure: died in step {died_in}, resumed from {resumed}; {lost:.1f} s to training again")
