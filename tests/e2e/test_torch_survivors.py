@@ -8,7 +8,9 @@ and trains on as that run did.
   step 22's; it claims on the c10d store (rank 0 hosts it), then on the storage.
 * rank 0 dies after step 23's update (before its telemetry all-gather): step 23's; rank 0 took the
   c10d store with it, so the claim is the file on the checkpoint storage alone.
-* SIGTERM to one rank: held to its step's end, where that rank saves; the other writes nothing."""
+* SIGTERM to one rank: held to its step's end, where that rank saves; the other writes nothing.
+* On S3 (Ceph RGW): the claim is a conditional PUT the server honours, and the survivor's
+  checkpoint in the bucket passes the daemon's verification."""
 
 from __future__ import annotations
 
@@ -20,16 +22,19 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch") if os.environ.get("CI", "").lower() != "true" else __import__("torch")
 
 from supervisor.adapters.checkpoints.posix import PosixBackend  # noqa: E402
+from supervisor.adapters.checkpoints.s3 import S3Backend  # noqa: E402
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore  # noqa: E402
 from supervisor.domain.checkpoints import Guarantee, Level, Outcome  # noqa: E402
-from supervisor.telemetry.torch_survivors import CLAIM_PREFIX, claim_name, peer_failure  # noqa: E402
+from supervisor.telemetry.torch_survivors import CLAIM_PREFIX, _claim_file, claim_name, peer_failure  # noqa: E402
 from supervisor.testing.torchrun import EXAMPLE, TorchRun  # noqa: E402
 
 STEPS, EVERY = 26, 10
@@ -199,3 +204,25 @@ def test_a_sigterm_is_held_to_the_end_of_the_step_which_one_rank_saves(tmp_path,
     saved = int(said[1])
     assert 10 <= saved < STEPS
     check(tmp_path, root, saved, reference)
+
+
+def test_on_s3_one_claim_wins_and_the_survivors_checkpoint_passes_verification(tmp_path, ceph_rgw, monkeypatch):
+    bucket = f"sof-{uuid.uuid4().hex[:8]}"
+    ceph_rgw.create_bucket(bucket)
+    root = f"s3://{bucket}/gpt/"
+    for key, value in ceph_rgw.credentials_env().items():
+        monkeypatch.setenv(key, value)
+    die = tmp_path / "die"
+    die.write_text("n2 23")
+    env = {"AWS_ENDPOINT_URL": ceph_rgw.endpoint_url}
+    codes = world(tmp_path, "failed", root, ["--save-on-failure", "--die-file", str(die)], env)  # type: ignore[arg-type]
+    out = (tmp_path / "failed-0.log").read_text()
+    assert codes == [1, 1] and "saved step 22 (claimed on the store and the storage)" in out, out[-3000:]
+    store = BackendCheckpointStore(S3Backend(root, endpoint_url=ceph_rgw.endpoint_url))
+    ref = next(r for r in store.discover() if r.step == 22)
+    assert ref.committed and ref.guarantee is Guarantee.MANIFEST, ref
+    assert store.verify(ref, Level.FULL).outcome is Outcome.VERIFIED
+    # the storage is the arbiter when the c10d store is gone: a second claim on the name loses
+    late = SimpleNamespace(root=root, endpoint_url=ceph_rgw.endpoint_url)
+    name = f"{CLAIM_PREFIX}test-{uuid.uuid4().hex[:8]}"
+    assert _claim_file(late, name, b"first") and not _claim_file(late, name, b"second")  # type: ignore[arg-type]
