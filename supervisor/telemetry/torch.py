@@ -16,11 +16,10 @@
         if step % every == 0:
             ssv.save(state, step)                    # DCP save, barrier, manifest commit (rank 0)
 
-The telemetry lines are the ``ssv`` JSONL protocol (docs/telemetry-jsonl.md); checkpoints follow
-the manifest contract (docs/checkpoint-layouts.md). Needs ``torch`` (the ``torch`` extra) and, for
-an ``s3://`` root, ``boto3``. Like the rest of ``supervisor.telemetry`` it imports nothing else of
-slurm-supervisor: the manifest is committed by the ``slurm-supervisor ckpt commit`` command (or
-any ``commit`` callable given), so the daemon's code never has to load into the trainer.
+Telemetry: the ``ssv`` JSONL protocol (docs/telemetry-jsonl.md); checkpoints: the manifest
+contract (docs/checkpoint-layouts.md); save on failure: ``torch_survivors``. Needs ``torch`` and,
+for ``s3://``, ``boto3``; imports nothing else of slurm-supervisor: the manifest is committed by
+``slurm-supervisor ckpt commit`` (or any ``commit`` callable), so no daemon code loads here.
 """
 
 from __future__ import annotations
