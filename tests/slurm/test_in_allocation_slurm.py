@@ -172,7 +172,9 @@ def test_a_step_that_fails_with_no_node_at_fault_is_relaunched_in_place(slurm_cl
     """The step exits 1 on healthy nodes: the next generation runs on the same two nodes in the same
     job, from checkpoint 100, one restart spent — no second job, nothing drained."""
     sup = SupervisorProcess(slurm_cluster, tmp_path, ingest_port=free_port())
-    spec, marks = start(slurm_cluster, tmp_path, FAILING, "fast_failure_s = 1\n")
+    # A failure this soon after the launch is no fast failure: the step fails ~1 s after it starts,
+    # and Slurm's start time has whole seconds (with 1 s, CI saw it taken for a fast failure).
+    spec, marks = start(slurm_cluster, tmp_path, FAILING, "fast_failure_s = 0.01\n")
     sup.start()
     try:
         first, job = generation_0(sup, spec, marks)
