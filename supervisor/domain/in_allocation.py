@@ -23,6 +23,7 @@ from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.resume import describe_plan
 from supervisor.domain.run import RunState
 from supervisor.domain.step_relaunch import (
+    current_report,
     died_step,
     evidence_due,
     hang_refused,
@@ -84,9 +85,8 @@ def decide_in_allocation(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Ob
 
 def _runs(a: AttemptRecord, goal: StepGoal | None, step: AllocationStep) -> bool:
     """The launcher's newest word is that the step the daemon wants now runs."""
-    report = step.report
-    generation = goal.generation if goal is not None else 0
-    return report is not None and report.job_id == a.job_id and report.generation == generation and report.alive
+    report = current_report(a, goal, step)
+    return report is not None and report.alive
 
 
 def current_step(

@@ -25,14 +25,21 @@ from supervisor.domain.records import AttemptRecord, EventKind, RunRecord
 from supervisor.domain.rollback import RollbackRecord
 
 
-def died_step(a: AttemptRecord, goal: StepGoal | None, step: AllocationStep) -> LauncherReport | None:
-    """The launcher's report that the step the daemon wants now ended unsuccessfully (None: it
-    runs, succeeded, or the report is about an older generation or another job)."""
+def current_report(a: AttemptRecord, goal: StepGoal | None, step: AllocationStep) -> LauncherReport | None:
+    """The launcher's newest report when it is about the step the daemon wants now (None: no
+    report, or one about an older generation or another job)."""
     report = step.report
     generation = goal.generation if goal is not None else 0
     if report is None or report.job_id != a.job_id or report.generation != generation:
         return None
-    if report.alive or report.exit_code is None or report.exit_code == 0:
+    return report
+
+
+def died_step(a: AttemptRecord, goal: StepGoal | None, step: AllocationStep) -> LauncherReport | None:
+    """The launcher's report that the step the daemon wants now ended unsuccessfully (None: it
+    runs, succeeded, or the report is about an older generation or another job)."""
+    report = current_report(a, goal, step)
+    if report is None or report.alive or report.exit_code is None or report.exit_code == 0:
         return None
     return report
 
