@@ -18,8 +18,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from supervisor.adapters.http_server import Request, Response, Router, error
-from supervisor.adapters.http_types import answer
+from supervisor.adapters.web.messages import answer
+from supervisor.adapters.web.server import Request, Response, Router, error
 
 
 class _Threaded:

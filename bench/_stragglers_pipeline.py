@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from supervisor.domain.stragglers import StragglerScorer
+from supervisor.domain.pace.stragglers import StragglerScorer
 
 PAI = Path("/work/shared/data/stragglers/alibaba-pai-minibatch")
 PP_SIZES = (2, 4, 8, 16)

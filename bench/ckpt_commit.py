@@ -26,8 +26,8 @@ from pathlib import Path
 
 from supervisor.adapters.checkpoints.commit import build_manifest
 from supervisor.adapters.checkpoints.posix import PosixBackend
-from supervisor.domain.checkpoints import ObjectInfo
-from supervisor.domain.ckpt_layouts import discover
+from supervisor.domain.checkpoints.layouts import discover
+from supervisor.domain.checkpoints.manifest import ObjectInfo
 
 
 def write_shards(root: Path, shards: int, mib: int) -> int:

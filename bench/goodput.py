@@ -30,7 +30,7 @@ from _common import table  # noqa: E402
 
 from supervisor.adapters.logging import configure_logging  # noqa: E402
 from supervisor.adapters.sqlite import SqliteStore  # noqa: E402
-from supervisor.domain.goodput import Goodput, goodput  # noqa: E402
+from supervisor.domain.goodput.account import Goodput, goodput  # noqa: E402
 from supervisor.sim.failures import TABLE5_DAYS, TABLE5_GPUS  # noqa: E402
 from supervisor.sim.plan import make_plan  # noqa: E402
 from supervisor.sim.results import SimResult  # noqa: E402

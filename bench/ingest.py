@@ -1,6 +1,6 @@
 """Node reports accepted and evaluated per second by the daemon's ingest, on one core.
 
-The real ingest (``supervisor.adapters.ingest``: asyncio + httptools, msgspec decoding, schema
+The real ingest (``supervisor.adapters.web.ingest``: asyncio + httptools, msgspec decoding, schema
 checks, the GPU-health rules with hysteresis) listens on loopback in this process, pinned to one
 CPU. Load generators run in other processes (pinned to the other CPUs when there are any), each
 with many keep-alive connections, one request in flight per connection — as a fleet of agents
@@ -153,13 +153,13 @@ def generate(port: int, conns: int, duration: float, node_base: int, nodes: int,
 
 # ---------------------------------------------------------------------------- the benchmark
 def make_server(kind: str, loop: str, ingest: object):  # noqa: ANN201
-    from supervisor.adapters.ingest import IngestServer
+    from supervisor.adapters.web.ingest import IngestServer
 
     if kind == "hand":
         return IngestServer(ingest, port=0)  # type: ignore[arg-type]
     from bench._servers import SERVERS
-    from supervisor.adapters.http_server import Router
-    from supervisor.adapters.ingest import REPORTS_PREFIX
+    from supervisor.adapters.web.ingest import REPORTS_PREFIX
+    from supervisor.adapters.web.server import Router
 
     router = Router()
     router.mount(REPORTS_PREFIX, ingest.handle)  # type: ignore[attr-defined]
@@ -191,8 +191,8 @@ def main() -> None:
     )
     from supervisor.adapters import gc_tuning
     from supervisor.adapters.clock import SystemClock
-    from supervisor.adapters.ingest import ReportIngest
-    from supervisor.domain.gpu_health import HealthRules
+    from supervisor.adapters.web.ingest import ReportIngest
+    from supervisor.domain.health.gpu_health import HealthRules
 
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[0]})  # the server: one core

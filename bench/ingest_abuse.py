@@ -56,7 +56,7 @@ class Agent:
 
     def __init__(self, n: int, port: int, interval: float, end: float) -> None:
         from supervisor.agent.sender import HttpSender, SenderSettings
-        from supervisor.domain.node_report import GpuSample
+        from supervisor.domain.health.node_report import GpuSample
 
         address = f"127.1.{n >> 8}.{(n & 255) + 1}"
 
@@ -82,7 +82,7 @@ class Agent:
         self.sender.close()
 
     def _report(self, now: float) -> None:
-        from supervisor.domain.node_report import SCHEMA_VERSION, NodeReport
+        from supervisor.domain.health.node_report import SCHEMA_VERSION, NodeReport
 
         if now >= self.next_at and now < self.end:
             self.seq, self.next_at = self.seq + 1, self.next_at + self.interval
@@ -241,7 +241,7 @@ def sample_rss(stop: threading.Event, peak: list[float]) -> None:
     agents): [together, this process, the renderer], MB."""
     me = psutil.Process()
     while not stop.wait(0.05):
-        renderers = [c for c in me.children() if "supervisor.adapters.page_renderer" in _cmdline(c)]
+        renderers = [c for c in me.children() if "supervisor.adapters.web.renderer" in _cmdline(c)]
         mine, theirs = _rss(me) / MiB, sum(_rss(c) for c in renderers) / MiB
         peak[:] = [max(peak[0], mine + theirs), max(peak[1], mine), max(peak[2], theirs)]
 
@@ -262,10 +262,10 @@ def _rss(p: psutil.Process) -> int:
 
 def start_server(kind: str, store_dir: Path, agents_n: int):  # noqa: ANN201
     from supervisor.adapters.clock import SystemClock
-    from supervisor.adapters.ingest import IngestServer, ReportIngest
-    from supervisor.adapters.page_renderer import ProcessRenderer
-    from supervisor.adapters.pages import mount_pages
-    from supervisor.domain.gpu_health import HealthRules
+    from supervisor.adapters.web.ingest import IngestServer, ReportIngest
+    from supervisor.adapters.web.pages import mount_pages
+    from supervisor.adapters.web.renderer import ProcessRenderer
+    from supervisor.domain.health.gpu_health import HealthRules
 
     feed = ReportIngest({RUN: TOKEN}, HealthRules(), SystemClock())
     feed.publish_job_nodes({RUN: frozenset(f"gpu{n:04d}" for n in range(agents_n))})

@@ -104,8 +104,8 @@ def idle_rate(ctld: psutil.Process, seconds: float = 10.0) -> float:
 
 def child(args: argparse.Namespace) -> None:
     """Tick the engine ``--ticks`` times (after bringing every run to RUNNING); print one JSON line."""
-    from supervisor.adapters.slurm_cli import SlurmCli
-    from supervisor.adapters.slurm_reads import own_user
+    from supervisor.adapters.slurm.cli import SlurmCli
+    from supervisor.adapters.slurm.reads import own_user
     from supervisor.adapters.sqlite import SqliteStore
     from supervisor.domain.run import RunSpec, RunState
     from supervisor.engine.reconcile import Engine, EngineSettings

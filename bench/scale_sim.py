@@ -101,7 +101,7 @@ class LoopbackProbe:
     probe could not finish within a call carries over to the next ticks)."""
 
     def __init__(self, ports: dict[str, int]) -> None:
-        from supervisor.adapters.tcp_probe import TcpProbe
+        from supervisor.adapters.slurm.tcp_probe import TcpProbe
 
         self.ports, self.tcp, self.rounds = ports, TcpProbe(timeout=1.0), []
         self.sweeps: list[tuple[int, float, int]] = []  # (nodes, seconds, calls)
@@ -161,9 +161,9 @@ def build(tmp: Path, run_nodes: int, ports_of: Farm, events) -> tuple:  # noqa: 
     import structlog
 
     from supervisor.adapters.clock import SystemClock  # noqa: F401 - the ingest's clock is the engine's here
-    from supervisor.adapters.ingest import IngestServer, ReportIngest
     from supervisor.adapters.sqlite import SqliteStore
-    from supervisor.domain.gpu_health import HealthRules
+    from supervisor.adapters.web.ingest import IngestServer, ReportIngest
+    from supervisor.domain.health.gpu_health import HealthRules
     from supervisor.domain.run import RunSpec, SparePolicy
     from supervisor.sim.clock import VirtualClock
     from supervisor.sim.cluster import SimCluster

@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.domain.progress import ProgressRecord, parse_text, parse_trainer_state
-from supervisor.domain.rollback import choose_rollback
-from supervisor.domain.spike_detector import SpikeDetector
-from supervisor.domain.spikes import Decision, SpikeOutcome, SpikeSettings, decide
+from supervisor.domain.spikes.detector import SpikeDetector
+from supervisor.domain.spikes.events import Decision, SpikeOutcome, SpikeSettings, decide
+from supervisor.domain.spikes.rollback import choose_rollback
 from supervisor.sim.spike_shapes import case_set
 
 REPO = Path(__file__).resolve().parent.parent

@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import table  # noqa: E402
 
 from supervisor.adapters.logging import configure_logging  # noqa: E402
-from supervisor.adapters.notify import Pager  # noqa: E402
+from supervisor.adapters.paging.webhook import Pager  # noqa: E402
 from supervisor.adapters.sqlite import SqliteStore  # noqa: E402
 from supervisor.domain.records import Event, EventKind  # noqa: E402
 from supervisor.sim.failures import TABLE5, TABLE5_DAYS, Failure, FailureModel  # noqa: E402

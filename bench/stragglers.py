@@ -54,7 +54,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stragglers_pipeline import pai_report, pipeline_figures  # type: ignore[import-not-found]  # noqa: E402
 
-from supervisor.domain.stragglers import StragglerScorer  # noqa: E402
+from supervisor.domain.pace.stragglers import StragglerScorer  # noqa: E402
 
 NODES = 2048
 ONSET = 10

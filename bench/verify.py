@@ -34,7 +34,15 @@ from _common import quiet_logs, table  # noqa: E402
 from supervisor.adapters.checkpoints.checksums import checksum_of  # noqa: E402
 from supervisor.adapters.checkpoints.s3 import S3Backend  # noqa: E402
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore  # noqa: E402
-from supervisor.domain.checkpoints import MANIFEST_NAME, CheckpointRef, Guarantee, Level, Manifest, Outcome, ShardEntry  # noqa: E402
+from supervisor.domain.checkpoints.manifest import (  # noqa: E402
+    MANIFEST_NAME,
+    CheckpointRef,
+    Guarantee,
+    Level,
+    Manifest,
+    Outcome,
+    ShardEntry,
+)
 from supervisor.testing.s3servers import CephRgw, MotoS3, S3Server  # noqa: E402
 
 MiB = 1 << 20

@@ -12,17 +12,17 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from supervisor.domain.alloc_step import LauncherReport, StepGoal
-from supervisor.domain.blast import NodeChangeRecord
-from supervisor.domain.checkpoints import CheckpointRef, Level, Manifest, VerifyResult
+from supervisor.domain.checkpoints.manifest import CheckpointRef, Level, Manifest, VerifyResult
+from supervisor.domain.checkpoints.resume import ResumePlan
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, NodeChange, NodeInfo, SubmitRequest
-from supervisor.domain.health import NodeFinding
-from supervisor.domain.lemon import Fault, Quarantine
+from supervisor.domain.decide.blast import NodeChangeRecord
+from supervisor.domain.health.findings import NodeFinding
+from supervisor.domain.health.quarantine import Fault, Quarantine
 from supervisor.domain.progress.hang import HangPace
-from supervisor.domain.progress_series import ProgressPoint
+from supervisor.domain.progress.series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord
-from supervisor.domain.resume import ResumePlan
-from supervisor.domain.rollback import RollbackRecord
 from supervisor.domain.run import RunSpec, RunState
+from supervisor.domain.spikes.rollback import RollbackRecord
 
 
 class PortError(Exception):

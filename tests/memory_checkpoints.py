@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from supervisor.adapters.checkpoints.backend import StorageError
 from supervisor.adapters.checkpoints.checksums import checksum_of
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore
-from supervisor.domain.checkpoints import (
+from supervisor.domain.checkpoints.manifest import (
     MANIFEST_NAME,
     CheckpointRef,
     ChecksumAlgorithm,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from supervisor.domain.cluster import NodeChange
-from supervisor.domain.lemon import Fault, Quarantine
+from supervisor.domain.health.quarantine import Fault, Quarantine
 from supervisor.ports import CapReached, PermanentError, TransientError
 
 DEFAULT_SOCKET = "/run/slurm-supervisor-guard.sock"

@@ -4,7 +4,7 @@ restart loses nothing.
 ``StoreCollector`` reads the store when it is collected. Its cost does not grow with the whole
 history: a run that has ended (a terminal state and its end on record) is read once and its
 figures kept until its newest event changes; only active runs are read again. The daemon does not
-collect per scrape either: ``supervisor.adapters.pages`` answers ``GET /metrics`` from a copy
+collect per scrape either: ``supervisor.adapters.web.pages`` answers ``GET /metrics`` from a copy
 rendered at most once per engine tick, in the page renderer's child process.
 
 ``metrics_page(store, now)`` (status, headers, body) and ``metrics_text`` collect once. Metric names
@@ -20,11 +20,11 @@ from dataclasses import dataclass, replace
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from supervisor.domain.chronicle import last_record
-from supervisor.domain.goodput import KINDS, Goodput, goodput
+from supervisor.domain.goodput.account import KINDS, Goodput, goodput
 from supervisor.domain.records import Event, EventKind, RunRecord, Verdict
 from supervisor.domain.run import RunState
 from supervisor.ports import Store
+from supervisor.report.chronicle import last_record
 
 P = "slurm_supervisor_"
 DETECTION_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from supervisor.domain.node_report import GpuSample, XidEvent
+from supervisor.domain.health.node_report import GpuSample, XidEvent
 
 T = TypeVar("T")
 

@@ -34,10 +34,10 @@ from supervisor.agent.oneshot import CheckResult, check_once
 from supervisor.agent.sender import HttpSender, SenderSettings
 from supervisor.agent.spool import Spool
 from supervisor.config.hooks_file import HooksConfig
-from supervisor.domain.health import NodeFinding, Severity
-from supervisor.domain.node_report import NodeReport
+from supervisor.domain.health.findings import NodeFinding, Severity
+from supervisor.domain.health.node_report import NodeReport
 
-HOOKS_RUN = "HOOKS"  # the pseudo-run hooks report under (see adapters.tokens)
+HOOKS_RUN = "HOOKS"  # the pseudo-run hooks report under (see adapters.web.tokens)
 KINDS = ("prolog", "epilog", "healthcheck")
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _JOB = re.compile(r"^[0-9]{1,12}$")

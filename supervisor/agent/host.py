@@ -6,7 +6,7 @@ import os
 
 import psutil
 
-from supervisor.domain.node_report import HostSample
+from supervisor.domain.health.node_report import HostSample
 
 
 def read_host() -> HostSample:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from supervisor.adapters.launcher_channel import LauncherGoal, LauncherPoll
+from supervisor.adapters.web.launcher_channel import LauncherGoal, LauncherPoll
 from supervisor.agent.launcher_client import ChannelClient
 from supervisor.agent.spare_check import SpareCheck, spare_check_argv
 

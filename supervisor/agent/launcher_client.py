@@ -1,4 +1,4 @@
-"""The launcher's side of the channel (``adapters.launcher_channel``): one POST per poll with the
+"""The launcher's side of the channel (``adapters.web.launcher_channel``): one POST per poll with the
 run's token, the answer read bounded and validated. Any failure is "no answer": the launcher
 keeps its step as it is (jobs outlive the daemon)."""
 
@@ -9,7 +9,7 @@ import http.client
 import msgspec
 import structlog
 
-from supervisor.adapters.launcher_channel import LAUNCHER_PREFIX, LauncherGoal, LauncherPoll
+from supervisor.adapters.web.launcher_channel import LAUNCHER_PREFIX, LauncherGoal, LauncherPoll
 from supervisor.agent.daemon_url import run_endpoint
 
 log = structlog.get_logger(__name__)

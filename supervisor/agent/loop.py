@@ -19,7 +19,7 @@ from typing import Protocol
 
 import structlog
 
-from supervisor.domain.node_report import SCHEMA_VERSION, GpuSample, HostSample, NodeReport, XidEvent
+from supervisor.domain.health.node_report import SCHEMA_VERSION, GpuSample, HostSample, NodeReport, XidEvent
 
 log = structlog.get_logger(__name__)
 

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from supervisor.domain.gpu_health import RULES_VERSION, HealthRules
-from supervisor.domain.gpu_table import GpuHealthSettings
-from supervisor.domain.health import NodeFinding, Severity
-from supervisor.domain.node_report import MAX_TEXT, SCHEMA_VERSION, NodeReport, to_wire
+from supervisor.domain.health.findings import NodeFinding, Severity
+from supervisor.domain.health.gpu_health import RULES_VERSION, HealthRules
+from supervisor.domain.health.gpu_table import GpuHealthSettings
+from supervisor.domain.health.node_report import MAX_TEXT, SCHEMA_VERSION, NodeReport, to_wire
 from supervisor.domain.text_safety import printable
 
 if TYPE_CHECKING:

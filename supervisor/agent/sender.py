@@ -33,7 +33,7 @@ from typing import Any
 import structlog
 
 from supervisor.agent.daemon_url import run_endpoint
-from supervisor.domain.node_report import SCHEMA_VERSION, NodeReport, ReportBatch, to_wire
+from supervisor.domain.health.node_report import SCHEMA_VERSION, NodeReport, ReportBatch, to_wire
 
 log = structlog.get_logger(__name__)
 

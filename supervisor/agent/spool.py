@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from supervisor.domain.node_report import NodeReport, to_wire
+from supervisor.domain.health.node_report import NodeReport, to_wire
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

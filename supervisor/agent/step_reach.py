@@ -14,7 +14,7 @@ from typing import Protocol
 
 import structlog
 
-from supervisor.adapters.tcp_probe import TcpProbe
+from supervisor.adapters.slurm.tcp_probe import TcpProbe
 from supervisor.domain.cluster import ClusterSnapshot, NodeInfo
 from supervisor.ports import PortError
 

@@ -11,8 +11,8 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from supervisor.api import wire
-from supervisor.domain.lemon import Fault
-from supervisor.domain.progress_series import ProgressPoint
+from supervisor.domain.health.quarantine import Fault
+from supervisor.domain.progress.series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
 
 T = TypeVar("T")

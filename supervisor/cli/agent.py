@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 import click
 import structlog
 
-from supervisor.domain.node_report import to_wire
+from supervisor.domain.health.node_report import to_wire
 
 if TYPE_CHECKING:
     from supervisor.agent.sender import HttpSender

@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 import click
 
 from supervisor.adapters.checkpoints.backend import ObjectBackend, StorageError
-from supervisor.domain.checkpoints import CheckpointRef, ChecksumAlgorithm, Level, Outcome, VerifyResult
+from supervisor.domain.checkpoints.manifest import CheckpointRef, ChecksumAlgorithm, Level, Outcome, VerifyResult
 from supervisor.ports import PortError
 
 EX_USAGE = 64  # sysexits.h: the command was used incorrectly

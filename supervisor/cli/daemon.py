@@ -18,9 +18,9 @@ from supervisor.config import DaemonConfig
 
 if TYPE_CHECKING:
     from supervisor.adapters.clock import SystemClock
-    from supervisor.adapters.ingest import IngestServer, ReportIngest
-    from supervisor.adapters.notify import WebhookNotifier
+    from supervisor.adapters.paging.webhook import WebhookNotifier
     from supervisor.adapters.sqlite import SqliteStore
+    from supervisor.adapters.web.ingest import IngestServer, ReportIngest
     from supervisor.api.server import ApiServer
     from supervisor.engine.daemon import Heartbeat
     from supervisor.engine.reconcile import Engine, EngineSettings
@@ -139,7 +139,7 @@ def _engine(
     ingest: Ingest,
     crash_at: str | None,
 ) -> Engine:
-    from supervisor.adapters.tcp_probe import TcpProbe
+    from supervisor.adapters.slurm.tcp_probe import TcpProbe
     from supervisor.engine.daemon import StampedScheduler
     from supervisor.engine.reconcile import Engine
 

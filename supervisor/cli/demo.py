@@ -11,7 +11,7 @@ import click
 
 from supervisor.cli import render
 from supervisor.cli.logbook_view import folded_lines
-from supervisor.domain.figures import restarts
+from supervisor.report.figures import restarts
 
 if TYPE_CHECKING:
     from supervisor.sim.demo import DemoOutcome

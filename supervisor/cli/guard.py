@@ -62,7 +62,7 @@ def serve(guard_config: str | None) -> None:
 
 
 def _server(cfg: GuardConfig) -> GuardServer:
-    from supervisor.adapters.slurm_cli import SlurmCli
+    from supervisor.adapters.slurm.cli import SlurmCli
     from supervisor.guard.audit import AuditLog
     from supervisor.guard.memory import GuardMemory
     from supervisor.guard.server import GuardServer, bound_socket, passed_socket

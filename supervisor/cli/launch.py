@@ -13,7 +13,7 @@ from types import FrameType
 import click
 import hostlist  # type: ignore[import-untyped]
 
-from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.agent.launcher import Launcher, LaunchSettings
 from supervisor.agent.launcher_client import ChannelClient
 from supervisor.agent.step_reach import SlurmdReach

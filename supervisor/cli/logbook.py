@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from supervisor.adapters.clock import SystemClock
-    from supervisor.domain.progress_series import ProgressPoint
+    from supervisor.domain.progress.series import ProgressPoint
     from supervisor.domain.records import AttemptRecord, RunRecord
 
 
@@ -212,10 +212,10 @@ def _document(fmt: str, record: RunRecord, store: Reader, now: float) -> str:
     series = store.progress(record.name)
     until = _supervised_until(store, attempts, events, series, now) if not record.state.terminal else None
     if fmt == "markdown":
-        from supervisor.domain.chronicle import render_markdown
+        from supervisor.report.chronicle import render_markdown
 
         return str(render_markdown(record, attempts, events, now=until, series=series))
-    from supervisor.adapters.html_logbook import render_html
+    from supervisor.adapters.logbook_html.page import render_html
 
     return render_html(record, attempts, events, now=until, progress=series)
 
@@ -226,7 +226,7 @@ def _supervised_until(
     """Where a live run's account ends: now while the daemon answers (it supervises the run); else
     the store's last record is where supervision stopped, and no time after it is counted (as
     productive or at all)."""
-    from supervisor.domain.chronicle import last_record
+    from supervisor.report.chronicle import last_record
 
     newest = max([last_record(attempts, events), *(p.at for p in series)])
     return max(now, newest) if isinstance(store, RemoteStore) else newest
@@ -272,8 +272,8 @@ def logbook_goodput(
     as_json: bool,
 ) -> None:
     """Effective training time ratio (ETTR), lost time by cause, interruption rate, checkpoint advice."""
-    from supervisor.domain.goodput import goodput, measured_save_s, windows
-    from supervisor.domain.goodput_text import gpus_of
+    from supervisor.domain.goodput.account import goodput, measured_save_s, windows
+    from supervisor.report.goodput import gpus_of
 
     store = context.reader(ctx)
     record = store.get_run(run)

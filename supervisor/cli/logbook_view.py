@@ -1,5 +1,5 @@
 """The terminal logbook as on-call reads it: incidents first-class, routine events folded
-(domain.logbook_fold), one line each otherwise. ``logbook RUN --all`` prints every event instead.
+(report.fold), one line each otherwise. ``logbook RUN --all`` prints every event instead.
 
 Each incident opens with a line of its own (what happened, how long until the next attempt ran)
 after a blank line, and its events are indented under it. Everything shown passes through
@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from rich.text import Text
 
 from supervisor.cli.render import event_text, ts
-from supervisor.domain.logbook_fold import Entry, Fold, IncidentStart, Line, fold, folded_away
 from supervisor.domain.records import Event
 from supervisor.domain.text_safety import printable
+from supervisor.report.fold import Entry, Fold, IncidentStart, Line, fold, folded_away
 
 _INDENT = "  "
 

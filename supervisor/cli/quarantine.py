@@ -9,7 +9,7 @@ import click
 
 from supervisor.api.client import Reader
 from supervisor.cli import context
-from supervisor.domain.lemon import QuarantineSettings, quarantined
+from supervisor.domain.health.quarantine import QuarantineSettings, quarantined
 from supervisor.domain.text_safety import printable
 
 

@@ -18,12 +18,12 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from supervisor.domain.figures import restarts
-from supervisor.domain.goodput import CheckpointAdvice, Goodput, Interruption
-from supervisor.domain.goodput_text import cause_rows, hours, percent, summary_rows
+from supervisor.domain.goodput.account import CheckpointAdvice, Goodput, Interruption
 from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
 from supervisor.domain.text_safety import printable
 from supervisor.ports import Clock
+from supervisor.report.figures import restarts
+from supervisor.report.goodput import cause_rows, hours, percent, summary_rows
 
 
 def ts(t: float | None) -> str:

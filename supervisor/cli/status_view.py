@@ -1,21 +1,21 @@
 """``slurm-supervisor status``: every run on a line (state and since when, ETTR, restarts, what
 pages), or one run on one screen (``status RUN``: also its job, last incident and checkpoints).
 
-What pages now is what the pager (adapters.notify) would hold open after reading the run's whole
+What pages now is what the pager (adapters.paging.webhook) would hold open after reading the run's whole
 logbook: the same rules the daemon's webhook follows, so the terminal and the pager agree."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from supervisor.adapters.notify import Pager
+from supervisor.adapters.paging.webhook import Pager
 from supervisor.cli.render import ts
-from supervisor.domain.figures import duration, restarts
-from supervisor.domain.goodput_text import percent
-from supervisor.domain.progress_series import ProgressPoint
+from supervisor.domain.progress.series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, RunRecord
-from supervisor.domain.run_summary import RunSummary, summarize
 from supervisor.domain.text_safety import printable
+from supervisor.report.figures import duration, restarts
+from supervisor.report.goodput import percent
+from supervisor.report.summary import RunSummary, summarize
 
 
 def open_pages(events: Sequence[Event]) -> list[str]:

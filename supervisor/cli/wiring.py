@@ -14,27 +14,27 @@ import structlog
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.fence import CommandFencer
 from supervisor.adapters.guard_client import GuardClient
-from supervisor.adapters.http_server import HttpServer, server_tls
-from supervisor.adapters.ingest import IngestServer, ReportIngest
-from supervisor.adapters.launcher_channel import LAUNCHER_PREFIX, LauncherChannel
 from supervisor.adapters.logtail import LogTail
-from supervisor.adapters.notify import Pager, PagerSettings, WebhookNotifier, notify_new_events, read_secret
-from supervisor.adapters.page_renderer import ProcessRenderer
-from supervisor.adapters.pages import PageSettings, mount_pages
+from supervisor.adapters.paging.webhook import Pager, PagerSettings, WebhookNotifier, notify_new_events, read_secret
 from supervisor.adapters.run_files import daemon_dirs as default_daemon_dirs
-from supervisor.adapters.sacct import SacctCli
 from supervisor.adapters.secrets import read_secret as read_secret_file
-from supervisor.adapters.slurm_cli import SlurmCli
-from supervisor.adapters.slurm_config import has_accounting, kill_wait_s
-from supervisor.adapters.slurm_reads import own_user
+from supervisor.adapters.slurm.cli import SlurmCli
+from supervisor.adapters.slurm.config import has_accounting, kill_wait_s
+from supervisor.adapters.slurm.reads import own_user
+from supervisor.adapters.slurm.sacct import SacctCli
 from supervisor.adapters.sqlite import SqliteStore
-from supervisor.adapters.tokens import TokenBook
 from supervisor.adapters.wake_clock import WakeableClock
+from supervisor.adapters.web.ingest import IngestServer, ReportIngest
+from supervisor.adapters.web.launcher_channel import LAUNCHER_PREFIX, LauncherChannel
+from supervisor.adapters.web.pages import PageSettings, mount_pages
+from supervisor.adapters.web.renderer import ProcessRenderer
+from supervisor.adapters.web.server import HttpServer, server_tls
+from supervisor.adapters.web.tokens import TokenBook
 from supervisor.config import DaemonConfig
-from supervisor.domain.gpu_health import HealthRules
-from supervisor.domain.gpu_table import GpuHealthSettings
-from supervisor.domain.health import HeartbeatSettings
-from supervisor.domain.lemon import QuarantineSettings
+from supervisor.domain.health.findings import HeartbeatSettings
+from supervisor.domain.health.gpu_health import HealthRules
+from supervisor.domain.health.gpu_table import GpuHealthSettings
+from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.run import RunSpec
 from supervisor.engine.checkpoints import CheckpointWatch

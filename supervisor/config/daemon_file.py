@@ -11,8 +11,8 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, fi
 from supervisor.config._shared import FloatField, Section, absolute, not_empty
 from supervisor.config.errors import fail, fix_hint
 from supervisor.config.ingest_section import IngestSection
-from supervisor.domain.gpu_table import GpuHealthSettings
-from supervisor.domain.health import Severity
+from supervisor.domain.health.findings import Severity
+from supervisor.domain.health.gpu_table import GpuHealthSettings
 
 
 def _resolve_path(value: Any, info: ValidationInfo) -> Any:

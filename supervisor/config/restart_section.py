@@ -37,7 +37,7 @@ class RestartSection(Section):
         le=3600,
         json_schema_extra=fix_hint("set seconds from 5 to 3600, e.g. launcher_timeout_s = 60"),
     )
-    # Restart pacing (domain.backoff): attempts that die soon after starting are restarted later
+    # Restart pacing (domain.decide.backoff): attempts that die soon after starting are restarted later
     # and later; a crash loop pauses the run before each restart and pages.
     fast_failure_s: FloatField = Field(
         default=600.0,

@@ -9,15 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from supervisor.domain.checkpoints import CheckpointRef, VerifyResult
+from supervisor.domain.checkpoints.manifest import CheckpointRef, VerifyResult
+from supervisor.domain.checkpoints.resume import ResumePlan
 from supervisor.domain.cluster import NodeChange
-from supervisor.domain.health import NodeFinding
-from supervisor.domain.lemon import Fault
+from supervisor.domain.health.findings import NodeFinding
+from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import Event, NodeVerdict
-from supervisor.domain.resume import ResumePlan
-from supervisor.domain.rollback import RollbackRecord
 from supervisor.domain.run import RunState
+from supervisor.domain.spikes.rollback import RollbackRecord
 
 
 class ActionKind(StrEnum):
@@ -40,7 +40,7 @@ class Submit:
     reason: str
     kind: ActionKind = ActionKind.SUBMIT
     # The checkpoint handed to the job (filled by the engine before the intent is journaled, so a
-    # retried submission hands the same one): see domain.resume.
+    # retried submission hands the same one): see domain.checkpoints.resume.
     resume: ResumePlan | None = None
     # The random part of the job's tag, chosen (and journaled) with the intent: engine.intents.
     nonce: str = ""
@@ -189,7 +189,7 @@ class AttemptProgress:
 @dataclass(frozen=True)
 class AttemptLoadFailed:
     """What the attempt's log shows of a failed checkpoint load (``why``: the error line, or a load
-    begun and never finished): the evidence checkpoint fallback reads back (``domain/demotion.py``).
+    begun and never finished): the evidence checkpoint fallback reads back (``domain/checkpoints/demotion.py``).
     ``before_load``: ``why`` is what it died of before any load began — the checkpoint is not to
     blame."""
 

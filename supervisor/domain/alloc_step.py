@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.domain.resume import ResumePlan
+from supervisor.domain.checkpoints.resume import ResumePlan
 
 
 @dataclass(frozen=True)

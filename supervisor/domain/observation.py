@@ -14,12 +14,12 @@ from supervisor.domain.actions import (
     SetState,
 )
 from supervisor.domain.cluster import ClusterSnapshot
-from supervisor.domain.health import NodeFinding
+from supervisor.domain.health.findings import NodeFinding
+from supervisor.domain.health.quarantine import Quarantine
 from supervisor.domain.hostnames import fold
-from supervisor.domain.lemon import Quarantine
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
-from supervisor.domain.rollback import RollbackRecord
 from supervisor.domain.run import RunState
+from supervisor.domain.spikes.rollback import RollbackRecord
 
 REASON_PREFIX = "slurm-supervisor"
 

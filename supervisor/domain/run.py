@@ -110,7 +110,7 @@ class SpikePolicy:
 
 @dataclass(frozen=True)
 class RestartPacing:
-    """How restarts are spaced out after fast failures (``[restart]``; see ``domain.backoff``)."""
+    """How restarts are spaced out after fast failures (``[restart]``; see ``domain.decide.backoff``)."""
 
     fast_failure_s: float = 600.0  # an attempt that ends within this long of starting failed fast
     base_s: float = 30.0  # the delay after the first fast failure

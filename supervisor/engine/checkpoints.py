@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from supervisor.domain.actions import CheckpointChecked, CheckpointSeen, Record
-from supervisor.domain.checkpoints import (
+from supervisor.domain.checkpoints.manifest import (
     CheckpointRef,
     Level,
     Outcome,
@@ -32,8 +32,8 @@ from supervisor.domain.checkpoints import (
     effective_result,
     staleness,
 )
+from supervisor.domain.checkpoints.resume import ResumePlan
 from supervisor.domain.records import Event, EventKind, RunRecord
-from supervisor.domain.resume import ResumePlan
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
 from supervisor.engine.resume import demote_failed_loads, plan_for
 from supervisor.ports import CheckpointStore, Clock, PortError, Store

@@ -41,13 +41,13 @@ from supervisor.domain.actions import (
     SwapStep,
     Unexclude,
 )
-from supervisor.domain.blast import NodeChangeRecord
+from supervisor.domain.checkpoints.resume import ResumePlan, describe_plan
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange
-from supervisor.domain.lemon import Fault
+from supervisor.domain.decide.blast import NodeChangeRecord
+from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
-from supervisor.domain.resume import ResumePlan, describe_plan
-from supervisor.domain.rollback import RollbackRecord
 from supervisor.domain.run import RunState, transition
+from supervisor.domain.spikes.rollback import RollbackRecord
 from supervisor.engine import intents
 from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
 from supervisor.engine.swaps import goal_written, swap_done, write_goal

@@ -30,10 +30,10 @@ from supervisor.domain.actions import (
     Submit,
     SwapStep,
 )
+from supervisor.domain.checkpoints.resume import ResumePlan, resume_env
 from supervisor.domain.cluster import ClusterSnapshot, JobState, NodeChange, SubmitRequest
 from supervisor.domain.observation import REASON_PREFIX
 from supervisor.domain.records import Event, EventKind
-from supervisor.domain.resume import ResumePlan, resume_env
 from supervisor.domain.run import RestartMode, RunSpec
 
 log = structlog.get_logger("supervisor.engine")

@@ -6,7 +6,7 @@ sbatch), which only its tag finds (engine/intents.py). So the account's whole li
 when such a job may exist — the first read after a start, a submission still open — and otherwise
 only as a rate-limited safety net (``every_s``; put off while the tick already reads the whole node
 table), or beyond ``MAX_IDS``. The scheduler serves the ids the cheapest way it knows
-(adapters/slurm_reads.py: a single-job lookup each where the account's list is not cheap — as root,
+(adapters/slurm/reads.py: a single-job lookup each where the account's list is not cheap — as root,
 22.05 sends every job in the cluster for it: bench/README.md).
 """
 

@@ -15,8 +15,8 @@ import structlog
 
 from supervisor.domain.actions import ActiveFindings, NodeMark, Record
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo
-from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity, stale_heartbeats, worst
-from supervisor.domain.lemon import Fault
+from supervisor.domain.health.findings import HeartbeatSettings, NodeFinding, Severity, stale_heartbeats, worst
+from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.observation import REASON_PREFIX
 from supervisor.domain.records import NodeVerdict, RunRecord, Verdict
 from supervisor.ports import HealthFeed, Store

@@ -8,12 +8,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from supervisor.domain.actions import Record
+from supervisor.domain.checkpoints.resume import ResumePlan
 from supervisor.domain.cluster import ClusterSnapshot
-from supervisor.domain.health import NodeFinding
-from supervisor.domain.peer_groups import Imbalance
+from supervisor.domain.health.findings import NodeFinding
+from supervisor.domain.pace.peer_groups import Imbalance
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import RunRecord
-from supervisor.domain.resume import ResumePlan
 from supervisor.engine.progress import SpikeNotice
 from supervisor.ports import Store
 

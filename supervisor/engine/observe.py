@@ -22,7 +22,7 @@ import structlog
 
 from supervisor.domain.actions import AttemptLoadFailed, AttemptProgress, Record
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeInfo
-from supervisor.domain.lemon import Quarantine, QuarantineSettings, quarantined
+from supervisor.domain.health.quarantine import Quarantine, QuarantineSettings, quarantined
 from supervisor.domain.observation import Forgotten, Observation
 from supervisor.domain.records import Event, EventKind, RunRecord, Verdict
 from supervisor.engine.checkpoints import CheckpointWatch

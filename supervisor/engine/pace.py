@@ -3,12 +3,12 @@
 * Per-rank step times (the JSONL protocol's ``rank_step_times``; ``record.per_rank_step_time_s``)
   are folded into per-node times — ranks are laid out in blocks over the job's nodes in Slurm's
   order, as ``srun``'s default block distribution does — and scored across nodes
-  (``domain.stragglers.StragglerScorer``: robust z, CUSUM). A node named is a *degraded* finding:
+  (``domain.pace.stragglers.StragglerScorer``: robust z, CUSUM). A node named is a *degraded* finding:
   the engine keeps it out from the next restart, or restarts at the next verified checkpoint and
   drains it then — work since the last checkpoint is not thrown away for a 5 % slowdown. With the
   record's ``rank_peer_groups`` (pipeline stages) a node is compared only with its peers; without
   them, nodes slower together from the start (a stage) are learned as a block: an *imbalance*,
-  logged once as a note, never drained (``domain.peer_groups``).
+  logged once as a note, never drained (``domain.pace.peer_groups``).
 * Throughput (tokens/s, samples/s, else 1 / step time) against the attempt's own baseline
   (``SlowdownDetector``): a sustained drop is reported once per attempt, with the straggler that
   explains it when one was named.
@@ -22,16 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from supervisor.domain.health import NodeFinding, Severity
-from supervisor.domain.peer_groups import Imbalance
-from supervisor.domain.progress import ProgressRecord
-from supervisor.domain.records import Event, EventKind, RunRecord
-from supervisor.domain.slowdown import SlowdownDetector, SlowdownState
-from supervisor.domain.stragglers import (
+from supervisor.domain.health.findings import NodeFinding, Severity
+from supervisor.domain.pace.peer_groups import Imbalance
+from supervisor.domain.pace.slowdown import SlowdownDetector, SlowdownState
+from supervisor.domain.pace.stragglers import (
     StragglerScorer,
     node_peer_groups,
     node_step_times,
 )
+from supervisor.domain.progress import ProgressRecord
+from supervisor.domain.records import Event, EventKind, RunRecord
 
 STRAGGLER_RULE = "straggler@1"
 

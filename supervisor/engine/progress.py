@@ -17,21 +17,21 @@ import structlog
 
 from supervisor.domain.alloc_step import StepGoal
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState
-from supervisor.domain.health import NodeFinding
-from supervisor.domain.in_allocation import current_step
-from supervisor.domain.peer_groups import Imbalance
+from supervisor.domain.decide.in_allocation import current_step
+from supervisor.domain.health.findings import NodeFinding
+from supervisor.domain.pace.peer_groups import Imbalance
 from supervisor.domain.progress import ProgressParser, ProgressRecord, parser_for
+from supervisor.domain.progress.frameworks.ssv import NAME as SSV_FORMAT
 from supervisor.domain.progress.hang import HangDetector, HangPace, HangSettings, HangVerdict
 from supervisor.domain.progress.loads import LoadWatch, load_segments
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.progress.pauses import ends_pause, pause_of
 from supervisor.domain.progress.ranks import RankProgress, suspects
-from supervisor.domain.progress.ssv import NAME as SSV_FORMAT
-from supervisor.domain.progress_series import ProgressPoint, point_of
+from supervisor.domain.progress.series import ProgressPoint, point_of
 from supervisor.domain.records import AttemptRecord, RunRecord
 from supervisor.domain.run import RestartMode, SpikePolicy
-from supervisor.domain.spike_detector import SpikeDetector
-from supervisor.domain.spikes import Notice, SpikeSettings
+from supervisor.domain.spikes.detector import SpikeDetector
+from supervisor.domain.spikes.events import Notice, SpikeSettings
 from supervisor.engine.pace import Pace
 from supervisor.ports import LogOpener, LogSource, ProgressLedger
 

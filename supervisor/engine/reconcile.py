@@ -12,13 +12,20 @@ from dataclasses import dataclass, field, replace
 import structlog
 
 from supervisor.domain.actions import Decision
-from supervisor.domain.blast import WINDOW_S, BlastRadius, HookDrain, drains_left, hook_drained, track_hook_drains
+from supervisor.domain.checkpoints.resume import ResumePlan
 from supervisor.domain.cluster import ClusterSnapshot
-from supervisor.domain.health import HeartbeatSettings
-from supervisor.domain.lemon import QuarantineSettings
-from supervisor.domain.policy import Observation, Policy, decide
+from supervisor.domain.decide.blast import (
+    WINDOW_S,
+    BlastRadius,
+    HookDrain,
+    drains_left,
+    hook_drained,
+    track_hook_drains,
+)
+from supervisor.domain.decide.policy import Observation, Policy, decide
+from supervisor.domain.health.findings import HeartbeatSettings
+from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.domain.records import EventKind, RunRecord
-from supervisor.domain.resume import ResumePlan
 from supervisor.domain.run import IllegalTransition, RunState
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.execute import CrashHook, Executor, run_event

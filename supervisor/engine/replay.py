@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
-from supervisor.domain.checkpoints import CheckpointRef, Guarantee, Level, Outcome, VerifyResult
+from supervisor.domain.checkpoints.manifest import CheckpointRef, Guarantee, Level, Outcome, VerifyResult
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState
 from supervisor.domain.progress import parse_trainer_state, parser_for
 from supervisor.domain.progress.hang import HangDetector, HangSettings
 from supervisor.domain.progress.line_clock import ClockSource, LineClock, SaveTracker
 from supervisor.domain.records import Event, EventKind, RunRecord
-from supervisor.domain.rollback import RollbackRecord
 from supervisor.domain.run import CheckpointPolicy, RunSpec, SpikePolicy
+from supervisor.domain.spikes.rollback import RollbackRecord
 from supervisor.engine.pace import imbalance_events
 from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.spikes import spike_records

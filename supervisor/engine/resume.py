@@ -12,11 +12,11 @@ from dataclasses import replace
 import structlog
 
 from supervisor.domain.actions import CheckpointDemoted, Record
-from supervisor.domain.checkpoints import Outcome, ResumeChoice, VerifyResult, choose_resume, effective_result
-from supervisor.domain.demotion import Demotion, Kept, LoadFailureRule, Standing, failed_load_demotion
+from supervisor.domain.checkpoints.demotion import Demotion, Kept, LoadFailureRule, Standing, failed_load_demotion
+from supervisor.domain.checkpoints.manifest import Outcome, ResumeChoice, VerifyResult, choose_resume, effective_result
+from supervisor.domain.checkpoints.resume import ResumePlan, RollbackRef, resume_plan
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
-from supervisor.domain.resume import ResumePlan, RollbackRef, resume_plan
-from supervisor.domain.rollback import RollbackRecord, pending_rollback, skip_ranges
+from supervisor.domain.spikes.rollback import RollbackRecord, pending_rollback, skip_ranges
 from supervisor.engine.spikes import rollback_history
 from supervisor.ports import Store
 
@@ -54,7 +54,7 @@ def choose(run: RunRecord, store: Store, recent: int, before_step: int | None = 
 def demote_failed_loads(run: RunRecord, store: Store, recent: int, now: float) -> list[Record]:
     """Pass over (demote, in the ledger) the checkpoint the newest attempts keep failing to load:
     the records that say so, or the logbook line saying why it is kept (none when the attempts do
-    not keep failing on one). The decision is ``domain.demotion``'s, over the attempts (the steps
+    not keep failing on one). The decision is ``domain.checkpoints.demotion``'s, over the attempts (the steps
     and load failures their logs showed), the plans they were handed and the checkpoints on record
     — all read back from the store, so a daemon restart changes nothing."""
     rule = LoadFailureRule()

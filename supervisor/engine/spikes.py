@@ -1,10 +1,10 @@
 """Loss spikes in the tick: log every spike and how it ended; roll back the ones that do not heal.
 
-The detector (domain.spikes) runs on each attempt's log inside ProgressWatch. Here its notices
+The detector (domain.spikes.events) runs on each attempt's log inside ProgressWatch. Here its notices
 become logbook events — each outcome with the rule that fired (healed, diverged, trend, plateau,
 aftershock, not_healed, nonfinite, loss_scale_*), its figures and its decision latency — and an
 outcome that asks for a rollback becomes a decision
-(domain.rollback.decide_rollback): the newest verified checkpoint at least M steps before the
+(domain.spikes.rollback.decide_rollback): the newest verified checkpoint at least M steps before the
 onset (for a loss trend: before the climb began), a data-skip range, an LR scale that shrinks on repeats, at most N automatic rollbacks per
 window — past that, or without a checkpoint to go back to, a page for a human.
 
@@ -23,16 +23,16 @@ from typing import Any
 import structlog
 
 from supervisor.domain.actions import Record
-from supervisor.domain.checkpoints import Outcome, effective_result
+from supervisor.domain.checkpoints.manifest import Outcome, effective_result
 from supervisor.domain.records import Event, EventKind, RunRecord
-from supervisor.domain.rollback import (
+from supervisor.domain.spikes.events import Decision, SpikeEvent, SpikeKind, SpikeOutcome
+from supervisor.domain.spikes.rollback import (
     RollbackPolicy,
     RollbackRecord,
     RollbackStatus,
     decide_rollback,
     pending_rollback,
 )
-from supervisor.domain.spikes import Decision, SpikeEvent, SpikeKind, SpikeOutcome
 from supervisor.engine.progress import SpikeNotice, spike_settings
 from supervisor.ports import Clock, Store
 

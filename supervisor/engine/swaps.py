@@ -8,7 +8,7 @@ from typing import Any
 
 from supervisor.domain.actions import Action, SwapStep
 from supervisor.domain.alloc_step import StepGoal
-from supervisor.domain.in_allocation import swap_event
+from supervisor.domain.decide.in_allocation import swap_event
 from supervisor.domain.records import Event, RunRecord
 from supervisor.ports import StepLedger, Store
 

@@ -15,7 +15,7 @@ from supervisor.config import _read_toml, _validate
 from supervisor.config._shared import FloatField, Section, absolute, not_empty
 from supervisor.config.daemon_file import LoggingSection, SlurmSection
 from supervisor.config.errors import fix_hint
-from supervisor.domain.lemon import QuarantineSettings
+from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.guard.policy import Limits
 
 DEFAULT_CONFIG = "/etc/slurm-supervisor/guard.toml"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from supervisor.domain.lemon import Fault
+from supervisor.domain.health.quarantine import Fault
 from supervisor.guard.policy import Grant
 
 SCHEMA = """

@@ -13,7 +13,7 @@ from typing import Any
 
 from supervisor.adapters.guard_client import MAX_LINE
 from supervisor.domain.cluster import NodeChange
-from supervisor.domain.lemon import Fault, QuarantineSettings, quarantined
+from supervisor.domain.health.quarantine import Fault, QuarantineSettings, quarantined
 from supervisor.guard.audit import AuditLog, entry
 from supervisor.guard.memory import GuardMemory
 from supervisor.guard.policy import (

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import MutableMapping
 from typing import Any
 
-from supervisor.domain.node_report import SCHEMA_VERSION, GpuSample, NodeReport, to_wire
+from supervisor.domain.health.node_report import SCHEMA_VERSION, GpuSample, NodeReport, to_wire
 
 RETRY_PAUSE_S = (0.02, 0.2)
 
@@ -176,8 +176,8 @@ def ingest_main(run: str, token: str, nodes: int, nofile: int) -> None:
     import structlog
 
     from supervisor.adapters.clock import SystemClock
-    from supervisor.adapters.ingest import IngestServer, ReportIngest
-    from supervisor.domain.gpu_health import HealthRules
+    from supervisor.adapters.web.ingest import IngestServer, ReportIngest
+    from supervisor.domain.health.gpu_health import HealthRules
 
     raise_nofile(nofile)
     events = EventCounter()

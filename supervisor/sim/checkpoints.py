@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.domain.checkpoints import (
+from supervisor.domain.checkpoints.manifest import (
     MANIFEST_NAME,
     CheckpointRef,
     Guarantee,

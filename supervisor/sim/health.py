@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from supervisor.domain.health import NodeFinding, Severity
+from supervisor.domain.health.findings import NodeFinding, Severity
 from supervisor.sim.clock import VirtualClock
 from supervisor.sim.failures import Category, Manifestation
 

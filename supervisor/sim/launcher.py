@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from supervisor.adapters.launcher_channel import goal_answer
+from supervisor.adapters.web.launcher_channel import goal_answer
 from supervisor.domain.alloc_step import LauncherReport, initial_nodes
 from supervisor.ports import StepLedger
 from supervisor.sim.records import Incarnation

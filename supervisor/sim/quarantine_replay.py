@@ -1,4 +1,4 @@
-"""The bad-node memory (``domain.lemon``) judged on a replayed fault trace.
+"""The bad-node memory (``domain.health.quarantine``) judged on a replayed fault trace.
 
 Every node-level fault of the trace is fed, in time order, to the real ``quarantined`` rule, as the
 node guard's shared memory would learn it (it remembers every run's faults). Two figures weigh it:
@@ -18,7 +18,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-from supervisor.domain.lemon import Fault, QuarantineSettings, quarantined
+from supervisor.domain.health.quarantine import Fault, QuarantineSettings, quarantined
 from supervisor.sim.fault_trace import FaultTrace, TraceFault
 
 DAY_S = 86400.0

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from supervisor.domain.progress.record import ProgressRecord
-from supervisor.domain.spikes import Decision
+from supervisor.domain.spikes.events import Decision
 
 Floats = npt.NDArray[np.float64]
 

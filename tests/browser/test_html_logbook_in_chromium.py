@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.adapters.html_logbook import render_html
+from supervisor.adapters.logbook_html.page import render_html
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.sim.demo import RUN
 

@@ -10,7 +10,7 @@ from ckpt_env import StoreEnv
 from test_verify_contract import find, problems, write_checkpoint
 
 from supervisor.adapters.checkpoints.backend import StorageError
-from supervisor.domain.checkpoints import MANIFEST_NAME, Level, Outcome
+from supervisor.domain.checkpoints.manifest import MANIFEST_NAME, Level, Outcome
 from supervisor.ports import TransientError
 from supervisor.testing.faultproxy import Fault, FaultProxy
 

@@ -12,7 +12,7 @@ from ckpt_env import StoreEnv
 
 from supervisor.adapters.checkpoints.checksums import checksum_of
 from supervisor.adapters.checkpoints.commit import build_manifest
-from supervisor.domain.checkpoints import (
+from supervisor.domain.checkpoints.manifest import (
     MANIFEST_NAME,
     CheckpointRef,
     Guarantee,

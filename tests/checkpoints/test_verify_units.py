@@ -17,7 +17,7 @@ from supervisor.adapters.checkpoints.s3 import S3Backend, parse_s3_root, storage
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore, open_store
 from supervisor.adapters.checkpoints.throttle import TokenBucket
 from supervisor.adapters.checkpoints.verify import relative_prefix
-from supervisor.domain.checkpoints import Guarantee, Level, Outcome
+from supervisor.domain.checkpoints.manifest import Guarantee, Level, Outcome
 
 
 class FakeTime:

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import pytest
 
-from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.domain.cluster import JobInfo, JobState, NodeChange, NodeInfo, NodeState, SubmitRequest
 from supervisor.ports import PermanentError, Scheduler
 from supervisor.sim.clock import VirtualClock

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers") if not _CI else __import__("t
 from supervisor.adapters.checkpoints.commit import build_manifest, commit_checkpoint  # noqa: E402
 from supervisor.adapters.checkpoints.posix import PosixBackend  # noqa: E402
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore  # noqa: E402
-from supervisor.domain.checkpoints import Guarantee, Level, Outcome  # noqa: E402
+from supervisor.domain.checkpoints.manifest import Guarantee, Level, Outcome  # noqa: E402
 from supervisor.domain.progress import parser_for  # noqa: E402
 from supervisor.telemetry.hf import (  # noqa: E402
     EXIT_NO_CHECKPOINT,

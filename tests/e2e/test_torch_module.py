@@ -17,7 +17,7 @@ import torch.distributed as dist  # noqa: E402
 
 from supervisor.adapters.checkpoints.posix import PosixBackend  # noqa: E402
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore  # noqa: E402
-from supervisor.domain.checkpoints import Guarantee, Level, Outcome  # noqa: E402
+from supervisor.domain.checkpoints.manifest import Guarantee, Level, Outcome  # noqa: E402
 from supervisor.telemetry.torch import ResumeFailed, ResumeOrders, SkipRanges, Supervision  # noqa: E402
 
 

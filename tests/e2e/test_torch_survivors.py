@@ -33,7 +33,7 @@ torch = pytest.importorskip("torch") if os.environ.get("CI", "").lower() != "tru
 from supervisor.adapters.checkpoints.posix import PosixBackend  # noqa: E402
 from supervisor.adapters.checkpoints.s3 import S3Backend  # noqa: E402
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore  # noqa: E402
-from supervisor.domain.checkpoints import Guarantee, Level, Outcome  # noqa: E402
+from supervisor.domain.checkpoints.manifest import Guarantee, Level, Outcome  # noqa: E402
 from supervisor.telemetry.torch_survivors import CLAIM_PREFIX, _claim_file, claim_name, peer_failure  # noqa: E402
 from supervisor.testing.torchrun import EXAMPLE, TorchRun  # noqa: E402
 

@@ -17,18 +17,18 @@ from click.testing import CliRunner
 from markdown_it import MarkdownIt
 from rich.console import Console
 
-from supervisor.adapters.ingest import ReportIngest, Request
-from supervisor.adapters.notify import Alert, payload
-from supervisor.adapters.slurm_cli import node_state_argv
+from supervisor.adapters.paging.webhook import Alert, payload
+from supervisor.adapters.slurm.cli import node_state_argv
 from supervisor.adapters.sqlite import SqliteStore
+from supervisor.adapters.web.ingest import ReportIngest, Request
 from supervisor.cli import main, render
-from supervisor.domain.chronicle import render_markdown
 from supervisor.domain.cluster import NodeChange
-from supervisor.domain.gpu_health import HealthRules
-from supervisor.domain.lemon import Fault
-from supervisor.domain.node_report import SCHEMA_VERSION, GpuSample, NodeReport, XidEvent, check_batch, to_wire
+from supervisor.domain.health.gpu_health import HealthRules
+from supervisor.domain.health.node_report import SCHEMA_VERSION, GpuSample, NodeReport, XidEvent, check_batch, to_wire
+from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import RunSpec, RunState
+from supervisor.report.chronicle import render_markdown
 
 OSC_TITLE = "\x1b]0;owned\x1b\\"  # sets the terminal's title
 OSC_CLIPBOARD = "\x1b]52;c;cm0gLXJmIH4=\x07"  # writes the clipboard
@@ -83,7 +83,7 @@ def test_honest_identifiers_and_text_pass():
 
 
 def test_check_batch_names_the_field():
-    from supervisor.domain.node_report import ReportBatch
+    from supervisor.domain.health.node_report import ReportBatch
 
     bad = NodeReport(v=SCHEMA_VERSION, node="n1", seq=1, at=T0, gpus=(GpuSample(i=2, bus=f"x{CLEAR}"),))
     assert "gpu 2: bus" in (check_batch(ReportBatch(v=1, node="n1", reports=(bad,))) or "")
@@ -225,7 +225,7 @@ def _strings(value: object) -> list[str]:
 
 
 def test_the_html_page_shows_the_escaped_chronicle_as_the_words_given():
-    from supervisor.adapters.html_markdown import markdown_to_html
+    from supervisor.adapters.logbook_html.markdown import markdown_to_html
 
     html = markdown_to_html(_chronicle())
     assert "<img" not in html and "<script" not in html and "<a " not in html
@@ -236,7 +236,7 @@ def test_the_html_page_shows_the_escaped_chronicle_as_the_words_given():
 
 @pytest.mark.slurm
 def test_a_real_slurm_drain_reason_carries_no_control_character(slurm_cluster):
-    from supervisor.adapters.slurm_cli import SlurmCli
+    from supervisor.adapters.slurm.cli import SlurmCli
 
     cli = SlurmCli(slurm_conf=str(slurm_cluster.slurm_conf), env=slurm_cluster.env, timeout=20.0)
     cli.set_node_state("n4", NodeChange.DRAIN, f"slurm-supervisor: run bob: XID 79 ({HOSTILE})")

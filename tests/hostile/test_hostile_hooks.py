@@ -16,7 +16,7 @@ from supervisor.agent.hooks import Spool, run_hook
 from supervisor.agent.oneshot import check_once
 from supervisor.agent.sender import HttpSender, SenderSettings
 from supervisor.config import load_hooks_config
-from supervisor.domain.node_report import SCHEMA_VERSION, NodeReport
+from supervisor.domain.health.node_report import SCHEMA_VERSION, NodeReport
 
 REPO = Path(__file__).resolve().parents[2]
 OTHER_UID = 4242 if os.getuid() != 4242 else 4243

@@ -18,11 +18,11 @@ import msgspec
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from supervisor.adapters.ingest import ReportIngest, Request
-from supervisor.domain.gpu_health import HealthRules
-from supervisor.domain.gpu_table import GpuHealthSettings
-from supervisor.domain.gpu_text import parse_smi_query, parse_xid_lines
-from supervisor.domain.node_report import GpuSample, NodeReport, ReportBatch, XidEvent, check_batch
+from supervisor.adapters.web.ingest import ReportIngest, Request
+from supervisor.domain.health.gpu_health import HealthRules
+from supervisor.domain.health.gpu_table import GpuHealthSettings
+from supervisor.domain.health.gpu_text import parse_smi_query, parse_xid_lines
+from supervisor.domain.health.node_report import GpuSample, NodeReport, ReportBatch, XidEvent, check_batch
 from supervisor.domain.progress import FORMATS, parse_ssv_object, parse_trainer_state, parser_for
 from supervisor.domain.progress.loads import MAX_LINE, LoadMark, LoadWatch, load_mark, load_segments
 from supervisor.domain.progress.pauses import ends_pause, pause_of

@@ -25,11 +25,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.adapters.ingest import IngestServer, ReportIngest
-from supervisor.adapters.page_renderer import ProcessRenderer, ThreadRenderer
-from supervisor.adapters.pages import mount_pages
 from supervisor.adapters.sqlite import SqliteStore
-from supervisor.domain.gpu_health import HealthRules
+from supervisor.adapters.web.ingest import IngestServer, ReportIngest
+from supervisor.adapters.web.pages import mount_pages
+from supervisor.adapters.web.renderer import ProcessRenderer, ThreadRenderer
+from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import RunSpec
 
@@ -169,8 +169,8 @@ def test_a_96_mib_request_line_or_header_is_refused_at_once(server: IngestServer
 CHILD = textwrap.dedent(
     """
     import resource, sqlite3, subprocess, sys, tempfile, time
-    from supervisor.adapters.ingest import IngestServer, ReportIngest
-    from supervisor.domain.gpu_health import HealthRules
+    from supervisor.adapters.web.ingest import IngestServer, ReportIngest
+    from supervisor.domain.health.gpu_health import HealthRules
     resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     class Clock:
         def now(self): return time.time()

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.adapters.http_server import Limits, Response
-from supervisor.adapters.ingest import IngestServer, ReportIngest
-from supervisor.domain.gpu_health import HealthRules
+from supervisor.adapters.web.ingest import IngestServer, ReportIngest
+from supervisor.adapters.web.server import Limits, Response
+from supervisor.domain.health.gpu_health import HealthRules
 
 TOKEN = "run-token-0123456789abcdef"
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.config import ConfigError, load_run_file
 from supervisor.domain.cluster import SubmitRequest
 from supervisor.ports import PermanentError

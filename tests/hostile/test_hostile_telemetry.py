@@ -14,10 +14,10 @@ import tracemalloc
 import pytest
 from unit.sim_world import SimWorld  # tests/ is on sys.path (its conftest)
 
-from supervisor.adapters.ingest import ReportIngest, Request
-from supervisor.adapters.tokens import HOOKS
-from supervisor.domain.gpu_health import HealthRules
-from supervisor.domain.node_report import SCHEMA_VERSION, NodeReport, XidEvent, to_wire
+from supervisor.adapters.web.ingest import ReportIngest, Request
+from supervisor.adapters.web.tokens import HOOKS
+from supervisor.domain.health.gpu_health import HealthRules
+from supervisor.domain.health.node_report import SCHEMA_VERSION, NodeReport, XidEvent, to_wire
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RunSpec
 from supervisor.sim.clock import VirtualClock

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters.clock import SystemClock
-from supervisor.adapters.ingest import IngestServer, ReportIngest
 from supervisor.adapters.nvml import NvmlReader
+from supervisor.adapters.web.ingest import IngestServer, ReportIngest
 from supervisor.agent import Agent, AgentSettings, HttpSender, check_once
 from supervisor.agent.host import read_host
-from supervisor.domain.gpu_health import HealthRules
-from supervisor.domain.health import NodeFinding, Severity
+from supervisor.domain.health.findings import NodeFinding, Severity
+from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.testing.nvml_standin import NvmlStandin
 
 pytestmark = pytest.mark.nvml

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.testing.daemon import SupervisorProcess, write_run
 from supervisor.testing.nvml_standin import NvmlStandin
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.adapters.ingest import IngestServer, ReportIngest
-from supervisor.adapters.tokens import HOOKS
-from supervisor.domain.gpu_health import HealthRules
-from supervisor.domain.health import Severity
+from supervisor.adapters.web.ingest import IngestServer, ReportIngest
+from supervisor.adapters.web.tokens import HOOKS
+from supervisor.domain.health.findings import Severity
+from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.testing.nvml_standin import NvmlStandin
 
 pytestmark = pytest.mark.nvml

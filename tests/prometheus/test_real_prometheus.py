@@ -22,10 +22,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.adapters.http_server import HttpServer
-from supervisor.adapters.page_renderer import ProcessRenderer
-from supervisor.adapters.pages import PageSettings, mount_pages
 from supervisor.adapters.sqlite import SqliteStore
+from supervisor.adapters.web.pages import PageSettings, mount_pages
+from supervisor.adapters.web.renderer import ProcessRenderer
+from supervisor.adapters.web.server import HttpServer
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import RunSpec, RunState
 from supervisor.testing.prometheus import LocalPrometheus, PrometheusError, ScrapeTarget, free_port

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.cluster import JobState
 from supervisor.testing.daemon import SupervisorProcess, write_run

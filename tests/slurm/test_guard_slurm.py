@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters.guard_client import GuardClient
-from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.domain.cluster import JobState, NodeInfo
 from supervisor.testing import LocalSlurm
 from supervisor.testing.users import UsersUnavailable, as_user, local_user, python_for_others

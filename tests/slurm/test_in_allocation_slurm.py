@@ -16,7 +16,7 @@ import pytest
 
 from supervisor.adapters.checkpoints.commit import build_manifest, commit_checkpoint
 from supervisor.adapters.checkpoints.posix import PosixBackend
-from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.testing.daemon import SupervisorProcess, write_run
 
 pytestmark = pytest.mark.slurm

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from supervisor.adapters.sacct import SacctCli
-from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.slurm.cli import SlurmCli
+from supervisor.adapters.slurm.sacct import SacctCli
 from supervisor.domain.cluster import Canceller, JobState
 from supervisor.testing import LocalSlurm, LocalSlurmError, unavailable_reason
 from supervisor.testing.daemon import SupervisorProcess, write_run

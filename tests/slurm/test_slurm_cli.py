@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.domain.cluster import JobInfo, JobState, NodeChange, NodeInfo, SubmitRequest
 from supervisor.ports import PermanentError, TransientError
 from supervisor.testing import LocalSlurm

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_in_allocation_slurm import STEP, beats, wait
 
-from supervisor.adapters.slurm_cli import SlurmCli
+from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.testing.daemon import SupervisorProcess, write_run
 from supervisor.testing.nvml_standin import NvmlStandin, StandinBuildError, build_standin
 

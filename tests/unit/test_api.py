@@ -354,7 +354,7 @@ def test_the_progress_series_is_served_to_a_reader(tmp_path: Path) -> None:
     """Before: the API had no progress op, so `logbook goodput` and the page through a running
     daemon fell back to the time-based account."""
     from supervisor.api.client import RemoteStore
-    from supervisor.domain.progress_series import ProgressPoint
+    from supervisor.domain.progress.series import ProgressPoint
 
     single_user_store(tmp_path / "state", run="llm")
     points = [ProgressPoint("llm", 0, step, 100.0 + step, loss=2.0 - step / 100, step_time_s=1.0) for step in (1, 2, 3)]

@@ -1,7 +1,8 @@
 """The blast radius on plain data: drains the supervisor made and drains its Slurm hooks made,
 counted per hour across the cluster and per run."""
 
-from supervisor.domain.blast import (
+from supervisor.domain.cluster import NodeInfo, NodeState
+from supervisor.domain.decide.blast import (
     BlastRadius,
     HookDrain,
     NodeChangeRecord,
@@ -9,7 +10,6 @@ from supervisor.domain.blast import (
     hook_drained,
     track_hook_drains,
 )
-from supervisor.domain.cluster import NodeInfo, NodeState
 
 CAPS = BlastRadius(per_hour=4, per_run_per_hour=2)
 NOW = 10_000.0

@@ -17,9 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sim_world import SimWorld
 
-from supervisor.adapters.sacct import account_name, cancelled_by, parse_record, parse_sacct
+from supervisor.adapters.slurm.sacct import account_name, cancelled_by, parse_record, parse_sacct
 from supervisor.domain.cluster import Canceller, ClusterSnapshot, JobInfo, JobState
-from supervisor.domain.policy import Observation, Policy, decide
+from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.run import RunSpec, RunState
 from supervisor.ports import TransientError

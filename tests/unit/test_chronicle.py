@@ -9,9 +9,9 @@ from click.testing import CliRunner
 
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main
-from supervisor.domain.chronicle import render_markdown
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.run import RunSpec, RunState
+from supervisor.report.chronicle import render_markdown
 from supervisor.sim.demo import RUN, DemoSettings, run_demo
 
 GOLDEN = Path(__file__).parent.parent / "data" / "chronicle" / "demo.md"

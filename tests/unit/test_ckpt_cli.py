@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from supervisor.cli import main
-from supervisor.domain.checkpoints import MANIFEST_NAME, Manifest
+from supervisor.domain.checkpoints.manifest import MANIFEST_NAME, Manifest
 from supervisor.testing.privileges import as_nobody, open_path_to
 
 

@@ -20,8 +20,8 @@ from supervisor.adapters.checkpoints.commit import (
     manifest_for_files,
 )
 from supervisor.adapters.checkpoints.posix import PosixBackend
-from supervisor.domain.checkpoints import MANIFEST_NAME, ChecksumAlgorithm, Manifest, ObjectInfo
-from supervisor.domain.ckpt_checks import check_listing
+from supervisor.domain.checkpoints.checks import check_listing
+from supervisor.domain.checkpoints.manifest import MANIFEST_NAME, ChecksumAlgorithm, Manifest, ObjectInfo
 
 
 class KeepsChecksums(PosixBackend):

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.domain.checkpoints import CheckpointRef, Guarantee, ObjectInfo
-from supervisor.domain.ckpt_adopted import check_adopted
-from supervisor.domain.ckpt_layouts import discover, wanted_texts
+from supervisor.domain.checkpoints.adopted import check_adopted
+from supervisor.domain.checkpoints.layouts import discover, wanted_texts
+from supervisor.domain.checkpoints.manifest import CheckpointRef, Guarantee, ObjectInfo
 
 ROOT = "s3://bucket/run42/"
 

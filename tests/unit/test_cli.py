@@ -115,7 +115,7 @@ def test_logbook_note_is_signed_and_shown(env):
 
 
 def test_quarantine_lists_repeat_offenders_and_clear_ends_it(tmp_path):
-    from supervisor.domain.lemon import Fault
+    from supervisor.domain.health.quarantine import Fault
     from supervisor.domain.run import RunSpec
 
     state = tmp_path / "state"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from supervisor.domain.goodput import (
+from supervisor.domain.goodput.account import (
     CheckpointAdvice,
     Interruption,
     checkpoint_advice,
@@ -15,7 +15,7 @@ from supervisor.domain.goodput import (
     measured_save_s,
     windows,
 )
-from supervisor.domain.goodput_sweep import Lost
+from supervisor.domain.goodput.sweep import Lost
 from supervisor.domain.records import AttemptRecord, Event, EventKind
 
 RUN = "r"

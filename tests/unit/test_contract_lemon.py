@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from supervisor.domain.lemon import Fault, Quarantine, QuarantineSettings, quarantined
+from supervisor.domain.health.quarantine import Fault, Quarantine, QuarantineSettings, quarantined
 
 DAY = 86400.0
 

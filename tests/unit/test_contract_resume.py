@@ -4,7 +4,7 @@ newer one was passed over."""
 
 import pytest
 
-from supervisor.domain.checkpoints import (
+from supervisor.domain.checkpoints.manifest import (
     CheckpointRef,
     Guarantee,
     Level,

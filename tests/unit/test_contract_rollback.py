@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from supervisor.domain.rollback import (
+from supervisor.domain.spikes.events import Peak, SpikeEvent, SpikeKind, SpikeSettings, SpikeStatus, outcome
+from supervisor.domain.spikes.rollback import (
     PastRollback,
     RollbackPolicy,
     RollbackRecord,
@@ -19,7 +20,6 @@ from supervisor.domain.rollback import (
     skip_ranges,
     suggest_skip,
 )
-from supervisor.domain.spikes import Peak, SpikeEvent, SpikeKind, SpikeSettings, SpikeStatus, outcome
 
 S = SpikeSettings()  # min_steps_before 100, skip_batches 300, skip_past_onset 50
 CKPTS = (1000, 2000, 3000, 4000, 5000)

@@ -2,9 +2,9 @@
 for the run always, named spares until the partition runs short of idle nodes."""
 
 from supervisor.domain.cluster import ClusterSnapshot, NodeInfo, NodeState
+from supervisor.domain.decide.spares import exclusions_for
 from supervisor.domain.records import RunRecord
 from supervisor.domain.run import RunSpec, RunState, SparePolicy
-from supervisor.domain.spares import exclusions_for
 
 
 def spec(**kw):

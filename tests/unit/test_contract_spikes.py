@@ -1,11 +1,11 @@
-"""The spike vocabulary's public contract (``domain.spikes``): settings checks, an outcome's decision
+"""The spike vocabulary's public contract (``domain.spikes.events``): settings checks, an outcome's decision
 and latency, the leave-it / roll-back decision over notices, and the robust statistics."""
 
 import dataclasses
 
 import pytest
 
-from supervisor.domain.spikes import (
+from supervisor.domain.spikes.events import (
     Decision,
     Peak,
     SpikeEvent,

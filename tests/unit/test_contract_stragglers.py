@@ -6,8 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from supervisor.domain.slowdown import SlowdownDetector, SlowdownState
-from supervisor.domain.stragglers import (
+from supervisor.domain.pace.slowdown import SlowdownDetector, SlowdownState
+from supervisor.domain.pace.stragglers import (
     StragglerParams,
     StragglerScorer,
     node_peer_groups,

@@ -12,12 +12,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_ingest import FakeClock, body, report
 
-from supervisor.adapters.ingest import IngestServer, ReportIngest
-from supervisor.adapters.page_renderer import ThreadRenderer
-from supervisor.adapters.pages import mount_pages
 from supervisor.adapters.sqlite import SqliteStore
-from supervisor.adapters.tokens import HOOKS, TokenBook
-from supervisor.domain.gpu_health import HealthRules
+from supervisor.adapters.web.ingest import IngestServer, ReportIngest
+from supervisor.adapters.web.pages import mount_pages
+from supervisor.adapters.web.renderer import ThreadRenderer
+from supervisor.adapters.web.tokens import HOOKS, TokenBook
+from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.domain.run import RunSpec, RunState
 
 SPEC = RunSpec(name="llm", script="/x.sbatch", partition="gpu", nodes=2)

@@ -20,10 +20,10 @@ from supervisor.domain.actions import (
     Unexclude,
 )
 from supervisor.domain.cluster import ClusterSnapshot, JobHold, JobInfo, JobState, NodeChange, NodeInfo, NodeState
-from supervisor.domain.health import NodeFinding, Severity
-from supervisor.domain.lemon import Fault
+from supervisor.domain.decide.policy import Observation, Policy, decide
+from supervisor.domain.health.findings import NodeFinding, Severity
+from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.observation import Forgotten
-from supervisor.domain.policy import Observation, Policy, decide
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import RestartMode, RunSpec, RunState
 

@@ -1,11 +1,11 @@
-"""Checkpoint fallback over plain data (domain/demotion.py): a checkpoint is passed over only on
+"""Checkpoint fallback over plain data (domain/checkpoints/demotion.py): a checkpoint is passed over only on
 evidence that loading it failed, or — without evidence — at most one step back."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from supervisor.domain.demotion import Demotion, Kept, Standing, failed_load_demotion
+from supervisor.domain.checkpoints.demotion import Demotion, Kept, Standing, failed_load_demotion
 from supervisor.domain.records import AttemptRecord
 
 CKPTS = [Standing(f"s{step}", step, verified=True) for step in (500, 400, 300, 200, 100)]

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from supervisor.domain.divergence import mann_kendall_z, theil_sen_slope
 from supervisor.domain.progress import ProgressRecord, parse_text
-from supervisor.domain.spike_detector import SpikeDetector
-from supervisor.domain.spikes import Decision, SpikeKind, SpikeOutcome, SpikeSettings, SpikeStatus, decide
+from supervisor.domain.spikes.detector import SpikeDetector
+from supervisor.domain.spikes.divergence import mann_kendall_z, theil_sen_slope
+from supervisor.domain.spikes.events import Decision, SpikeKind, SpikeOutcome, SpikeSettings, SpikeStatus, decide
 from supervisor.sim.spike_shapes import PATTERNS, case_set, generate
 
 CASES = Path(__file__).resolve().parents[1] / "data" / "spike_cases"

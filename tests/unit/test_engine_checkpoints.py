@@ -14,7 +14,7 @@ import pytest
 from memory_checkpoints import ROOT
 from sim_world import SimWorld
 
-from supervisor.domain.checkpoints import Level
+from supervisor.domain.checkpoints.manifest import Level
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import CheckpointPolicy, RunSpec, SparePolicy

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field, replace
 import pytest
 from sim_world import SimWorld
 
-from supervisor.adapters.notify import Pager
+from supervisor.adapters.paging.webhook import Pager
 from supervisor.domain.cluster import NodeChange
-from supervisor.domain.health import HeartbeatSettings, NodeFinding, Severity
-from supervisor.domain.lemon import QuarantineSettings, quarantined
+from supervisor.domain.health.findings import HeartbeatSettings, NodeFinding, Severity
+from supervisor.domain.health.quarantine import QuarantineSettings, quarantined
 from supervisor.domain.records import EventKind, Verdict
 from supervisor.domain.run import RestartMode, RunSpec, SparePolicy
 from supervisor.engine.reconcile import EngineSettings

@@ -74,7 +74,7 @@ def test_megatron_stage_ids_follow_the_rank_order():
 def test_stages_of_two_nodes_are_compared_with_their_own_start_up_pace():
     """Too few peers for a median: the slower stage is an imbalance, its nodes compared with their
     own start-up pace (a node turning 6 % slower than that is still named)."""
-    from supervisor.domain.stragglers import StragglerScorer, node_peer_groups
+    from supervisor.domain.pace.stragglers import StragglerScorer, node_peer_groups
 
     stages = megatron_peer_groups(12, pipeline=3, tensor=2)  # 6 nodes of 2 ranks: 2 nodes per stage
     scorer = StragglerScorer(6, groups=node_peer_groups(stages, 2))

@@ -261,7 +261,7 @@ def test_one_runs_inconsistency_is_logged_and_does_not_stop_the_daemon(tmp_path)
     w.store._db.execute("UPDATE runs SET state = 'completed' WHERE name = 'llm'")  # ... but the store moved on
     w.cluster.crash_node("n001")
     w.clock.wait(12.0)
-    from supervisor.domain.policy import Observation
+    from supervisor.domain.decide.policy import Observation
     from supervisor.engine.reconcile import TickResult
 
     obs = Observation(w.cluster.inspect(), {"n001": "dead"})

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from supervisor.cli import main
-from supervisor.domain.lemon import QuarantineSettings
+from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.sim import fault_trace
 from supervisor.sim.failures import Manifestation
 from supervisor.sim.quarantine_replay import judge

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from supervisor.domain.causes import classify
-from supervisor.domain.goodput import checkpoint_advice, goodput, measured_save_s, windows
+from supervisor.domain.goodput.account import checkpoint_advice, goodput, measured_save_s, windows
+from supervisor.domain.goodput.causes import classify
 from supervisor.domain.records import AttemptRecord, Event, EventKind
 
 T0 = 1795910400.0  # 2026-11-29 00:00:00 UTC

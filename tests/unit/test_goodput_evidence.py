@@ -11,11 +11,11 @@ Kept steps: 0..80 (attempt 0) and 80..140 (attempt 1) = 140 s of the 300 s wall:
 import pytest
 
 from supervisor.adapters.sqlite import SqliteStore
-from supervisor.domain.goodput import goodput
-from supervisor.domain.goodput_steps import OVERHEAD
-from supervisor.domain.goodput_text import cause_rows, summary_rows
-from supervisor.domain.progress_series import ProgressPoint, decimate
+from supervisor.domain.goodput.account import goodput
+from supervisor.domain.goodput.steps import OVERHEAD
+from supervisor.domain.progress.series import ProgressPoint, decimate
 from supervisor.domain.records import AttemptRecord, Event, EventKind
+from supervisor.report.goodput import cause_rows, summary_rows
 
 RUN = "r"
 

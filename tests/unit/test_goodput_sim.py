@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main
-from supervisor.domain.goodput import goodput
-from supervisor.domain.goodput_text import cause_rows, summary_rows
+from supervisor.domain.goodput.account import goodput
+from supervisor.report.goodput import cause_rows, summary_rows
 from supervisor.sim.plan import demo_failures, demo_settings
 from supervisor.sim.runner import RUN, Simulation
 from supervisor.sim.settings import Mode

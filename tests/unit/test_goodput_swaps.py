@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.domain.goodput import goodput
-from supervisor.domain.goodput_text import summary_rows
-from supervisor.domain.progress_series import ProgressPoint
+from supervisor.domain.goodput.account import goodput
+from supervisor.domain.progress.series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, EventKind
+from supervisor.report.goodput import summary_rows
 
 T0 = 1795910400.0
 RUN = "llm"

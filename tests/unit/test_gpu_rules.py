@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from supervisor.domain.gpu_conditions import gpu_conditions, quiet
-from supervisor.domain.gpu_health import RULES_VERSION, HealthRules
-from supervisor.domain.gpu_table import XID_CATALOGUE, GpuHealthSettings
-from supervisor.domain.gpu_text import parse_smi_query, parse_xid_lines
-from supervisor.domain.health import NodeFinding, Severity
-from supervisor.domain.node_report import SCHEMA_VERSION, GpuSample, HostSample, NodeReport, XidEvent
+from supervisor.domain.health.findings import NodeFinding, Severity
+from supervisor.domain.health.gpu_conditions import gpu_conditions, quiet
+from supervisor.domain.health.gpu_health import RULES_VERSION, HealthRules
+from supervisor.domain.health.gpu_table import XID_CATALOGUE, GpuHealthSettings
+from supervisor.domain.health.gpu_text import parse_smi_query, parse_xid_lines
+from supervisor.domain.health.node_report import SCHEMA_VERSION, GpuSample, HostSample, NodeReport, XidEvent
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu_errors"  # copies of ../shared/data/gpu_errors
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.domain.gpu_text import parse_smi_query, parse_xid_lines, pci_key, with_xids
-from supervisor.domain.node_report import GpuSample
+from supervisor.domain.health.gpu_text import parse_smi_query, parse_xid_lines, pci_key, with_xids
+from supervisor.domain.health.node_report import GpuSample
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu_errors"  # copies of ../shared/data/gpu_errors
 

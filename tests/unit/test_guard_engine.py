@@ -16,7 +16,7 @@ from pathlib import Path
 from supervisor.adapters.guard_client import GuardClient
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, NodeChange
-from supervisor.domain.lemon import QuarantineSettings
+from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RunSpec
 from supervisor.guard.audit import AuditLog

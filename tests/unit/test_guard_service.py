@@ -14,7 +14,7 @@ import pytest
 
 from supervisor.config import ConfigError
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange
-from supervisor.domain.lemon import QuarantineSettings
+from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.guard.audit import AuditLog
 from supervisor.guard.config import load_guard_config
 from supervisor.guard.memory import GuardMemory

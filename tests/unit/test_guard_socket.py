@@ -19,7 +19,7 @@ from test_guard_service import FakeSlurm
 
 from supervisor.adapters.guard_client import GuardClient, GuardRefused, check
 from supervisor.domain.cluster import NodeChange
-from supervisor.domain.lemon import QuarantineSettings
+from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.guard.audit import AuditLog
 from supervisor.guard.memory import GuardMemory
 from supervisor.guard.policy import Limits

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 from test_goodput import RUN, T0, scenario
 
-from supervisor.adapters.html_logbook import logbook_page, markdown_to_html, render_html, series_from_events
-from supervisor.adapters.html_svg import thin
+from supervisor.adapters.logbook_html.page import logbook_page, markdown_to_html, render_html, series_from_events
+from supervisor.adapters.logbook_html.svg import thin
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main, render
 from supervisor.domain.records import Event, EventKind, RunRecord
@@ -236,7 +236,7 @@ def _follow_sees_a_note(demo_dir):
 def test_the_pages_chronicle_keeps_the_newest_entries_and_says_how_many_it_left_out():
     """Before: 20,000 notes made the page's Markdown rendering take 8 s and 70 MB more (the
     renderer's peak under bench/ingest_abuse.py went over its 300 MB goal)."""
-    from supervisor.adapters.html_logbook import bounded
+    from supervisor.adapters.logbook_html.page import bounded
 
     text = (
         "# T\n\n## Incidents and notes\n\n"

@@ -1,4 +1,4 @@
-"""The daemon's HTTP server itself (``supervisor.adapters.http_server``): TLS with real clients, the
+"""The daemon's HTTP server itself (``supervisor.adapters.web.server``): TLS with real clients, the
 default bind, the caps and answers of the hardened protocol, the page cache, and the daemon's
 ``[ingest]`` wiring. The attacks themselves are in tests/hostile/test_hostile_port*.py."""
 
@@ -23,9 +23,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from test_ingest import TOKENS, FakeClock, body, new_ingest, report
 
-from supervisor.adapters.http_server import HttpServer, Limits, Response, server_tls
-from supervisor.adapters.ingest import IngestServer
-from supervisor.adapters.pages import PageCache
+from supervisor.adapters.web.ingest import IngestServer
+from supervisor.adapters.web.pages import PageCache
+from supervisor.adapters.web.server import HttpServer, Limits, Response, server_tls
 from supervisor.agent.sender import HttpSender
 from supervisor.config import DaemonConfig
 
@@ -254,8 +254,8 @@ def test_a_read_token_others_can_read_stops_the_daemon(tmp_path: Path) -> None:
 
 
 def test_pages_render_in_a_child_process_started_again_if_it_dies(tmp_path: Path) -> None:
-    from supervisor.adapters.page_renderer import ProcessRenderer
     from supervisor.adapters.sqlite import SqliteStore
+    from supervisor.adapters.web.renderer import ProcessRenderer
     from supervisor.domain.run import RunSpec
 
     store = SqliteStore(tmp_path)

@@ -1,4 +1,4 @@
-"""In-allocation recovery's decisions on plain data (supervisor.domain.in_allocation): a faulty
+"""In-allocation recovery's decisions on plain data (supervisor.domain.decide.in_allocation): a faulty
 node of the step is swapped for a hot spare; without a spare, with the batch host dead or the
 launcher silent, the run falls back to resubmission with the reason in the logbook."""
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 from supervisor.domain.actions import Cancel, ChangeNode, Exclude, SetState, SwapStep
 from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoal
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange, NodeInfo, NodeState
-from supervisor.domain.policy import Observation, Policy, decide
+from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.run import RestartMode, RunSpec, RunState
 

@@ -7,7 +7,7 @@ from test_in_allocation import JOB, of, run, snap
 
 from supervisor.domain.actions import Cancel, ChangeNode, SwapStep
 from supervisor.domain.cluster import NodeChange
-from supervisor.domain.policy import Observation, Policy, decide
+from supervisor.domain.decide.policy import Observation, Policy, decide
 
 SLOW = {"n2": (50.0, "straggler: 1.40x the median step time")}
 

@@ -11,10 +11,10 @@ import msgspec
 import pytest
 from test_config import MINIMAL_RUN, error_of, spec_in
 
-from supervisor.adapters.http_types import Request
-from supervisor.adapters.launcher_channel import LauncherChannel
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.sqlite.schema import SCHEMA_VERSION
+from supervisor.adapters.web.launcher_channel import LauncherChannel
+from supervisor.adapters.web.messages import Request
 from supervisor.config import load_run_spec
 from supervisor.domain.actions import Submit, SwapStep
 from supervisor.domain.alloc_step import StepGoal
@@ -121,7 +121,7 @@ def test_the_channel_refuses_what_is_not_the_runs_launcher(tmp_path: Path, body,
 
 
 def test_an_answer_the_launcher_reads_is_bounded() -> None:
-    from supervisor.adapters.launcher_channel import LauncherGoal
+    from supervisor.adapters.web.launcher_channel import LauncherGoal
 
     too_many = {"job_id": 7, "generation": 1, "nodes": ["n1"], "env": {f"SSV_{i}": "x" for i in range(40)}}
     with pytest.raises(msgspec.ValidationError):

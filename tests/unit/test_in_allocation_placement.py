@@ -9,7 +9,7 @@ from test_in_allocation import A0, JOB, SPEC, of, snap
 
 from supervisor.domain.actions import Submit
 from supervisor.domain.cluster import JobState
-from supervisor.domain.policy import Observation, Policy, decide
+from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.records import RunRecord
 from supervisor.domain.run import RunState
 from supervisor.engine.intents import params_of, submit_request

@@ -15,7 +15,7 @@ from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import AttemptRecord, RunRecord
 from supervisor.domain.run import RestartMode, RunSpec, RunState
-from supervisor.domain.spikes import SpikeEvent
+from supervisor.domain.spikes.events import SpikeEvent
 from supervisor.engine.progress import ProgressWatch
 from supervisor.testing.logs import MemoryLogs
 

@@ -9,8 +9,8 @@ from test_in_allocation import A0, JOB, SPEC, of, run, snap
 
 from supervisor.domain.actions import Cancel, ChangeNode, Defer, SetState, SwapStep
 from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoal
-from supervisor.domain.in_allocation import swap_event
-from supervisor.domain.policy import Observation, Policy, decide
+from supervisor.domain.decide.in_allocation import swap_event
+from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import RunState
 

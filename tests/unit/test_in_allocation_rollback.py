@@ -7,8 +7,8 @@ from test_in_allocation import A0, JOB, SPEC, of, run, snap
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.actions import Cancel, SetState, SwapStep
 from supervisor.domain.alloc_step import AllocationStep, LauncherReport
-from supervisor.domain.policy import Observation, Policy, decide
-from supervisor.domain.rollback import RollbackRecord, RollbackStatus, SkipRange
+from supervisor.domain.decide.policy import Observation, Policy, decide
+from supervisor.domain.spikes.rollback import RollbackRecord, RollbackStatus, SkipRange
 from supervisor.sim.runner import Simulation
 from supervisor.sim.settings import Mode, SimSettings
 from supervisor.sim.trainer import TrainerSettings

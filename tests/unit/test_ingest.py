@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import pytest
 from msgspec.structs import replace
 
-from supervisor.adapters.ingest import IngestServer, ReportIngest, Request, Response
+from supervisor.adapters.web.ingest import IngestServer, ReportIngest, Request, Response
 from supervisor.agent.sender import HttpSender, SenderSettings
-from supervisor.domain.gpu_health import HealthRules
-from supervisor.domain.health import Severity
-from supervisor.domain.node_report import SCHEMA_VERSION, GpuSample, NodeReport, XidEvent, to_wire
+from supervisor.domain.health.findings import Severity
+from supervisor.domain.health.gpu_health import HealthRules
+from supervisor.domain.health.node_report import SCHEMA_VERSION, GpuSample, NodeReport, XidEvent, to_wire
 from supervisor.ports import HealthFeed
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from supervisor.adapters.launcher_channel import LauncherGoal, LauncherPoll
+from supervisor.adapters.web.launcher_channel import LauncherGoal, LauncherPoll
 from supervisor.agent.launcher import Launcher, LaunchSettings
 
 

@@ -16,7 +16,7 @@ from supervisor.agent.launcher import Launcher
 from supervisor.agent.oneshot import CheckResult, as_agent_report
 from supervisor.agent.spare_check import SPARE_CHECK_NAME, SpareCheck, spare_check_argv
 from supervisor.cli.launch import _spare_check
-from supervisor.domain.node_report import ReportBatch, check_batch
+from supervisor.domain.health.node_report import ReportBatch, check_batch
 
 CHECK = ("check", "--once", "--send")
 ENDS = {f"launcher_spare_check_{end}" for end in ("done", "found_fatal", "failed", "timed_out")}

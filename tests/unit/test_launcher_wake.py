@@ -8,10 +8,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.adapters.http_types import Request
-from supervisor.adapters.launcher_channel import LauncherChannel
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.wake_clock import WakeableClock
+from supervisor.adapters.web.launcher_channel import LauncherChannel
+from supervisor.adapters.web.messages import Request
 from supervisor.domain.run import RestartMode, RunSpec
 from supervisor.engine.daemon import Pacing, run_loop
 

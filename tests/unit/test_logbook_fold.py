@@ -9,9 +9,9 @@ from click.testing import CliRunner
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main
 from supervisor.cli.logbook_view import folded_lines
-from supervisor.domain.logbook_fold import Fold, IncidentStart, Line, fold
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import RunSpec
+from supervisor.report.fold import Fold, IncidentStart, Line, fold
 
 GOLDEN = Path(__file__).parent.parent / "data" / "golden" / "logbook_fold_demo.txt"
 T0 = 1795910400.0  # 2026-11-29 00:00:00 UTC

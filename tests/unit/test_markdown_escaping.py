@@ -5,11 +5,11 @@ import re
 
 from markdown_it import MarkdownIt
 
-from supervisor.adapters.html_logbook import render_html
-from supervisor.adapters.html_markdown import markdown_to_html
-from supervisor.domain.chronicle import render_markdown
+from supervisor.adapters.logbook_html.markdown import markdown_to_html
+from supervisor.adapters.logbook_html.page import render_html
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import RunSpec, RunState
+from supervisor.report.chronicle import render_markdown
 
 T0 = 1795910400.0
 NOTE = (

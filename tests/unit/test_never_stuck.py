@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, replace
 import pytest
 from sim_world import SimWorld
 
-from supervisor.adapters.notify import Pager
+from supervisor.adapters.paging.webhook import Pager
 from supervisor.domain.cluster import SubmitRequest
-from supervisor.domain.health import NodeFinding, Severity
-from supervisor.domain.lemon import QuarantineSettings
+from supervisor.domain.health.findings import NodeFinding, Severity
+from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.domain.records import EventKind, Verdict
 from supervisor.domain.run import RunSpec, SparePolicy
 from supervisor.engine.reconcile import EngineSettings

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 from msgspec.structs import replace
 
-from supervisor.domain.node_report import (
+from supervisor.domain.health.node_report import (
     MAX_GPUS,
     MAX_REPORTS_PER_BATCH,
     SCHEMA_VERSION,

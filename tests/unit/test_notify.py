@@ -9,7 +9,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.adapters.notify import Pager, PagerSettings, WebhookNotifier, notify_new_events, payload, read_secret
+from supervisor.adapters.paging.webhook import (
+    Pager,
+    PagerSettings,
+    WebhookNotifier,
+    notify_new_events,
+    payload,
+    read_secret,
+)
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import RunSpec

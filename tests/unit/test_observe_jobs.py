@@ -8,8 +8,8 @@ from collections.abc import Collection
 from typing import Any
 
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState
-from supervisor.domain.health import HeartbeatSettings
-from supervisor.domain.lemon import QuarantineSettings
+from supervisor.domain.health.findings import HeartbeatSettings
+from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.domain.records import AttemptRecord, RunRecord
 from supervisor.domain.run import RunSpec, RunState
 from supervisor.engine.job_reads import JobReadPlan, plan_job_read

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeInfo, NodeState
-from supervisor.domain.health import HeartbeatSettings
-from supervisor.domain.lemon import QuarantineSettings
+from supervisor.domain.health.findings import HeartbeatSettings
+from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.domain.records import AttemptRecord, RunRecord
 from supervisor.domain.run import RunSpec, RunState
 from supervisor.engine.nodes import NodeWatch

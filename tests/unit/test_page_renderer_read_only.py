@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.adapters.page_renderer import ProcessRenderer
 from supervisor.adapters.sqlite import DB_NAME, SqliteStore
 from supervisor.adapters.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, _statements
+from supervisor.adapters.web.renderer import ProcessRenderer
 from supervisor.domain.run import RunSpec
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from supervisor.domain.peer_groups import PeerGroups
-from supervisor.domain.stragglers import StragglerScorer, node_peer_groups
+from supervisor.domain.pace.peer_groups import PeerGroups
+from supervisor.domain.pace.stragglers import StragglerScorer, node_peer_groups
 
 NODES = 64
 

@@ -14,8 +14,8 @@ from supervisor.domain.actions import (
     Submit,
 )
 from supervisor.domain.cluster import ClusterSnapshot, JobHold, JobInfo, JobState, NodeChange, NodeInfo, NodeState
-from supervisor.domain.lemon import Fault
-from supervisor.domain.policy import Observation, Policy, decide
+from supervisor.domain.decide.policy import Observation, Policy, decide
+from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import RestartMode, RunSpec, RunState, SparePolicy
 

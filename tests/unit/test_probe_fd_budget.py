@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from supervisor.adapters.tcp_probe import TcpProbe
+from supervisor.adapters.slurm.tcp_probe import TcpProbe
 from supervisor.domain.cluster import ClusterSnapshot, NodeInfo, NodeState
 from supervisor.engine.probes import ProbeTracker
 
@@ -22,7 +22,7 @@ from supervisor.engine.probes import ProbeTracker
 _UNDER_LIMIT = textwrap.dedent(
     """
     import json, resource, sys
-    from supervisor.adapters.tcp_probe import TcpProbe
+    from supervisor.adapters.slurm.tcp_probe import TcpProbe
     from supervisor.domain.cluster import NodeInfo, NodeState
     port, nodes, limit = (int(a) for a in sys.argv[1:4])
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))

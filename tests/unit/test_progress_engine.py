@@ -136,7 +136,7 @@ def test_the_save_cost_is_measured_from_the_log_and_feeds_the_checkpoint_advice(
     """Issue 21 item 6: a save announced in the log (Megatron's "saving checkpoint" ... "successfully
     saved") stalls it; the stall, measured between the reads, is the attempt's save cost, handed on
     with its replacement's restart and used by `logbook goodput` for Young/Daly."""
-    from supervisor.domain.goodput import goodput, measured_save_s
+    from supervisor.domain.goodput.account import goodput, measured_save_s
 
     settings = HangSettings(multiple=3, floor_s=60, cap_s=600, startup_grace_s=900)
     w = SimWorld(tmp_path, SPEC, probe=False, hang=settings)

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 from sim_world import SimWorld
 
-from supervisor.adapters.notify import Pager
-from supervisor.domain.backoff import fast_failures, restart_backoff
+from supervisor.adapters.paging.webhook import Pager
+from supervisor.domain.decide.backoff import fast_failures, restart_backoff
 from supervisor.domain.records import AttemptRecord, EventKind
 from supervisor.domain.run import RestartPacing, RunSpec, SparePolicy
 from supervisor.engine.reconcile import EngineSettings

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.domain.actions import Submit
-from supervisor.domain.checkpoints import CheckpointRef, Guarantee, ResumeChoice
-from supervisor.domain.resume import (
+from supervisor.domain.checkpoints.manifest import CheckpointRef, Guarantee, ResumeChoice
+from supervisor.domain.checkpoints.resume import (
     CheckpointPick,
     PassedOver,
     ResumePlan,

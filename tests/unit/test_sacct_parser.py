@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.adapters.sacct import FIELDS, SacctCli, parse_record, parse_sacct, sacct_argv
-from supervisor.adapters.slurm_json import ParseError
+from supervisor.adapters.slurm.json_parsers import ParseError
+from supervisor.adapters.slurm.sacct import FIELDS, SacctCli, parse_record, parse_sacct, sacct_argv
 from supervisor.domain.cluster import JobState
 from supervisor.ports import PermanentError, TransientError
 
@@ -122,7 +122,7 @@ def test_runner_maps_sacct_failures(tmp_path):
     ],
 )
 def test_the_daemon_reads_sacct_where_the_cluster_keeps_accounting(tmp_path, scontrol, reads_sacct):
-    from supervisor.adapters.slurm_cli import SlurmCli
+    from supervisor.adapters.slurm.cli import SlurmCli
     from supervisor.cli.wiring import accounting
 
     fake_sacct(tmp_path, "true")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 
 from supervisor.adapters.clock import SystemClock
-from supervisor.adapters.ingest import IngestServer, ReportIngest
+from supervisor.adapters.web.ingest import IngestServer, ReportIngest
 from supervisor.agent.sender import HttpSender, SenderSettings
-from supervisor.domain.gpu_health import HealthRules
-from supervisor.domain.node_report import SCHEMA_VERSION, GpuSample, NodeReport
+from supervisor.domain.health.gpu_health import HealthRules
+from supervisor.domain.health.node_report import SCHEMA_VERSION, GpuSample, NodeReport
 
 TOKEN = "token-0123456789abcdef"
 

@@ -8,9 +8,9 @@ import hostlist
 import pytest
 
 from supervisor.adapters.sqlite import SqliteStore
-from supervisor.domain.checkpoints import CheckpointRef, Guarantee, Manifest
+from supervisor.domain.checkpoints.manifest import CheckpointRef, Guarantee, Manifest
+from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.hostnames import fold
-from supervisor.domain.lemon import Fault
 from supervisor.domain.observation import fmt_nodes
 from supervisor.domain.progress import pauses
 from supervisor.domain.records import NodeVerdict, Verdict

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from supervisor.cli import main
-from supervisor.domain.checkpoints import Level, Outcome
-from supervisor.domain.health import Severity
+from supervisor.domain.checkpoints.manifest import Level, Outcome
+from supervisor.domain.health.findings import Severity
 from supervisor.domain.progress import parser_for
 from supervisor.domain.records import EventKind
 from supervisor.sim.checkpoints import SimCheckpointStore

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.adapters.slurm_cli import SlurmCli, sbatch_argv
+from supervisor.adapters.slurm.cli import SlurmCli, sbatch_argv
 from supervisor.domain.cluster import SubmitRequest
 from supervisor.ports import PermanentError, PermissionDenied, TransientError
 

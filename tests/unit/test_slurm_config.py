@@ -1,6 +1,6 @@
 """``scontrol show config`` read into the settings decisions depend on."""
 
-from supervisor.adapters.slurm_config import has_accounting, kill_wait_s, parse_show_config
+from supervisor.adapters.slurm.config import has_accounting, kill_wait_s, parse_show_config
 
 SHOWN = """\
 Configuration data as of 2026-12-01T10:00:04

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.adapters.slurm_cli import (
+from supervisor.adapters.slurm.cli import (
     classify,
     client_env,
     exclude_argv,
@@ -17,7 +17,7 @@ from supervisor.adapters.slurm_cli import (
     requeue_argv,
     sbatch_argv,
 )
-from supervisor.adapters.slurm_json import (
+from supervisor.adapters.slurm.json_parsers import (
     decode_exit_code,
     decode_wait_status,
     document_errors,
@@ -471,9 +471,9 @@ def test_client_env_keeps_the_daemons_secrets_out_of_submitted_jobs() -> None:
 
 # ---------------------------------------------------------------------------- formatted reads (issue 14)
 
-from supervisor.adapters import squeue_format as fmt  # noqa: E402
-from supervisor.adapters.slurm_json import ParseError  # noqa: E402
-from supervisor.adapters.slurm_reads import SnapshotReader, parse_version  # noqa: E402
+from supervisor.adapters.slurm import squeue_format as fmt  # noqa: E402
+from supervisor.adapters.slurm.json_parsers import ParseError  # noqa: E402
+from supervisor.adapters.slurm.reads import SnapshotReader, parse_version  # noqa: E402
 
 SEPS = fmt.Separators("\x1fF00D\x1f", "\x1eF00D\x1e")
 

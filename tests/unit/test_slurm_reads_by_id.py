@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from supervisor.adapters import squeue_format as fmt
-from supervisor.adapters.slurm_reads import LARGE_ACCOUNT, SnapshotReader, squeue_by_id_argv
+from supervisor.adapters.slurm import squeue_format as fmt
+from supervisor.adapters.slurm.reads import LARGE_ACCOUNT, SnapshotReader, squeue_by_id_argv
 from supervisor.ports import PermanentError, TransientError
 
 

@@ -11,14 +11,14 @@ import json
 
 from test_in_allocation import A0, JOB, run, snap
 
-from supervisor.adapters.http_server import Request
-from supervisor.adapters.ingest import ReportIngest
+from supervisor.adapters.web.ingest import ReportIngest
+from supervisor.adapters.web.server import Request
 from supervisor.agent.oneshot import CheckResult, as_agent_report
-from supervisor.domain.gpu_health import HealthRules
-from supervisor.domain.health import HeartbeatSettings
-from supervisor.domain.in_allocation import hot_spares
-from supervisor.domain.node_report import SCHEMA_VERSION, NodeReport, to_wire
-from supervisor.domain.policy import Observation
+from supervisor.domain.decide.in_allocation import hot_spares
+from supervisor.domain.decide.policy import Observation
+from supervisor.domain.health.findings import HeartbeatSettings
+from supervisor.domain.health.gpu_health import HealthRules
+from supervisor.domain.health.node_report import SCHEMA_VERSION, NodeReport, to_wire
 from supervisor.engine.nodes import NodeWatch
 
 TOKEN = "llm-token-0123456789abcdef"

@@ -14,9 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.domain.progress import ProgressRecord, parse_text
-from supervisor.domain.rollback import choose_rollback, plan_rollback, suggest_skip
-from supervisor.domain.spike_detector import SpikeDetector
-from supervisor.domain.spikes import (
+from supervisor.domain.spikes.detector import SpikeDetector
+from supervisor.domain.spikes.events import (
     Decision,
     SpikeKind,
     SpikeOutcome,
@@ -24,6 +23,7 @@ from supervisor.domain.spikes import (
     SpikeStatus,
     decide,
 )
+from supervisor.domain.spikes.rollback import choose_rollback, plan_rollback, suggest_skip
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LOGS = DATA / "train_logs"

@@ -3,15 +3,15 @@ next expected checkpoint, what pages); numbers as people write them, "unlimited"
 
 from click.testing import CliRunner
 
-from supervisor.adapters.html_logbook import render_html
+from supervisor.adapters.logbook_html.page import render_html
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main
 from supervisor.cli import render as cli_render
-from supervisor.domain.chronicle import render_markdown
-from supervisor.domain.chronicle_text import seconds
-from supervisor.domain.figures import duration, restarts
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
+from supervisor.report.chronicle import render_markdown
+from supervisor.report.figures import duration, restarts
+from supervisor.report.text import seconds
 
 T0 = 1795910400.0  # 2026-11-29 00:00:00 UTC
 RUN = "llama-70b"
@@ -128,7 +128,7 @@ def test_numbers_read_as_people_write_them():
 def test_a_run_that_ended_is_summed_up_as_of_its_end(tmp_path):
     spec = RunSpec(name=RUN, script="/t.sbatch", partition="gpu", nodes=2)
     run = RunRecord(spec, RunState.COMPLETED, created_at=T0)
-    from supervisor.domain.run_summary import summarize
+    from supervisor.report.summary import summarize
 
     events = [_ev(EventKind.COMPLETED, "job 500 completed", 7200)]
     s = summarize(run, [], events, now=T0 + 10**6)

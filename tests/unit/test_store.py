@@ -5,13 +5,13 @@ import pytest
 
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.sqlite.schema import SCHEMA_VERSION, SchemaTooNew, migrate
-from supervisor.domain.blast import NodeChangeRecord
-from supervisor.domain.health import NodeFinding, Severity
-from supervisor.domain.lemon import Fault
+from supervisor.domain.decide.blast import NodeChangeRecord
+from supervisor.domain.health.findings import NodeFinding, Severity
+from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import Event, EventKind
-from supervisor.domain.rollback import RollbackRecord, RollbackStatus, SkipRange
 from supervisor.domain.run import IllegalTransition, RunSpec, RunState
+from supervisor.domain.spikes.rollback import RollbackRecord, RollbackStatus, SkipRange
 from supervisor.ports import PermanentError
 
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from supervisor.domain.slowdown import SlowdownDetector, SlowdownState
-from supervisor.domain.stragglers import (
+from supervisor.domain.pace.slowdown import SlowdownDetector, SlowdownState
+from supervisor.domain.pace.stragglers import (
     StragglerScorer,
     node_step_times,
 )

@@ -8,8 +8,8 @@ from dataclasses import replace
 from supervisor.domain.actions import Cancel, SwapStep
 from supervisor.domain.alloc_step import AllocationStep, LauncherReport
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeInfo, NodeState
-from supervisor.domain.health import NodeFinding, Severity
-from supervisor.domain.policy import Observation, Policy, decide
+from supervisor.domain.decide.policy import Observation, Policy, decide
+from supervisor.domain.health.findings import NodeFinding, Severity
 from supervisor.domain.records import AttemptRecord, Event, RunRecord
 from supervisor.domain.run import CheckpointPolicy, RestartMode, RunSpec, RunState
 

@@ -1,6 +1,6 @@
 import socket
 
-from supervisor.adapters.tcp_probe import TcpProbe
+from supervisor.adapters.slurm.tcp_probe import TcpProbe
 from supervisor.domain.cluster import NodeInfo, NodeState
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from supervisor.adapters.tcp_probe import TcpProbe
+from supervisor.adapters.slurm.tcp_probe import TcpProbe
 from supervisor.domain.cluster import NodeInfo, NodeState
 
 

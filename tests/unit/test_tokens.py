@@ -8,7 +8,7 @@ import os
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.adapters.tokens import HOOKS, TokenBook
+from supervisor.adapters.web.tokens import HOOKS, TokenBook
 
 
 class Ticks:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from supervisor.domain.checkpoints import ChecksumAlgorithm, ObjectInfo
+from supervisor.domain.checkpoints.manifest import ChecksumAlgorithm, ObjectInfo
 
 
 class StorageError(Exception):

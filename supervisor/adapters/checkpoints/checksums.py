@@ -11,7 +11,7 @@ import hashlib
 
 from awscrt import checksums as _crt
 
-from supervisor.domain.checkpoints import ChecksumAlgorithm
+from supervisor.domain.checkpoints.manifest import ChecksumAlgorithm
 
 
 class Digest:

@@ -36,14 +36,14 @@ import structlog
 from supervisor.adapters.checkpoints.backend import ObjectBackend, StorageError
 from supervisor.adapters.checkpoints.checksums import Digest
 from supervisor.adapters.checkpoints.posix import PosixBackend
-from supervisor.domain.checkpoints import (
+from supervisor.domain.checkpoints.checks import step_from_name
+from supervisor.domain.checkpoints.manifest import (
     MANIFEST_NAME,
     ChecksumAlgorithm,
     Manifest,
     ObjectInfo,
     ShardEntry,
 )
-from supervisor.domain.ckpt_checks import step_from_name
 
 log = structlog.get_logger(__name__)
 

@@ -26,7 +26,7 @@ import stat
 from collections.abc import Iterator
 
 from supervisor.adapters.checkpoints.backend import StorageError
-from supervisor.domain.checkpoints import ChecksumAlgorithm, ObjectInfo
+from supervisor.domain.checkpoints.manifest import ChecksumAlgorithm, ObjectInfo
 
 # errno values where trying again later may help: the file server is slow, failing over or away
 _TRANSIENT = frozenset(

@@ -19,7 +19,7 @@ import structlog
 from supervisor.adapters.checkpoints.backend import ObjectBackend, StorageError
 from supervisor.adapters.checkpoints.checksums import Digest
 from supervisor.adapters.checkpoints.throttle import TokenBucket
-from supervisor.domain.checkpoints import CheckpointRef, ChecksumAlgorithm, Level
+from supervisor.domain.checkpoints.manifest import CheckpointRef, ChecksumAlgorithm, Level
 
 log = structlog.get_logger(__name__)
 

@@ -43,7 +43,7 @@ from botocore.config import Config
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from supervisor.adapters.checkpoints.backend import StorageError
-from supervisor.domain.checkpoints import ChecksumAlgorithm, ObjectInfo
+from supervisor.domain.checkpoints.manifest import ChecksumAlgorithm, ObjectInfo
 
 log = structlog.get_logger()
 

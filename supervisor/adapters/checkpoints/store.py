@@ -15,8 +15,8 @@ from supervisor.adapters.checkpoints.posix import PosixBackend
 from supervisor.adapters.checkpoints.s3 import S3Backend
 from supervisor.adapters.checkpoints.verify import DEFAULT_GRACE_S, Verifier
 from supervisor.adapters.clock import SystemClock
-from supervisor.domain.checkpoints import CheckpointRef, Level, Manifest, VerifyResult
-from supervisor.domain.ckpt_layouts import discover, wanted_texts
+from supervisor.domain.checkpoints.layouts import discover, wanted_texts
+from supervisor.domain.checkpoints.manifest import CheckpointRef, Level, Manifest, VerifyResult
 from supervisor.ports import Clock, PermanentError, PortError, TransientError
 
 S3_OPTIONS = frozenset(

@@ -36,7 +36,9 @@ import structlog
 
 from supervisor.adapters.checkpoints.backend import ObjectBackend, StorageError
 from supervisor.adapters.checkpoints.reads import ParallelReads, Stopped, VerifyRun
-from supervisor.domain.checkpoints import (
+from supervisor.domain.checkpoints.adopted import check_adopted
+from supervisor.domain.checkpoints.checks import check_digests, check_listing, summarize
+from supervisor.domain.checkpoints.manifest import (
     MANIFEST_NAME,
     CheckpointRef,
     ChecksumAlgorithm,
@@ -49,8 +51,6 @@ from supervisor.domain.checkpoints import (
     ShardProblem,
     VerifyResult,
 )
-from supervisor.domain.ckpt_adopted import check_adopted
-from supervisor.domain.ckpt_checks import check_digests, check_listing, summarize
 from supervisor.ports import Clock
 
 log = structlog.get_logger(__name__)

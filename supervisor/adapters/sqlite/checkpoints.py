@@ -9,8 +9,8 @@ from typing import Any
 
 from supervisor.adapters.sqlite.base import SqliteBase
 from supervisor.adapters.sqlite.decoded import resume_plan
-from supervisor.domain.checkpoints import CheckpointRef, Guarantee, Level, Outcome, ShardProblem, VerifyResult
-from supervisor.domain.resume import ResumePlan
+from supervisor.domain.checkpoints.manifest import CheckpointRef, Guarantee, Level, Outcome, ShardProblem, VerifyResult
+from supervisor.domain.checkpoints.resume import ResumePlan
 
 
 class SqliteCheckpoints(SqliteBase):

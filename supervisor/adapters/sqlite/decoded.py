@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-from supervisor.domain.resume import ResumePlan
+from supervisor.domain.checkpoints.resume import ResumePlan
 
 
 @lru_cache(maxsize=512)

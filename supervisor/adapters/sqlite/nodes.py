@@ -10,9 +10,9 @@ from functools import lru_cache
 from typing import Any
 
 from supervisor.adapters.sqlite.base import SqliteBase
-from supervisor.domain.blast import NodeChangeRecord
-from supervisor.domain.health import NodeFinding
-from supervisor.domain.lemon import Fault
+from supervisor.domain.decide.blast import NodeChangeRecord
+from supervisor.domain.health.findings import NodeFinding
+from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.records import NodeVerdict, Verdict
 
 

@@ -1,7 +1,7 @@
 """The progress series: the points the daemon read from each attempt's training log, bounded per run.
 
 Writes append; once a run holds twice its bound, its series is thinned back to the bound
-(domain.progress_series.decimate: each attempt's first and last point and the loss extremes stay),
+(domain.progress.series.decimate: each attempt's first and last point and the loss extremes stay),
 so a 54-day run costs a few thousand rows, and thinning runs once per bound's worth of points.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from supervisor.adapters.sqlite.base import SqliteBase
-from supervisor.domain.progress_series import MAX_POINTS, ProgressPoint, decimate
+from supervisor.domain.progress.series import MAX_POINTS, ProgressPoint, decimate
 
 _INSERT = (
     "INSERT OR REPLACE INTO progress(run, attempt, step, at, loss, step_time_s, tokens_per_s, samples_per_s)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from supervisor.adapters.sqlite.base import SqliteBase
-from supervisor.domain.rollback import RollbackRecord
+from supervisor.domain.spikes.rollback import RollbackRecord
 
 
 class SqliteRollbacks(SqliteBase):

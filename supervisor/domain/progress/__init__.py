@@ -10,10 +10,10 @@ from supervisor.domain.progress.formats import (
     parse_text,
     parser_for,
 )
-from supervisor.domain.progress.hf import parse_trainer_state
+from supervisor.domain.progress.frameworks.hf import parse_trainer_state
+from supervisor.domain.progress.frameworks.ssv import parse_object as parse_ssv_object
 from supervisor.domain.progress.prefixes import split_prefix, strip_ansi
 from supervisor.domain.progress.record import FIELD_NAMES, ProgressRecord
-from supervisor.domain.progress.ssv import parse_object as parse_ssv_object
 from supervisor.domain.progress.stream import ProgressParser
 
 __all__ = [

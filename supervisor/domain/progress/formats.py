@@ -19,14 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from supervisor.domain.progress.base import LineFormat
-from supervisor.domain.progress.fairseq import FairseqFormat
-from supervisor.domain.progress.hf import HfTrainerFormat
-from supervisor.domain.progress.megatron import MegatronFormat
-from supervisor.domain.progress.nemo import NemoFormat
+from supervisor.domain.progress.frameworks.fairseq import FairseqFormat
+from supervisor.domain.progress.frameworks.hf import HfTrainerFormat
+from supervisor.domain.progress.frameworks.megatron import MegatronFormat
+from supervisor.domain.progress.frameworks.nemo import NemoFormat
+from supervisor.domain.progress.frameworks.ssv import SsvJsonlFormat
+from supervisor.domain.progress.frameworks.torchtitan import TorchtitanFormat
 from supervisor.domain.progress.record import ProgressRecord
-from supervisor.domain.progress.ssv import SsvJsonlFormat
 from supervisor.domain.progress.stream import ProgressParser
-from supervisor.domain.progress.torchtitan import TorchtitanFormat
 
 # In the order auto mode tries them: the most specific first.
 _FACTORIES: Mapping[str, Callable[[], LineFormat]] = {

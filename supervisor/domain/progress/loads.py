@@ -1,6 +1,6 @@
 """Log lines about loading a checkpoint, and what an attempt's log says of its load. Pure.
 
-Checkpoint fallback (``domain/demotion.py``) passes over a checkpoint only on evidence that loading
+Checkpoint fallback (``domain/checkpoints/demotion.py``) passes over a checkpoint only on evidence that loading
 it failed; this is where the log evidence comes from:
 
 * **the log shows a load error** — PyTorch's ``Error(s) in loading state_dict``,

@@ -1,0 +1,1 @@
+"""The HTML logbook page: Markdown, SVG curves, its assets."""

@@ -1,0 +1,1 @@
+"""Paging: webhook delivery and the payloads it sends."""

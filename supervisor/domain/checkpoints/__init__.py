@@ -1,0 +1,1 @@
+"""Checkpoints: manifests, verification checks and layouts, demotion, and the resume plan."""

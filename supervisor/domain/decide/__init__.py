@@ -1,0 +1,1 @@
+"""Deciding a run: the policy, the run lifecycle, faults, in-allocation swaps and their limits."""

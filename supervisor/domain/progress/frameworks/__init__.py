@@ -1,0 +1,1 @@
+"""One training-log format per framework (Megatron-LM, Hugging Face, NeMo, fairseq, torchtitan, ssv JSONL)."""
