@@ -55,6 +55,7 @@ _HOLD_REASONS = frozenset({_HELD_USER, _HELD_ADMIN, _LAUNCH_FAILED})
 _PROLOG_ERROR = "prolog error"
 _BASE_JOB_STATES = frozenset(s.value for s in JobState) - {"COMPLETING", "UNKNOWN"}
 _BASE_NODE_STATES = frozenset(s.value for s in NodeState) - {"UNKNOWN"}
+_FAILING = frozenset({"FAIL", "FAILING"})
 
 
 class ParseError(ValueError):
@@ -131,6 +132,10 @@ def split_job_state(value: Any) -> tuple[JobState, frozenset[str]]:
     flags = frozenset(w for w in words if base is None or w != base.value)
     if base is None:
         base = next((_FLAG_STATES[w] for w in words if w in _FLAG_STATES), JobState.UNKNOWN)
+    elif base is JobState.PENDING and "COMPLETING" in flags:
+        # 24.11+: a requeued job still cleaning up is PENDING+COMPLETING on its old nodes, where
+        # 22.05 says COMPLETING: one shape for the policy, whatever the release.
+        base = JobState.COMPLETING
     return base, flags
 
 
@@ -144,8 +149,23 @@ def decode_wait_status(status: int | None) -> tuple[int | None, int | None]:
     return (status >> 8) & 0xFF, None
 
 
+def decode_code_signal(value: str) -> tuple[int | None, int | None]:
+    """(exit_code, term_signal) from Slurm's ``code:signal`` text: sacct's ExitCode on every release,
+    and ``squeue -O exit_code`` from 24.11 on ("3:0" exit 3; "0:9" SIGKILL; 22.05 printed the raw
+    wait status there). Anything but two numbers is no exit code."""
+    code, sep, signal = value.partition(":")
+    if not sep or not code.strip().isdigit() or not signal.strip().isdigit():
+        return None, None
+    if int(signal):
+        return None, int(signal)
+    return int(code), None
+
+
 def decode_exit_code(value: Any) -> tuple[int | None, int | None]:
-    """(exit_code, term_signal) from 22.05's integer or 23.02+'s verbose object."""
+    """(exit_code, term_signal) from 22.05's raw wait status, 24.11+'s formatted ``code:signal`` or
+    23.02+'s verbose JSON object."""
+    if isinstance(value, str) and ":" in value:
+        return decode_code_signal(value)
     if not isinstance(value, Mapping):
         return decode_wait_status(number(value))
     status = tokens(value.get("status"))
@@ -156,6 +176,13 @@ def decode_exit_code(value: Any) -> tuple[int | None, int | None]:
     if "PENDING" in status or "INVALID" in status:
         return None, None
     return number(value.get("return_code")), None
+
+
+def own_outcome(state: JobState, decoded: tuple[int | None, int | None]) -> tuple[int | None, int | None]:
+    """The job's own (exit_code, term_signal) of those decoded. A node failure is no code of the
+    job's: Slurm fills one in (22.05 SIGTERM; 24.11+ SIGHUP in JSON and ``1:0`` in sacct), which a
+    spec listing 1 as do-not-restart would have taken for the job's."""
+    return (None, None) if state is JobState.NODE_FAIL else decoded
 
 
 def _reason_key(text_: str) -> str:
@@ -193,7 +220,7 @@ def parse_job(job: Mapping[str, Any]) -> JobInfo:
     reason = text(job.get("state_reason"))
     description = text(job.get("state_description"))
     ended = state.finished or state is JobState.COMPLETING
-    exit_code, term_signal = decode_exit_code(job.get("exit_code")) if ended else (None, None)
+    exit_code, term_signal = own_outcome(state, decode_exit_code(job.get("exit_code"))) if ended else (None, None)
     job_id = number(job.get("job_id"))
     if job_id is None:
         raise ParseError(f"job without job_id: {dict(job)!r:.200}")
@@ -260,9 +287,17 @@ def prolog_error(reason: str) -> bool:
     return reason.lower().startswith(_PROLOG_ERROR)
 
 
+def node_reason(state: NodeState, flags: frozenset[str], reason: str) -> str:
+    """The reason of a node out of service; "" for one in service. 24.11 keeps a node's reason after
+    ``scontrol update state=resume`` (22.05 and 26.05 clear it): a healthy node read there would
+    carry its last drain's words into the logbook."""
+    probe = NodeInfo(name="", state=state, flags=flags)
+    return reason if not probe.schedulable or flags & _FAILING else ""
+
+
 def _node_from_record(rec: Mapping[str, Any]) -> NodeInfo:
     state, flags = split_node_state(rec.get("state"), rec.get("state_flags"))
-    reason = text(rec.get("reason"))
+    reason = node_reason(state, flags, text(rec.get("reason")))
     return NodeInfo(
         name=text(rec.get("name")),
         state=state,
@@ -282,7 +317,7 @@ def _nodes_from_group(entry: Mapping[str, Any]) -> list[NodeInfo]:
     addresses = list(group.get("addresses") or ())
     state, flags = split_node_state((entry.get("node") or {}).get("state"))
     partition = text((entry.get("partition") or {}).get("name"))
-    reason = text(entry.get("reason"))
+    reason = node_reason(state, flags, text(entry.get("reason")))
     return [
         NodeInfo(
             name=name,

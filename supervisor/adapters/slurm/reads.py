@@ -54,14 +54,18 @@ class Runner(Protocol):
 
 
 def squeue_json_argv(user: str | None = None) -> list[str]:
-    if user is None:
-        return ["squeue", "--all", "--json"]
-    return ["squeue", "--all", "--json", "--states=all", f"--user={user}"]
+    """Every job (None) or the user's, finished ones included: from 24.05 on --json honours
+    squeue's default state filter, which leaves them out (22.05 ignores --states with --json)."""
+    return ["squeue", "--all", "--json", "--states=all", *([f"--user={user}"] if user else [])]
 
 
 def sinfo_json_argv(nodes: str | None = None) -> list[str]:
-    # --Node: one entry per node in 23.11+ (22.05 always lists nodes with --json).
-    return ["sinfo", "--all", "--Node", "--json", *([f"--nodes={nodes}"] if nodes else [])]
+    """--Node: one entry per node in 23.11+ (22.05 always lists nodes with --json). --Format names
+    NodeAddr because 23.11+ fills ``nodes.addresses`` only when the format asks for it (without
+    it the slurmd probe had only node names); the rest of each entry is the same with or without,
+    and 22.05 ignores it (all measured: docs/slurm-releases.md)."""
+    nodes_arg = [f"--nodes={nodes}"] if nodes else []
+    return ["sinfo", "--all", "--Node", "--json", "--Format=NodeList,NodeAddr", *nodes_arg]
 
 
 def version_argv() -> list[str]:

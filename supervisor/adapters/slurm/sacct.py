@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from supervisor.adapters.slurm.cli import SlurmCli
-from supervisor.adapters.slurm.json_parsers import ParseError, expand_nodes
+from supervisor.adapters.slurm.json_parsers import ParseError, decode_code_signal, expand_nodes, own_outcome
 from supervisor.domain.cluster import Canceller, JobInfo, JobState
 from supervisor.ports import PermanentError
 
@@ -88,16 +88,6 @@ def _time(value: str) -> float | None:
     return float(value)
 
 
-def _exit(value: str) -> tuple[int | None, int | None]:
-    """(exit_code, term_signal) from sacct's ``code:signal`` ("3:0" exit 3; "0:9" SIGKILL)."""
-    code, _, signal = value.partition(":")
-    if not code.strip().isdigit() or not signal.strip().isdigit():
-        return None, None
-    if int(signal):
-        return None, int(signal)
-    return int(code), None
-
-
 def _state(value: str) -> JobState:
     """Base state from sacct's wording: "CANCELLED by 1000" -> CANCELLED; REQUEUED -> PENDING."""
     word = value.split()[0].upper() if value.split() else ""
@@ -133,7 +123,7 @@ def parse_record(line: str) -> JobInfo:
     if not f["JobIDRaw"].isdigit():
         raise ParseError(f"sacct line without a job id: {line!r:.200}")
     state = _state(f["State"])
-    exit_code, term_signal = _exit(f["ExitCode"]) if state.finished else (None, None)
+    exit_code, term_signal = own_outcome(state, decode_code_signal(f["ExitCode"])) if state.finished else (None, None)
     reason = f["Reason"].strip()
     nodes = () if f["NodeList"] in ("None assigned", "") else expand_nodes(f["NodeList"])
     return JobInfo(

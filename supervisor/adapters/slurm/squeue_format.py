@@ -25,6 +25,7 @@ from typing import Any
 from supervisor.adapters.slurm.json_parsers import (
     ParseError,
     expand_nodes,
+    node_reason,
     number,
     parse_job,
     prolog_error,
@@ -171,7 +172,7 @@ class NodeParser:
 
 def _node(row: Mapping[str, str]) -> NodeInfo:
     state, flags = split_node_state(row["state"])
-    reason = "" if row["reason"] in _UNSET else row["reason"]
+    reason = node_reason(state, flags, "" if row["reason"] in _UNSET else row["reason"])
     partition = text(row["partitions"])
     return NodeInfo(
         name=row["name"],
