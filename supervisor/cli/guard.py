@@ -67,13 +67,15 @@ def _server(cfg: GuardConfig) -> GuardServer:
     from supervisor.guard.memory import GuardMemory
     from supervisor.guard.server import GuardServer, bound_socket, passed_socket
     from supervisor.guard.service import Guard
+    from supervisor.guard.slurm_node_jobs import GuardSlurm
 
     g = cfg.guard
-    slurm = SlurmCli(
+    cli = SlurmCli(
         bin_dir=str(cfg.slurm.bin_dir) if cfg.slurm.bin_dir else None,
         slurm_conf=str(cfg.slurm.slurm_conf) if cfg.slurm.slurm_conf else None,
         timeout=cfg.slurm.command_timeout_s,
     )
+    slurm = GuardSlurm(cli)
     memory = GuardMemory(g.state_dir)
     audit = AuditLog(g.state_dir / "audit.jsonl")
     core = Guard(slurm=slurm, memory=memory, audit=audit, limits=g.limits(), quarantine=cfg.quarantine.settings())

@@ -1,6 +1,11 @@
 """The guard's memory, in its own state directory (SQLite): the node changes it granted (what the
 cluster-wide cap counts), the faults every instance proved on a node (the shared quarantine) and
-admins' quarantine clears. One connection, used under the guard's lock."""
+admins' quarantine clears. One connection, used under the guard's lock.
+
+Faults are kept per account and node (``uid:node``: a later one replaces the earlier), and one
+account holds at most ``max_faults_per_uid`` of them within the quarantine's reach, so no caller
+can grow the table, or every instance's QUARANTINE answer, beyond the nodes it really had out of
+service (review 2026-12-02, finding 2)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ CREATE TABLE IF NOT EXISTS faults (key TEXT PRIMARY KEY, node TEXT NOT NULL, at 
 CREATE INDEX IF NOT EXISTS faults_at ON faults(at);
 CREATE TABLE IF NOT EXISTS clears (node TEXT PRIMARY KEY, at REAL NOT NULL, by TEXT NOT NULL);
 """
+MAX_FAULTS_PER_UID = 4096  # nodes one account may have in the shared memory at once
 
 
 class GuardMemory:
@@ -27,6 +33,10 @@ class GuardMemory:
         self._db = sqlite3.connect(state_dir / "guard.db", isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(faults)")}
+        if "uid" not in columns:  # a guard.db from before faults were kept per account
+            self._db.execute("ALTER TABLE faults ADD COLUMN uid INTEGER")
+        self.max_faults_per_uid = MAX_FAULTS_PER_UID
 
     def close(self) -> None:
         self._db.close()
@@ -43,12 +53,23 @@ class GuardMemory:
             Grant(n, uid, c, at, job, tuple(filter(None, nodes.split(",")))) for n, uid, c, at, job, nodes in rows
         )
 
-    def record_fault(self, fault: Fault) -> None:
-        """Once per ``fault.key`` (a DOWN and its follow-up DRAIN are one fault)."""
+    def record_fault(self, fault: Fault, uid: int, since: float) -> bool:
+        """Keep ``fault`` under its key (a later fault of the same key replaces the earlier one);
+        False, and nothing kept, when it is a new key and ``uid`` already holds its maximum of
+        faults at ``since`` or later (older ones, beyond the quarantine's reach, are forgotten)."""
+        self._db.execute("DELETE FROM faults WHERE uid = ? AND at < ?", (uid, since))
+        known = self._db.execute("SELECT 1 FROM faults WHERE key = ?", (fault.key,)).fetchone()
+        if known is None and self._faults_of(uid) >= self.max_faults_per_uid:
+            return False
         self._db.execute(
-            "INSERT OR IGNORE INTO faults(key, node, at, run, reason) VALUES (?, ?, ?, ?, ?)",
-            (fault.key, fault.node, fault.at, fault.run, fault.reason),
+            "INSERT OR REPLACE INTO faults(key, node, at, run, reason, uid) VALUES (?, ?, ?, ?, ?, ?)",
+            (fault.key, fault.node, fault.at, fault.run, fault.reason, uid),
         )
+        return True
+
+    def _faults_of(self, uid: int) -> int:
+        (count,) = self._db.execute("SELECT COUNT(*) FROM faults WHERE uid = ?", (uid,)).fetchone()
+        return int(count)
 
     def faults(self, since: float) -> list[Fault]:
         rows = self._db.execute("SELECT node, at, run, reason, key FROM faults WHERE at >= ? ORDER BY at", (since,))

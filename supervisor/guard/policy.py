@@ -5,14 +5,18 @@ Rules, in order (the first that applies decides; its name goes into the answer a
 
 * ``bad-request``: an unknown operation, a malformed node or run name.
 * RESUME and quarantine CLEAR: ``admin`` (root or a member of an admin group), else ``admin-only``.
-* DOWN and DRAIN need a reason to touch the node: ``admin``; ``own-job`` (the node is allocated to
-  a RUNNING job of the caller's UID); ``follow-up`` (the node was in a job of the caller's UID
-  when the guard changed a node of that job for the caller, within ``FOLLOW_UP_S``, and no other
-  user's job runs on it now: a DOWN ends or requeues the job at once, so the DRAIN that follows
-  and the job's other faulty nodes are no longer "in a running job"); else ``not-own-node``.
+* DOWN and DRAIN need a reason to touch the node: ``admin``; ``shared-node`` (refused: a job of
+  another user, or of no known user, holds the node too: with ``cons_tres`` nodes are shared unless
+  a job is ``--exclusive``, and a DOWN kills every job on the node); ``own-job`` (every job holding
+  the node is the caller's, one of them RUNNING); ``follow-up`` (the node was in a job of the
+  caller's UID when the guard changed a node of that job for the caller, within ``FOLLOW_UP_S``,
+  and no other user's job holds it now: a DOWN ends or requeues the job at once, so the DRAIN that
+  follows and the job's other faulty nodes are no longer "in a running job"); else
+  ``not-own-node``.
 * then the cluster-wide cap: at most ``max_drains`` distinct nodes downed or drained through the
-  guard within ``window_s``, for all callers together; beyond it ``cluster-cap`` (the request
-  still counts as a fault of the node: its ownership was proven).
+  guard within ``window_s``, for all callers together; beyond it ``cluster-cap``. Only a granted
+  change counts as a fault of the node (``Verdict.fault``): a refusal takes nothing out of service,
+  so it must not keep the node out of every instance's runs either.
 
 The Slurm reason is the guard's own: ``slurm-supervisor: run RUN: CAUSE``, printable ASCII,
 at most ``MAX_REASON`` characters, RUN checked against the run-name rule, CAUSE cleaned.
@@ -86,7 +90,7 @@ class Limits:
 @dataclass(frozen=True)
 class Facts:
     now: float
-    jobs: tuple[JobInfo, ...] = ()  # Slurm's jobs at the moment of the request (DOWN/DRAIN only)
+    jobs: tuple[JobInfo, ...] = ()  # the jobs on the node, read at the moment of the request (DOWN/DRAIN only)
     grants: tuple[Grant, ...] = ()  # the guard's grants within the window
 
 
@@ -116,7 +120,7 @@ def decide(caller: Caller, req: Request, facts: Facts, limits: Limits) -> Verdic
         return owner
     capped = _capped(req.node, facts, limits)
     if capped is not None:
-        return replace(capped, job=owner.job, fault=True)
+        return replace(capped, job=owner.job)
     return replace(owner, reason=slurm_reason(req.run, req.cause), fault=True)
 
 
@@ -135,20 +139,42 @@ def problem(req: Request) -> str:
 
 def _owner(caller: Caller, req: Request, facts: Facts, admin: bool) -> Verdict:
     """May this caller touch this node at all (before the cap)?"""
-    on_node = [j for j in facts.jobs if j.state is JobState.RUNNING and req.node in j.nodes]
+    on_node = [j for j in facts.jobs if holds(j, req.node)]
     if admin:
         return Verdict(True, "admin", f"{caller.name} is an admin", on_node[0].job_id if on_node else None)
-    mine = [j for j in on_node if j.user_id == caller.uid]
-    if mine:
-        why = f"{req.node} runs job {mine[0].job_id} of {caller.name}"
+    others = [j for j in on_node if j.user_id is None or j.user_id != caller.uid]
+    mine = [j for j in on_node if j.user_id == caller.uid and j.state is JobState.RUNNING]
+    if others and (mine or _followed_up(caller, req, facts)):
+        why = (
+            f"{req.node} also holds job {others[0].job_id} of another user (uid {others[0].user_id}): "
+            "a DOWN or DRAIN of a shared node is for an admin; submit with --exclusive to own whole nodes"
+        )
+        return Verdict(False, "shared-node", why, mine[0].job_id if mine else None)
+    if mine and not others:
+        why = f"{req.node} runs job {mine[0].job_id} of {caller.name}, and no other user's job"
         return Verdict(True, "own-job", why, mine[0].job_id, mine[0].nodes)
-    if not on_node:  # a node another user's job runs on now is never a follow-up
-        for g in facts.grants:
-            if g.uid == caller.uid and req.node in (g.node, *g.job_nodes) and facts.now - g.at <= FOLLOW_UP_S:
-                why = f"{req.node} was in job {g.job} of {caller.name} when the guard changed {g.node} at {g.at:.0f}"
-                return Verdict(True, "follow-up", why, g.job, g.job_nodes)
+    grant = None if others else _followed_up(caller, req, facts)
+    if grant is not None:
+        why = (
+            f"{req.node} was in job {grant.job} of {caller.name} when the guard changed {grant.node} at {grant.at:.0f}"
+        )
+        return Verdict(True, "follow-up", why, grant.job, grant.job_nodes)
     why = f"{req.node} is not allocated to a running job of {caller.name} (uid {caller.uid})"
     return Verdict(False, "not-own-node", why)
+
+
+def holds(job: JobInfo, node: str) -> bool:
+    """Does the job hold ``node`` now? Any state but pending and ended does (running, suspended,
+    completing, configuring, or one this release names and we do not: a DOWN would kill it)."""
+    return node in job.nodes and job.state is not JobState.PENDING and not job.state.finished
+
+
+def _followed_up(caller: Caller, req: Request, facts: Facts) -> Grant | None:
+    """The caller's recent grant whose job held this node, if any."""
+    for g in facts.grants:
+        if g.uid == caller.uid and req.node in (g.node, *g.job_nodes) and facts.now - g.at <= FOLLOW_UP_S:
+            return g
+    return None
 
 
 def _capped(node: str, facts: Facts, limits: Limits) -> Verdict | None:

@@ -10,7 +10,6 @@ import grp
 import os
 import pwd
 import socket
-import sqlite3
 import stat
 import struct
 import threading
@@ -125,15 +124,30 @@ class GuardServer:
 
     def _one(self, conn: socket.socket) -> None:
         try:
-            with conn:
-                caller = peer(conn)
-                line = read_line(conn, self.timeout_s)
-                if line is None:
-                    log.info("guard.no_request", uid=caller.uid, pid=caller.pid)
-                    return
-                conn.settimeout(self.timeout_s)
-                conn.sendall(self.guard.handle_line(caller, line))
-        except (OSError, sqlite3.Error) as exc:
-            log.error("guard.request_failed", error=str(exc))
+            caller = peer(conn)
+            line = read_line(conn, self.timeout_s)
+            if line is None:
+                log.info("guard.no_request", uid=caller.uid, pid=caller.pid)
+                return
+            conn.settimeout(self.timeout_s)
+            conn.sendall(self.guard.handle_line(caller, line))
+        except OSError as exc:  # the caller went away, or the answer could not be sent
+            log.info("guard.connection_lost", error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - one request's bug must not take the guard down for every caller
+            log.error("guard.request_failed", error=repr(exc)[:500], exc_info=True)
+            _answer_error(conn)
         finally:
+            conn.close()
             self._slots.release()
+
+
+ERROR_ANSWER = b'{"ok": false, "granted": false, "rule": "guard-error", "why": "the guard failed", "transient": true}\n'
+
+
+def _answer_error(conn: socket.socket) -> None:
+    """Tell the caller the guard failed (it retries: ``transient``), if it still listens."""
+    try:
+        conn.settimeout(0.5)
+        conn.sendall(ERROR_ANSWER)
+    except OSError:
+        pass

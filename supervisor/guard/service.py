@@ -1,7 +1,12 @@
-"""The guard's work on one request line: decode it, gather the facts (Slurm's jobs at that moment,
-the grants it remembers), decide (``policy.decide``), act (``scontrol`` through the Scheduler port,
-the memory), audit, answer. One request at a time: a lock makes the cap count every grant before
-the next decision, whichever instance asks."""
+"""The guard's work on one request line: decode it, check its shape, gather the facts (the jobs on
+the node at that moment, the grants it remembers), decide (``policy.decide``), act (``scontrol``
+through ``NodeSlurm``, the memory), audit, answer. One request at a time: a lock makes the cap
+count every grant before the next decision, whichever instance asks.
+
+A DOWN asked by a non-admin is made in two steps, so that no other user's job can be on the node
+when it goes down (review 2026-12-02, finding 1: the window between the guard's read and its
+``scontrol``): the node is drained first (from then on Slurm starts no job there), the jobs on it
+are read again, and only if the policy still grants it is it downed."""
 
 from __future__ import annotations
 
@@ -9,7 +14,10 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
+
+import structlog
 
 from supervisor.adapters.guard_client import MAX_LINE
 from supervisor.domain.cluster import NodeChange
@@ -27,15 +35,19 @@ from supervisor.guard.policy import (
     Verdict,
     clean_cause,
     decide,
+    problem,
 )
-from supervisor.ports import PortError, Scheduler, TransientError
+from supervisor.guard.slurm_node_jobs import NodeSlurm
+from supervisor.ports import PortError, TransientError
+
+log = structlog.get_logger("supervisor.guard")
 
 
 class Guard:
     def __init__(
         self,
         *,
-        slurm: Scheduler,
+        slurm: NodeSlurm,
         memory: GuardMemory,
         audit: AuditLog,
         limits: Limits,
@@ -66,26 +78,49 @@ class Guard:
         return answer(verdict, transient=transient)
 
     def _facts(self, req: Request, now: float) -> Facts:
-        if req.op not in (Op.DOWN, Op.DRAIN):
+        """Slurm is read only for a well-formed DOWN or DRAIN, and only about its node."""
+        if req.op not in (Op.DOWN, Op.DRAIN) or problem(req):
             return Facts(now)
-        jobs = tuple(self.slurm.snapshot(include_nodes=False).jobs.values())
-        return Facts(now, jobs, self.memory.grants(now - max(self.limits.window_s, FOLLOW_UP_S)))
+        return Facts(now, self.slurm.jobs_on(req.node), self._recent_grants(now))
+
+    def _recent_grants(self, now: float) -> tuple[Grant, ...]:
+        return self.memory.grants(now - max(self.limits.window_s, FOLLOW_UP_S))
 
     def _carry_out(self, caller: Caller, req: Request, verdict: Verdict, now: float) -> Verdict:
-        if verdict.fault:  # ownership proven: the node faulted for this caller's run (cap or not)
-            key = f"{caller.uid}:{req.run}:{req.node}:{verdict.job}"
-            self.memory.record_fault(Fault(req.node, now, f"{caller.name}/{req.run}", clean_cause(req.cause), key))
         if not verdict.granted:
             return verdict
         if req.op in (Op.DOWN, Op.DRAIN):
-            self.slurm.set_node_state(req.node, NodeChange(req.op), verdict.reason)
-            self.memory.record_grant(Grant(req.node, caller.uid, req.op, now, verdict.job, verdict.job_nodes))
+            verdict = self._change_node(caller, req, verdict, now)
+            if verdict.fault and verdict.granted:  # the node went out of service: a fault of it
+                self._record_fault(caller, req, now)
         elif req.op == Op.RESUME:  # an admin returns a repaired node: its faults are forgiven too
             self.slurm.set_node_state(req.node, NodeChange.RESUME, "")
             self.memory.clear(req.node, now, caller.name)
         elif req.op == Op.CLEAR:
             self.memory.clear(req.node, now, caller.name)
         return verdict
+
+    def _change_node(self, caller: Caller, req: Request, verdict: Verdict, now: float) -> Verdict:
+        if req.op == Op.DOWN and verdict.rule != "admin":
+            self._set(caller, req.node, Op.DRAIN, verdict, now)  # no job starts on it from here on
+            again = decide(caller, req, Facts(now, self.slurm.jobs_on(req.node), self._recent_grants(now)), self.limits)
+            if not again.granted:
+                return replace(again, why=f"{again.why}; the node was drained (no job starts there), not downed")
+        self._set(caller, req.node, req.op, verdict, now)
+        return verdict
+
+    def _set(self, caller: Caller, node: str, op: str, verdict: Verdict, now: float) -> None:
+        self.slurm.set_node_state(node, NodeChange(op), verdict.reason)
+        self.memory.record_grant(Grant(node, caller.uid, op, now, verdict.job, verdict.job_nodes))
+
+    def _record_fault(self, caller: Caller, req: Request, now: float) -> None:
+        """One fault per account and node, whatever run name it gives (the latest replaces the
+        earlier): the shared memory counts how many accounts saw a node fail; each instance's own
+        quarantine counts its own repeats."""
+        fault = Fault(req.node, now, f"{caller.name}/{req.run}", clean_cause(req.cause), f"{caller.uid}:{req.node}")
+        reach = now - self.quarantine.window_s - self.quarantine.max_s  # what quarantine_json still reads
+        if not self.memory.record_fault(fault, caller.uid, reach):
+            log.warning("guard.faults_full", uid=caller.uid, node=req.node, limit=self.memory.max_faults_per_uid)
 
     def quarantine_json(self, now: float) -> list[dict[str, Any]]:
         q = self.quarantine

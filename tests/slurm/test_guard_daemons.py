@@ -164,7 +164,10 @@ def test_two_instances_get_exactly_the_cluster_wide_cap(
     granted = {x["node"] for x in asked if x["granted"]}
     assert len(granted) == 2 and granted == drained, (asked, drained)
     (left_out,) = set(victims) - granted
-    assert [x["node"] for x in capped] == [left_out]  # refused once, not asked again every tick
+    # Refused once per instance, not asked again every tick. A capped request is no fault (issue 32:
+    # it took nothing out of service), so the other instance may land on the node and ask too.
+    once = [(x["user"], x["node"]) for x in capped]
+    assert {n for _, n in once} == {left_out} and len(once) == len(set(once))
     assert {x["user"] for x in asked} <= {"ssv-ga", "ssv-gb"}
     kinds = [e["kind"] for e in book if left_out in e["message"]]
     assert "mass_fault" in kinds and "node_excluded" in kinds, book

@@ -83,9 +83,9 @@ def test_the_nodes_of_a_job_the_guard_just_changed_follow_up_for_a_while() -> No
     assert decide(BOB, drain("n2"), Facts(NOW, (), (downed,)), LIMITS).rule == "not-own-node"
     late = Facts(NOW + FOLLOW_UP_S + 10, (), (downed,))
     assert decide(ALICE, drain("n2"), late, LIMITS).rule == "not-own-node"
-    # Once another user's job runs there, it is theirs.
+    # Once another user's job runs there, it is shared: a DOWN would kill that job too.
     taken = Facts(NOW, (job(9, BOB.uid, ("n2",)),), (downed,))
-    assert decide(ALICE, drain("n2"), taken, LIMITS).rule == "not-own-node"
+    assert decide(ALICE, drain("n2"), taken, LIMITS).rule == "shared-node"
 
 
 def test_the_cap_counts_distinct_nodes_of_every_caller_in_the_window() -> None:
@@ -97,7 +97,7 @@ def test_the_cap_counts_distinct_nodes_of_every_caller_in_the_window() -> None:
     )
     facts = Facts(NOW, (ALICES_JOB,), grants)
     v = decide(ALICE, drain("n1"), facts, LIMITS)
-    assert (v.granted, v.rule, v.fault, v.job) == (False, "cluster-cap", True, 7)
+    assert (v.granted, v.rule, v.fault, v.job) == (False, "cluster-cap", False, 7)  # refused: no fault
     assert v.frees_at == NOW - 99 + 3600
     # A node already counted adds nothing: its follow-up still passes the cap.
     again = decide(ALICE, drain("n6"), Facts(NOW, (job(9, ALICE.uid, ("n6",)),), grants), LIMITS)

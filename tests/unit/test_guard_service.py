@@ -1,8 +1,8 @@
 """The guard's work on a request: Slurm asked at the moment of the request, the node changed with the
 guard's own reason, every request audited, the shared bad-node memory, the guard's config file.
 
-Slurm here is a small stateful fake of the Scheduler port (the guard uses two of its calls); the
-real one is in tests/slurm/test_guard_slurm.py."""
+Slurm here is a small stateful fake of the guard's NodeSlurm (the jobs on a node, a node's state
+change); the real one is in tests/slurm/test_guard_slurm.py."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import ConfigError
-from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange
+from supervisor.domain.cluster import JobInfo, JobState, NodeChange
 from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.guard.audit import AuditLog
 from supervisor.guard.config import load_guard_config
 from supervisor.guard.memory import GuardMemory
 from supervisor.guard.policy import Caller, Limits
 from supervisor.guard.service import Guard, parse_request
-from supervisor.ports import PermanentError, PortError, TransientError
+from supervisor.ports import PermanentError, TransientError
 
 ALICE = Caller(1001, 1001, 11, "alice", frozenset({"alice"}))
 BOB = Caller(1002, 1002, 12, "bob", frozenset({"bob"}))
@@ -31,20 +31,26 @@ ADMIN = Caller(1003, 1003, 13, "carol", frozenset({"hpc-admins"}))
 class FakeSlurm:
     jobs: dict[int, JobInfo] = field(default_factory=dict)
     reasons: dict[str, tuple[str, str]] = field(default_factory=dict)  # node -> (state, reason)
-    fail: PortError | None = None
-    snapshots: int = 0
+    changes: list[tuple[str, str]] = field(default_factory=list)  # (node, state) in the order made
+    fail: Exception | None = None
+    reads: list[str] = field(default_factory=list)  # the nodes asked about, in order
+    on_change: dict[tuple[str, str], JobInfo] = field(default_factory=dict)  # (node, state) -> a job that starts then
 
     def run(self, job_id: int, uid: int, *nodes: str) -> None:
         self.jobs[job_id] = JobInfo(job_id=job_id, name="j", state=JobState.RUNNING, nodes=nodes, user_id=uid)
 
-    def snapshot(self, include_nodes: bool = True) -> ClusterSnapshot:
-        self.snapshots += 1
+    def jobs_on(self, node: str) -> tuple[JobInfo, ...]:
+        self.reads.append(node)
         if self.fail is not None:
             raise self.fail
-        return ClusterSnapshot(0.0, dict(self.jobs), {})
+        return tuple(j for j in self.jobs.values() if node in j.nodes)
 
     def set_node_state(self, node: str, change: NodeChange, reason: str) -> None:
         self.reasons[node] = (change.value, reason)
+        self.changes.append((node, change.value))
+        started = self.on_change.pop((node, change.value), None)
+        if started is not None:  # another user's job got the node just before the change took effect
+            self.jobs[started.job_id] = started
 
 
 class Clock:
@@ -128,11 +134,11 @@ def test_slurm_is_asked_at_the_moment_of_each_request(guard, slurm):
     del slurm.jobs[8]  # bob's job ended; alice's job 9 now runs on n3
     slurm.run(9, ALICE.uid, "n3")
     assert ask(guard, ALICE, op="DRAIN", node="n3", run="llm", cause="x")["rule"] == "own-job"
-    assert slurm.snapshots == 2
+    assert slurm.reads == ["n3", "n3"]  # the node asked about, nothing else
 
 
 def test_slurm_unreachable_is_a_transient_refusal(guard, slurm, tmp_path):
-    slurm.fail = TransientError("squeue timed out")
+    slurm.fail = TransientError("squeue timed out")  # a port error: answered, audited
     answer = ask(guard, ALICE, op="DRAIN", node="n1", run="llm", cause="x")
     assert (answer["granted"], answer["rule"], answer["transient"]) == (False, "slurm-error", True)
     slurm.fail = PermanentError("squeue printed garbage")
@@ -149,9 +155,9 @@ def test_the_cap_holds_across_callers_and_a_down_then_drain_counts_once(guard, s
     assert (capped["granted"], capped["rule"]) == (False, "cluster-cap")
     assert capped["frees_at"] == pytest.approx(1_000_000.0 + 3600)
     assert set(slurm.reasons) == {"n1", "n3"}
-    # The capped node proved bob's: it counts as a fault. n1's DOWN and DRAIN are one fault.
+    # The capped node was not taken out: it is no fault. n1's DOWN and DRAIN are one fault.
     held = {q["node"]: q for q in ask(guard, BOB, op="QUARANTINE")["quarantined"]}
-    assert set(held) == {"n1", "n3", "n4"}
+    assert set(held) == {"n1", "n3"}
     assert [f["run"] for f in held["n1"]["faults"]] == ["alice/a"]
 
 
@@ -186,6 +192,7 @@ def test_faults_of_two_instances_add_up(tmp_path, slurm, clock):
     )
     ask(g, ALICE, op="DRAIN", node="n1", run="a", cause="xid")
     assert ask(g, ALICE, op="QUARANTINE")["quarantined"] == []
+    del slurm.jobs[7]  # alice's job ended; bob's job 9 gets n1 (an admin resumed it)
     slurm.run(9, BOB.uid, "n1")
     clock.t += 60
     ask(g, BOB, op="DRAIN", node="n1", run="b", cause="ecc")

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 WHEN_SHORT = ("use-least-bad", "wait")
+# Doublings past this change nothing (2**64 base holds outlast any max_s) and keep ``base_s * 2**n``
+# a float: 2**1025 no longer fits one, and the OverflowError took the guard's answers down for every
+# instance (review 2026-12-02, finding 2).
+MAX_DOUBLINGS = 64
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ def quarantined(
         if len(recent) < settings.faults:
             continue
         extra = len(recent) - settings.faults
-        until = recent[-1].at + min(settings.max_s, settings.base_s * (2**extra))
+        until = recent[-1].at + min(settings.max_s, settings.base_s * 2.0 ** min(extra, MAX_DOUBLINGS))
         if until > now:
             out[node] = Quarantine(node, recent[-1].at, until, tuple(recent))
     return out
