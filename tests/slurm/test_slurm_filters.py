@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from supervisor.adapters.slurm.cli import SlurmCli
-from supervisor.adapters.slurm.reads import JSON_FILTERS_FROM, parse_version
+from supervisor.adapters.slurm.release import JSON_FILTERS_FROM, parse_version
 from supervisor.domain.cluster import JobState
 from supervisor.testing import LocalSlurm
 from supervisor.testing.users import UsersUnavailable, as_user, local_user

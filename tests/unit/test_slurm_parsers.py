@@ -474,7 +474,8 @@ def test_client_env_keeps_the_daemons_secrets_out_of_submitted_jobs() -> None:
 
 from supervisor.adapters.slurm import squeue_format as fmt  # noqa: E402
 from supervisor.adapters.slurm.json_parsers import ParseError  # noqa: E402
-from supervisor.adapters.slurm.reads import SnapshotReader, parse_version  # noqa: E402
+from supervisor.adapters.slurm.reads import SnapshotReader  # noqa: E402
+from supervisor.adapters.slurm.release import parse_version  # noqa: E402
 
 SEPS = fmt.Separators("\x1fF00D\x1f", "\x1eF00D\x1e")
 
@@ -585,8 +586,10 @@ class ScriptedSlurm:
         self.calls.append(list(argv))
         if argv[:2] == ["squeue", "--version"]:
             return self.version
-        if argv[0] == "squeue" and "--json" in argv:
+        if argv[0] == "squeue" and any(a.startswith("--json") for a in argv):
             return json.dumps({"meta": {}, "errors": [], "jobs": self.json_jobs})
+        if argv[0] == "sinfo" and any(a.startswith("--json") for a in argv):
+            return json.dumps({"meta": {}, "errors": [], "sinfo": []})
         if argv[0] == "squeue":
             assert extra_env == fmt.TIME_FORMAT_ENV
             seps = fmt.Separators(*_separators(argv[-1]))
@@ -612,7 +615,7 @@ def json_job(job_id: int, user: str) -> dict:
 def test_reader_without_a_user_reads_everything_as_json():
     slurm = ScriptedSlurm("slurm-wlm 22.05.8", [json_job(1, "alice"), json_job(2, "bob")])
     assert set(SnapshotReader(slurm, None).jobs()) == {1, 2}
-    assert slurm.calls == [["squeue", "--all", "--json", "--states=all"]]
+    assert slurm.calls == [["squeue", "--version"], ["squeue", "--all", "--local", "--json", "--states=all"]]
 
 
 def test_reader_for_a_user_on_2205_reads_formatted_and_filtered():
@@ -631,12 +634,39 @@ def test_reader_for_a_user_on_2205_reads_formatted_and_filtered():
 def test_reader_uses_filtered_json_where_slurm_honours_it_and_falls_back_when_it_does_not():
     honest = ScriptedSlurm("slurm 24.05.2", [json_job(1, "alice")])
     assert set(SnapshotReader(honest, "alice").jobs()) == {1}
-    assert honest.calls[1] == ["squeue", "--all", "--json", "--states=all", "--user=alice"]
+    assert honest.calls[1] == ["squeue", "--all", "--local", "--json", "--states=all", "--user=alice"]
     liar = ScriptedSlurm("slurm 24.05.2", [json_job(1, "alice"), json_job(2, "bob")])
     reader = SnapshotReader(liar, "alice")
     assert set(reader.jobs()) == {7}  # bob's job seen: the formatted read, and from now on only it
     reader.jobs()
     assert sum("--json" in c for c in liar.calls) == 1
+
+
+def test_from_24_11_the_json_reads_pin_one_data_parser():
+    """v0.0.42 is in 24.11, 25.05, 25.11 and 26.05: one layout across them (docs/slurm-releases.md)."""
+    slurm = ScriptedSlurm("slurm 24.11.5", [json_job(1, "alice")])
+    reader = SnapshotReader(slurm, "alice")
+    reader.jobs()
+    reader.nodes(True)
+    assert "--json=v0.0.42" in slurm.calls[1] and "--json=v0.0.42" in slurm.calls[2]
+    older = ScriptedSlurm("slurm 24.05.2", [json_job(1, "alice")])
+    SnapshotReader(older, "alice").jobs()
+    assert "--json" in older.calls[1]
+
+
+def test_a_slurm_without_the_pinned_data_parser_is_read_with_its_default_from_then_on():
+    class Dropped(ScriptedSlurm):
+        def __call__(self, argv, *, extra_env=None):
+            if "--json=v0.0.42" in argv:
+                self.calls.append(list(argv))
+                raise PermanentError("squeue exited 1: unable to find plugin: data_parser/v0.0.42")
+            return super().__call__(argv, extra_env=extra_env)
+
+    slurm = Dropped("slurm 27.11.1", [json_job(1, "alice")])
+    reader = SnapshotReader(slurm, "alice")
+    assert set(reader.jobs()) == {1}
+    assert set(reader.jobs()) == {1}
+    assert [c for c in slurm.calls if "--json=v0.0.42" in c] == [slurm.calls[1]]  # asked once
 
 
 def test_the_whole_table_is_read_grouped_and_known_addresses_are_kept():

@@ -13,7 +13,7 @@ What a ``snapshot`` reads depends on ``user``, the account whose jobs the instan
   a set of names) or all of them (``True``). ``snapshot_of`` reads only the jobs named: from the
   account's filtered list, or where that is not cheap (root's) one ``squeue --jobs=ID`` each
   (REQUEST_JOB_INFO_SINGLE: slurmctld looks up that job alone); see ``slurm_reads``. Slurm 22.05 ignores every filter with ``--json``
-  (bench/README.md), so below ``slurm_reads.JSON_FILTERS_FROM`` the reads are ``squeue -u USER -O ...`` (which
+  (bench/README.md), so below ``release.JSON_FILTERS_FROM`` the reads are ``squeue -u USER -O ...`` (which
   slurmctld itself filters: REQUEST_JOB_USER_INFO) and ``sinfo -N -n NODES -O ...``, parsed by
   ``squeue_format``; from that version on the ``--json`` reads carry the same filters. A JSON answer
   that still holds another user's job switches the adapter to the formatted reads for good.

@@ -97,14 +97,15 @@ class Separators:
 
 def squeue_argv(user: str, seps: Separators) -> list[str]:
     """The daemon's own jobs, in every state Slurm still holds (finished ones too, like --json)."""
-    return ["squeue", "--noheader", "--all", "--states=all", f"--user={user}", f"--Format={seps.format(JOB_FIELDS)}"]
+    fields = f"--Format={seps.format(JOB_FIELDS)}"
+    return ["squeue", "--noheader", "--all", "--local", "--states=all", f"--user={user}", fields]
 
 
 def squeue_by_id_argv(job_id: int, seps: Separators) -> list[str]:
     """One job by its id, in any state. One id only: 22.05's squeue then asks slurmctld for that job
     alone (REQUEST_JOB_INFO_SINGLE); with two or more it loads every job in the cluster (measured)."""
     fields = f"--Format={seps.format(JOB_FIELDS)}"
-    return ["squeue", "--noheader", "--all", "--states=all", f"--jobs={job_id}", fields]
+    return ["squeue", "--noheader", "--all", "--local", "--states=all", f"--jobs={job_id}", fields]
 
 
 def sinfo_argv(nodes: str | None, seps: Separators) -> list[str]:
