@@ -29,6 +29,7 @@ COMMANDS = {
     "hook": "supervisor.cli.hooks:hook",
     "simulate": "supervisor.cli.simulate:simulate",
     "analyze": "supervisor.cli.analyze:analyze",
+    "doctor": "supervisor.cli.doctor:doctor",
 }
 
 

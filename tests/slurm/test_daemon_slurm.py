@@ -97,9 +97,14 @@ def test_node_crash_is_recovered_by_the_daemon(slurm_cluster, tmp_path):
         and snap.nodes[victim].drained
         and snap.nodes[victim].reason.startswith("slurm-supervisor: run llm:")
     )
-    kinds = [e["kind"] for e in sup.logbook("llm")]
+    book = sup.logbook("llm")
+    kinds = [e["kind"] for e in book]
     for kind in ("submitted", "started", "fault", "node_drained", "restarted"):
         assert kind in kinds, kinds
+    # Seen by the slurmd probe (at the node's address: the names n1... resolve nowhere), not after
+    # Slurm's SlurmdTimeout: 24.11+ gave no address unless sinfo's format asks for NodeAddr.
+    fault = next(e for e in book if e["kind"] == "fault")
+    assert "slurmd probe failed" in fault["message"], fault
     assert_no_overlap(marks)
     # SIGTERM stopped the daemon; the job it supervised is still running.
     assert snap.jobs[second["job_id"]].state is JobState.RUNNING

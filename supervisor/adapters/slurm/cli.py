@@ -38,6 +38,7 @@ import structlog
 from supervisor.adapters.slurm.config import parse_show_config, show_config_argv
 from supervisor.adapters.slurm.json_parsers import ParseError
 from supervisor.adapters.slurm.reads import SnapshotReader
+from supervisor.adapters.slurm.release import SlurmRelease
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange, SubmitRequest
 from supervisor.domain.text_safety import printable
 from supervisor.ports import PermanentError, PermissionDenied, PortError, TransientError
@@ -302,6 +303,10 @@ class SlurmCli:
         return proc.stdout
 
     # -- Scheduler
+
+    def slurm_release(self) -> SlurmRelease:
+        """The running Slurm release and what it gives (asked once: ``squeue --version``)."""
+        return self._reader.release()
 
     def snapshot(self, include_nodes: bool | Collection[str] = True) -> ClusterSnapshot:
         """Jobs (the ``user``'s, or everyone's) and nodes: none (False), all (True), or at least
