@@ -26,7 +26,7 @@ from supervisor.testing._daemon import Daemon, LocalSlurmError, clean_env, find_
 
 log = structlog.get_logger()
 
-DATABASE_BINARIES = ("mariadbd", "mariadb-install-db")
+DATABASE_BINARIES = ("mariadbd", "mariadb-install-db", "mariadb")
 ACCOUNTING_BINARIES = ("slurmdbd", "sacct", "sacctmgr")
 STORAGE_LOC = "slurm_acct_db"
 
@@ -93,6 +93,7 @@ class Accounting:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._install_db()
         self._mariadb = self._start_mariadb(env)
+        self._create_database()
         self._slurmdbd = self._start_slurmdbd(env)
         self.seconds = time.monotonic() - started
         log.info("localslurm.accounting_started", seconds=round(self.seconds, 2), dbd_port=self.dbd_port)
@@ -159,6 +160,23 @@ class Accounting:
         daemon.spawn(clean_env(env))
         daemon.wait_ready(lambda: _port_open(self.db_port), self.ready_timeout, "did not listen")
         return daemon
+
+    def _create_database(self) -> None:
+        """slurmdbd creates its database itself when it finds none, then reconnects with the same
+        MYSQL handle — which Debian 13's MariaDB Connector/C (3.4.10) leaves broken: slurmdbd dies
+        (``_check_mysql_concat_is_sane: null result``) on every empty database. Made here first, as
+        a site's first start needs it too (docs/slurm-releases.md)."""
+        argv = [
+            str(find_binary("mariadb")),
+            "--no-defaults",
+            f"--socket={self.db_socket}",
+            "--user=root",
+            "--execute",
+            f"CREATE DATABASE IF NOT EXISTS {STORAGE_LOC}",
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=clean_env({}), check=False)
+        if done.returncode != 0:
+            raise LocalSlurmError(f"could not create the accounting database: {done.stderr.strip()[:300]}")
 
     # ----------------------------------------------------------------- slurmdbd
 
