@@ -176,6 +176,10 @@ class RunStore(Protocol):
         load began), and why."""
         ...
 
+    def attempt_continued(self, run: str, seq: int, checkpoint: str) -> None:
+        """The attempt's planned end was continued from ``checkpoint`` (a verified save)."""
+        ...
+
     def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]: ...
 
     def run_token(self, run: str) -> str:

@@ -9,8 +9,9 @@ from typing import Annotated
 from pydantic import Field, StrictInt, ValidationInfo, field_validator
 
 from supervisor.config._shared import FloatField, Section
+from supervisor.config.continuation_section import exit_code_map
 from supervisor.config.errors import fail, fix_hint
-from supervisor.domain.run import DEFAULT_DO_NOT_RESTART, RestartMode, RestartPacing
+from supervisor.domain.run import DEFAULT_DO_NOT_RESTART, ExitMeaning, RestartMode, RestartPacing
 
 
 class RestartSection(Section):
@@ -20,6 +21,11 @@ class RestartSection(Section):
     do_not_restart_exit_codes: tuple[Annotated[StrictInt, Field(ge=1, le=255)], ...] = Field(
         default=DEFAULT_DO_NOT_RESTART,
         json_schema_extra=fix_hint("list exit codes from 1 to 255, e.g. do_not_restart_exit_codes = [93]"),
+    )
+    # The run's own exit-code meanings over the defaults (domain.decide.exit_codes): "16" = "restart".
+    exit_codes: dict[str, ExitMeaning] = Field(
+        default_factory=dict,
+        json_schema_extra=fix_hint('map codes to restart, restart-elsewhere, continue or stop, e.g. "17" = "stop"'),
     )
     mode: RestartMode = RestartMode.RESUBMIT
     # In-allocation mode (docs/in-allocation.md): nodes the job holds warm beyond run.nodes, and how
@@ -73,6 +79,12 @@ class RestartSection(Section):
                 'hot_spares is only used with mode = "in-allocation"',
                 'remove hot_spares, or set mode = "in-allocation" under [restart]',
             )
+        return value
+
+    @field_validator("exit_codes")
+    @classmethod
+    def _codes_are_numbers(cls, value: dict[str, ExitMeaning]) -> dict[str, ExitMeaning]:
+        exit_code_map(value)  # raises, naming the key, for one that is not a code
         return value
 
     @field_validator("backoff_max_s")

@@ -12,6 +12,7 @@ import hostlist  # type: ignore[import-untyped]
 from pydantic import Field, StrictInt, StrictStr, ValidationInfo, field_validator
 
 from supervisor.config._shared import FloatField, Section, absolute, base_dir, missing_path_fix, not_empty
+from supervisor.config.continuation_section import ContinuationSection, exit_code_map
 from supervisor.config.errors import fail, fix_hint
 from supervisor.config.restart_section import RestartSection
 from supervisor.config.sbatch_options import check_sbatch_args, check_script_directives
@@ -315,6 +316,7 @@ class RunFile(Section):
     restart: RestartSection = Field(default_factory=RestartSection)
     checkpoints: CheckpointsSection | None = None
     spikes: SpikesSection = Field(default_factory=SpikesSection)
+    continuation: ContinuationSection | None = None
 
     def to_run_spec(self) -> RunSpec:
         run, restart = self.run, self.restart
@@ -331,6 +333,8 @@ class RunFile(Section):
             spare_nodes=self.spares.expanded(),
             max_restarts=restart.max_restarts,
             do_not_restart_exit_codes=frozenset(restart.do_not_restart_exit_codes),
+            exit_codes=exit_code_map(restart.exit_codes),
+            continuation=self.continuation.to_policy() if self.continuation else None,
             restart_mode=restart.mode,
             pacing=restart.pacing(),
             checkpoints=self.checkpoints.to_policy() if self.checkpoints else None,

@@ -132,6 +132,16 @@ class AttemptEnded:
 
 
 @dataclass(frozen=True)
+class AttemptContinued:
+    """The attempt ended on purpose after a verified save: continued from ``checkpoint`` (no
+    restart spent). Read back to bound a chain that continues without saving anew."""
+
+    run: str
+    seq: int
+    checkpoint: str
+
+
+@dataclass(frozen=True)
 class AttemptRequeued:
     """Slurm requeued the job itself: a new attempt with the same job id."""
 
@@ -246,6 +256,7 @@ Record = (
     AttemptStarted
     | AttemptEnded
     | AttemptRequeued
+    | AttemptContinued
     | Exclude
     | Defer
     | Unexclude

@@ -38,6 +38,15 @@ class Forgotten:
 
 
 @dataclass(frozen=True)
+class SavedCheckpoint:
+    """A run's newest verified checkpoint, as a planned end is judged on it (domain.decide.continuation)."""
+
+    location: str
+    step: int | None
+    at: float  # when it was written (its newest object)
+
+
+@dataclass(frozen=True)
 class Observation:
     """One tick's view: Slurm's snapshot plus nodes that direct probes confirmed dead."""
 
@@ -58,6 +67,8 @@ class Observation:
     # run -> (when, error) of submissions Slurm refused for good since its current attempt began
     refused: Mapping[str, tuple[tuple[float, str], ...]] = field(default_factory=dict)
     forgotten: Mapping[int, Forgotten] = field(default_factory=dict)  # job id -> what accounting said
+    # run -> its newest verified checkpoint, for runs whose job has ended (verified before deciding)
+    saved: Mapping[str, SavedCheckpoint] = field(default_factory=dict)
 
     @property
     def now(self) -> float:

@@ -38,6 +38,7 @@ class AttemptRecord:
     save_s: float | None = None  # the median time its checkpoint saves stalled its log (read times)
     load_failed: str | None = None  # why its log shows its checkpoint load failed (domain/progress/loads.py)
     failed_before_load: str | None = None  # what its log shows it died of before any load began
+    continued_with: str | None = None  # its planned end was continued from this verified checkpoint
 
     @property
     def label(self) -> str:
@@ -121,6 +122,7 @@ class EventKind(StrEnum):
     BACKOFF = "backoff"  # the next restart waits: attempts keep failing soon after they start
     CONTROLLER_OUTAGE = "controller_outage"  # Slurm's controller did not answer for a while (from, to)
     CRASH_LOOP = "crash_loop"  # ... so often that each restart waits the crash-loop pause: page
+    CONTINUED = "continued"  # the job ended on purpose after a verified save: the next one continues it
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,34 @@ class RestartMode(StrEnum):
 DEFAULT_DO_NOT_RESTART = (93,)  # nvidia-resiliency-ext: "do not requeue"
 
 
+class ExitMeaning(StrEnum):
+    """What a job's exit code means to the policy (``domain.decide.exit_codes`` holds the table;
+    docs/configuration.md the defaults). The policy reads the meaning, never the number."""
+
+    RESTART = "restart"  # a fault of the job: restart it from the newest verified checkpoint
+    RESTART_ELSEWHERE = "restart-elsewhere"  # restart with the attempt's nodes kept out (Megatron's 16)
+    CONTINUE = "continue"  # "saved, continue me": a planned end, continued after a verified save
+    STOP = "stop"  # do not restart: the run fails and pages (NVRx's 93, Megatron's 17)
+
+
+DEFAULT_CONTINUE_EXIT_CODE = 75  # sysexits' EX_TEMPFAIL: "temporary failure, try again"
+
+
+@dataclass(frozen=True)
+class ContinuationPolicy:
+    """How the run's jobs end on purpose (the ``[continuation]`` section): a week-long run on a
+    partition with a time limit is a chain of jobs, each continued from the checkpoint its
+    predecessor saved (domain.decide.continuation)."""
+
+    signal: str | None = "USR1"  # Slurm sends it before the limit (--signal=B:SIG@lead_s); None: none asked
+    lead_s: int = 600  # ... this long before the limit (Slurm may send it up to a minute earlier)
+    batch_shell: bool = True  # to the batch shell ("B:"), which hands it to the trainer; False: to every step
+    exit_code: int = DEFAULT_CONTINUE_EXIT_CODE  # the trainer's "saved, continue me"
+    # Megatron's --exit-duration-in-mins saves and exits 0: below this step, exit 0 is a continuation
+    target_step: int | None = None
+    max_without_progress: int = 3  # continuations in a row without a newer verified checkpoint: blocked
+
+
 @dataclass(frozen=True)
 class CheckpointPolicy:
     """Where a run's checkpoints live and how the supervisor checks them (the ``[checkpoints]`` section)."""
@@ -142,6 +170,8 @@ class RunSpec:
     spare_nodes: tuple[str, ...] = ()  # expanded hostlist
     max_restarts: int = 10
     do_not_restart_exit_codes: frozenset[int] = frozenset(DEFAULT_DO_NOT_RESTART)
+    exit_codes: Mapping[int, ExitMeaning] = field(default_factory=dict)  # the spec's own meanings, over the defaults
+    continuation: ContinuationPolicy | None = None  # [continuation]; None: no signal asked of Slurm
     restart_mode: RestartMode = RestartMode.RESUBMIT
     pacing: RestartPacing = field(default_factory=RestartPacing)
     checkpoints: CheckpointPolicy | None = None

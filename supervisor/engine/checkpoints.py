@@ -33,6 +33,7 @@ from supervisor.domain.checkpoints.manifest import (
     staleness,
 )
 from supervisor.domain.checkpoints.resume import ResumePlan
+from supervisor.domain.observation import SavedCheckpoint
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
 from supervisor.engine.resume import demote_failed_loads, plan_for
@@ -259,6 +260,20 @@ class CheckpointWatch:
             newest = _newest_verified(store.checkpoints(run.name, RECENT))
             if newest is not None:
                 out[run.name] = newest.seen_at
+        return out
+
+    def saved_now(self, runs: Iterable[RunRecord], store: Store) -> dict[str, SavedCheckpoint]:
+        """Per run (those whose job just ended): its newest verified checkpoint, committed ones not
+        verified yet checked now — a planned end is judged on the save made just before it, not
+        on the last scan's."""
+        out: dict[str, SavedCheckpoint] = {}
+        for run in runs:
+            if run.spec.checkpoints is None or run.state.terminal:
+                continue
+            self.refresh(run, store)
+            newest = _newest_verified(store.checkpoints(run.name, RECENT))
+            if newest is not None:
+                out[run.name] = SavedCheckpoint(newest.location, newest.step, newest.seen_at)
         return out
 
     # ------------------------------------------------------------------ at submission

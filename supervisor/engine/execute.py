@@ -18,38 +18,23 @@ import structlog
 
 from supervisor.domain.actions import (
     Action,
-    ActiveFindings,
-    AttemptEnded,
-    AttemptLoadFailed,
-    AttemptProgress,
-    AttemptRequeued,
-    AttemptStarted,
     Cancel,
     ChangeNode,
-    CheckpointChecked,
-    CheckpointDemoted,
-    CheckpointSeen,
-    Defer,
-    Exclude,
     Fence,
-    NodeMark,
     Record,
     Release,
     SetExcluded,
-    SetState,
     Submit,
     SwapStep,
-    Unexclude,
 )
 from supervisor.domain.checkpoints.resume import ResumePlan, describe_plan
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange
 from supervisor.domain.decide.blast import NodeChangeRecord
-from supervisor.domain.health.quarantine import Fault
-from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
-from supervisor.domain.run import RunState, transition
-from supervisor.domain.spikes.rollback import RollbackRecord
+from supervisor.domain.records import Event, EventKind, RunRecord
+from supervisor.domain.run import RunState
 from supervisor.engine import intents
 from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
+from supervisor.engine.record_writer import write_record
 from supervisor.engine.swaps import goal_written, swap_done, write_goal
 from supervisor.ports import (
     CapReached,
@@ -111,67 +96,7 @@ class Executor:
         now = self.clock.now()
         with self.store.transaction():
             for rec in records:
-                self._apply(rec, now)
-
-    def _apply(self, rec: Record, now: float) -> None:
-        s = self.store
-        if isinstance(rec, Event):
-            if s.record_event(rec):
-                log.info("logbook", kind=rec.kind.value, message=rec.message)
-        elif isinstance(rec, SetState):
-            self._set_state(rec, now)
-        elif isinstance(rec, AttemptStarted):
-            s.attempt_started(rec.run, rec.seq, rec.nodes, rec.at)
-        elif isinstance(rec, AttemptEnded):
-            s.attempt_ended(rec.run, rec.seq, rec.at, rec.end_state, rec.reason, rec.exit_code)
-        elif isinstance(rec, AttemptRequeued):
-            s.add_attempt(rec.run, rec.job_id, rec.restart_count, rec.at, rec.excluded)
-        elif isinstance(rec, AttemptProgress):
-            s.attempt_progress(rec.run, rec.seq, rec.last_step, rec.step_time_s, rec.hang_pace, rec.save_s)
-        elif isinstance(rec, AttemptLoadFailed):
-            s.attempt_load_failed(rec.run, rec.seq, rec.why, before_load=rec.before_load)
-        else:
-            self._apply_node_record(rec, now)
-
-    def _apply_node_record(self, rec: Record, now: float) -> None:
-        s = self.store
-        if isinstance(rec, Exclude):
-            s.exclude(rec.run, rec.node, rec.reason, now)
-        elif isinstance(rec, Defer):
-            s.defer(rec.run, rec.node, rec.reason, now)
-        elif isinstance(rec, Unexclude):
-            s.unexclude(rec.run, rec.node)
-        elif isinstance(rec, NodeVerdict):
-            s.set_verdict(rec)
-        elif isinstance(rec, NodeMark):
-            s.set_node_action(rec.node, rec.action, now)
-        elif isinstance(rec, Fault):
-            s.record_node_fault(rec)
-        elif isinstance(rec, RollbackRecord):
-            s.record_rollback(rec)
-        elif isinstance(rec, ActiveFindings):
-            s.keep_findings(rec.findings)
-        else:
-            self._apply_checkpoint_record(rec)
-
-    def _apply_checkpoint_record(self, rec: Record) -> None:
-        s = self.store
-        if isinstance(rec, CheckpointSeen):
-            s.checkpoint_seen(rec.run, rec.ref, rec.at)
-        elif isinstance(rec, CheckpointChecked):
-            s.checkpoint_result(rec.run, rec.result)
-        elif isinstance(rec, CheckpointDemoted):
-            s.demote_checkpoint(rec.run, rec.location, rec.why)
-        else:  # pragma: no cover - a new record type without a handler is a programming error
-            raise TypeError(f"no handler for record {rec!r}")
-
-    def _set_state(self, rec: SetState, now: float) -> None:
-        """The run state machine (domain.run's transition table) guards every change."""
-        current = self.store.get_run(rec.run)
-        if current is None or current.state is rec.state:
-            return
-        transition(rec.run, current.state, rec.state)
-        self.store.set_state(rec.run, rec.state, now, rec.reason, rec.spend_restart)
+                write_record(self.store, rec, now)
 
     # ------------------------------------------------------------------ actions
 

@@ -32,6 +32,7 @@ from supervisor.domain.actions import (
 )
 from supervisor.domain.checkpoints.resume import ResumePlan, resume_env
 from supervisor.domain.cluster import ClusterSnapshot, JobState, NodeChange, SubmitRequest
+from supervisor.domain.decide.exit_codes import continue_code
 from supervisor.domain.observation import REASON_PREFIX
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import RestartMode, RunSpec
@@ -104,6 +105,7 @@ def submit_request(
     in_allocation = spec.restart_mode is RestartMode.IN_ALLOCATION
     if in_allocation:  # the launcher runs the step on SSV_RUN_NODES of the job's nodes, the rest warm
         env["SSV_RUN_NODES"] = str(spec.nodes)
+    env.update(continuation_env(spec))
     return SubmitRequest(
         run=spec.name,
         script=spec.script,
@@ -112,12 +114,31 @@ def submit_request(
         nodes=spec.nodes + (_hot_spares(spec, action) if in_allocation else 0),
         comment=tag,
         exclude=action.exclude,
-        extra_args=(("--no-kill",) if in_allocation else ()) + spec.sbatch_args,
+        extra_args=(("--no-kill",) if in_allocation else ()) + signal_args(spec) + spec.sbatch_args,
         env=env,
         output=spec.output,
         workdir=spec.workdir,
         requeue=spec.restart_mode is RestartMode.REQUEUE,
     )
+
+
+def signal_args(spec: RunSpec) -> tuple[str, ...]:
+    """``[continuation]``: Slurm signals the job ``lead_s`` before its time limit, so the trainer
+    saves and ends on purpose (a --signal of the spec's own sbatch_args wins: it comes later)."""
+    policy = spec.continuation
+    if policy is None or policy.signal is None:
+        return ()
+    return (f"--signal={'B:' if policy.batch_shell else ''}{policy.signal}@{policy.lead_s}",)
+
+
+def continuation_env(spec: RunSpec) -> dict[str, str]:
+    """What the trainer needs to end on purpose: the continue code, and the signal it is sent."""
+    env = {"SSV_CONTINUE_EXIT_CODE": str(continue_code(spec))}
+    policy = spec.continuation
+    if policy is not None and policy.signal is not None:
+        env["SSV_CONTINUE_SIGNAL"] = policy.signal
+        env["SSV_CONTINUE_LEAD_S"] = str(policy.lead_s)
+    return env
 
 
 def _hot_spares(spec: RunSpec, action: Submit) -> int:

@@ -11,6 +11,7 @@ from supervisor.domain.actions import Record
 from supervisor.domain.checkpoints.resume import ResumePlan
 from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.health.findings import NodeFinding
+from supervisor.domain.observation import SavedCheckpoint
 from supervisor.domain.pace.peer_groups import Imbalance
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import RunRecord
@@ -71,6 +72,9 @@ class NoCheckpoints:
 
     def refresh(self, run: RunRecord, store: Store) -> None:
         return None
+
+    def saved_now(self, runs: Iterable[RunRecord], store: Store) -> dict[str, SavedCheckpoint]:
+        return {}
 
     def resume_for(self, run: RunRecord, store: Store) -> ResumePlan | None:
         return None

@@ -25,6 +25,7 @@ from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeIn
 from supervisor.domain.health.quarantine import Quarantine, QuarantineSettings, quarantined
 from supervisor.domain.observation import Forgotten, Observation
 from supervisor.domain.records import Event, EventKind, RunRecord, Verdict
+from supervisor.domain.run import RunState
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.forgotten import ForgottenJobs
 from supervisor.engine.job_reads import JobReadPlan, plan_job_read
@@ -245,9 +246,10 @@ class Observer:
             rollbacks=pending_rollbacks(runs, self.store),
             returned=facts.nodes.returned,
             agents=facts.nodes.agents,
-            history={r.name: tuple(self.store.attempts(r.name, r.spec.pacing.crash_loop_after + 1)) for r in runs},
+            history={r.name: tuple(self.store.attempts(r.name, _history_depth(r))) for r in runs},
             refused={r.name: tuple(self.store.refused_submissions(r.name, _since_current(r))) for r in runs},
             forgotten=self._forgotten,
+            saved=self.checkpoints.saved_now(_just_ended(runs, snap), self.store),
         )
 
     def _quarantined(self) -> dict[str, Quarantine]:
@@ -332,6 +334,23 @@ def _slowdown_events(runs: list[RunRecord], progress: ProgressWatch | NoProgress
         message = f"{a.label}: slowdown: {evidence['reason']}{linked}"
         key_ = f"{name}:{a.seq}:slowdown"
         out.append(Event(name, EventKind.SLOWDOWN, message, key_, now, a.seq, a.job_id, evidence=evidence))
+    return out
+
+
+def _history_depth(run: RunRecord) -> int:
+    """Attempts a decision looks back on: a crash loop's, and a chain of continuations' bound."""
+    chain = run.spec.continuation.max_without_progress if run.spec.continuation is not None else 0
+    return max(run.spec.pacing.crash_loop_after, chain) + 1
+
+
+def _just_ended(runs: list[RunRecord], snap: ClusterSnapshot) -> list[RunRecord]:
+    """Runs whose job ended by itself and is not decided on yet: a planned end is judged on the
+    newest verified checkpoint (domain.decide.continuation)."""
+    out = []
+    for run in runs:
+        job = snap.jobs.get(run.attempt.job_id) if run.attempt is not None else None
+        if job is not None and job.state.finished and run.state in (RunState.RUNNING, RunState.QUEUED):
+            out.append(run)
     return out
 
 

@@ -22,6 +22,7 @@ from supervisor.report.incidents import Incident, group, incident_title, recover
 FOLDABLE: dict[EventKind, tuple[str, str]] = {
     EventKind.CHECKPOINT_VERIFIED: ("checkpoint verification passed", "checkpoint verifications passed"),
     EventKind.SPIKE_HEALED: ("loss spike healed by itself", "loss spikes healed by themselves"),
+    EventKind.CONTINUED: ("job continued after its planned end", "jobs continued after their planned ends"),
 }
 
 

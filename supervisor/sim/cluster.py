@@ -181,6 +181,14 @@ class SimCluster:
             raise ValueError(f"job {job_id} is not running ({job.state})")
         self._state.script_exit(job, job.execution, exit_code)
 
+    def time_out(self, job_id: int) -> None:
+        """The running job reaches its time limit now: Slurm ends it TIMEOUT (no exit code)."""
+        job = self._job(job_id)
+        if job.state is not JobState.RUNNING or job.execution is None:
+            raise ValueError(f"job {job_id} is not running ({job.state})")
+        self._state.finish(job, JobState.TIMEOUT, reason="TimeLimit", everywhere=True)
+        self._state.schedule()
+
     def job_request(self, job_id: int) -> SubmitRequest:
         """What the job was submitted with (its environment reaches the simulated trainer)."""
         return self._job(job_id).request

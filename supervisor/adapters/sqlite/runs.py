@@ -17,6 +17,8 @@ from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import AttemptRecord, RunRecord
 from supervisor.domain.run import (
     CheckpointPolicy,
+    ContinuationPolicy,
+    ExitMeaning,
     RestartMode,
     RestartPacing,
     RunSpec,
@@ -172,6 +174,10 @@ class SqliteRuns(SqliteBase):
         column = "failed_before_load" if before_load else "load_failed"
         self._db.execute(f"UPDATE attempts SET {column} = ? WHERE run = ? AND seq = ?", (why, run, seq))  # noqa: S608
 
+    def attempt_continued(self, run: str, seq: int, checkpoint: str) -> None:
+        """The attempt ended on purpose after a verified save and was continued from ``checkpoint``."""
+        self._db.execute("UPDATE attempts SET continued_with = ? WHERE run = ? AND seq = ?", (checkpoint, run, seq))
+
     def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]:
         """The run's attempts in order; only the newest ``last`` when given."""
         rows = self._db.execute(
@@ -223,6 +229,7 @@ def _attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
         load_failed=r["load_failed"],
         failed_before_load=r["failed_before_load"],
         save_s=r["save_s"],
+        continued_with=r["continued_with"],
     )
 
 
@@ -230,6 +237,7 @@ def _spec_to_json(spec: RunSpec) -> dict[str, Any]:
     d = asdict(spec)
     d["env"] = dict(spec.env)
     d["do_not_restart_exit_codes"] = sorted(spec.do_not_restart_exit_codes)
+    d["exit_codes"] = {str(code): meaning.value for code, meaning in spec.exit_codes.items()}
     return d
 
 
@@ -252,5 +260,7 @@ def _spec_from_json(d: dict[str, Any]) -> RunSpec:
             "checkpoints": CheckpointPolicy(**d["checkpoints"]) if d.get("checkpoints") else None,
             "spikes": SpikePolicy(**d["spikes"]) if d.get("spikes") else SpikePolicy(),
             "pacing": RestartPacing(**d["pacing"]) if d.get("pacing") else RestartPacing(),
+            "exit_codes": {int(code): ExitMeaning(m) for code, m in (d.get("exit_codes") or {}).items()},
+            "continuation": ContinuationPolicy(**d["continuation"]) if d.get("continuation") else None,
         }
     )

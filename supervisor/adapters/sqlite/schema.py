@@ -274,6 +274,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX checkpoints_by_step ON checkpoints(run, step, first_seen);
     """,
+    # the checkpoint a planned end of the attempt was continued from (domain.decide.continuation)
+    """
+    ALTER TABLE attempts ADD COLUMN continued_with TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

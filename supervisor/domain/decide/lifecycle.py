@@ -4,7 +4,6 @@ next job may go. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 
 from supervisor.domain.actions import (
@@ -23,7 +22,10 @@ from supervisor.domain.actions import (
 )
 from supervisor.domain.cluster import JobHold, JobInfo, JobState
 from supervisor.domain.decide.backoff import Backoff, restart_backoff
-from supervisor.domain.decide.faults import contain, faulty_nodes, recover
+from supervisor.domain.decide.cancelled import cancelled, recover_finished
+from supervisor.domain.decide.continuation import continue_after, planned_end, unsaved_hint
+from supervisor.domain.decide.exit_codes import meaning_of, run_elsewhere
+from supervisor.domain.decide.faults import contain, faulty_nodes
 from supervisor.domain.decide.forgotten import read_from_accounting, unknown_outcome, wait_for_accounting
 from supervisor.domain.decide.placement import Placement, place, placement_notes
 from supervisor.domain.observation import (
@@ -34,7 +36,7 @@ from supervisor.domain.observation import (
     set_terminal,
 )
 from supervisor.domain.records import AttemptRecord, EventKind, RunRecord
-from supervisor.domain.run import RestartMode, RunState
+from supervisor.domain.run import ExitMeaning, RestartMode, RunState
 
 
 def decide_pending(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
@@ -159,14 +161,30 @@ def decide_finished(
         )
         why = f"{why}; {how}" if how else why
         return done + _restart(run, a, job, obs, policy, why, deliberate=rollback is not None)
+    how = planned_end(run, a, job, obs)
+    if how is not None:  # on purpose: continued after a verified save, else a fault that says how
+        return done + _planned(run, a, job, obs, policy, how)
+    meaning = meaning_of(run.spec, job.exit_code)
     if job.state is JobState.COMPLETED and (job.exit_code or 0) == 0:
         return done + set_terminal(run, RunState.COMPLETED, EventKind.COMPLETED, f"job {job.job_id} completed", obs)
-    if job.exit_code is not None and job.exit_code in run.spec.do_not_restart_exit_codes:
+    if meaning is ExitMeaning.STOP:
         why = f"job {job.job_id} exited with do-not-restart code {job.exit_code}; not restarting"
         return done + set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
     if job.state is JobState.CANCELLED:
-        return done + _cancelled(run, a, job, obs, policy)
+        return done + cancelled(run, a, job, obs, policy)
+    if meaning is ExitMeaning.RESTART_ELSEWHERE:
+        return done + run_elsewhere(run, a, job, obs)
     return done + _died(run, a, job, obs, policy)
+
+
+def _planned(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy, how: str) -> Decision:
+    continued = continue_after(run, a, job, obs, how)
+    if continued is None:
+        return _died(run, a, job, obs, policy, unsaved_hint(run, a, job, obs, how))
+    if continued.resubmit is None:
+        return continued.decision
+    since = a.ended_at if a.ended_at is not None else (job.end_time or obs.now)
+    return continued.decision + submit_next(run, a, obs, policy, restart=False, reason=continued.resubmit, since=since)
 
 
 def _ended_records(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, how: str | None) -> list[Record]:
@@ -195,35 +213,12 @@ def _started_unseen(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observa
     return [AttemptStarted(run.name, a.seq, job.nodes, job.start_time), replace(started, at=job.start_time)]
 
 
-def _cancelled(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
-    failed_on = _launch_failed_on(job, obs)
-    if failed_on:  # not a person's cancel: Slurm ended a job it could not requeue (--no-requeue)
-        return _recover_finished(run, a, job, failed_on, obs, policy)
-    if _just_launched(job) and obs.now - (job.end_time or obs.now) < LAUNCH_WINDOW_S:
-        return Decision()  # cancelled as it started: give Slurm a moment to show a prolog's drain
-    return _cancelled_by_hand(run, job, obs)
-
-
-def _cancelled_by_hand(run: RunRecord, job: JobInfo, obs: Observation) -> Decision:
-    """A person cancelled the job (scancel): the run ends, and the logbook names them when Slurm's
-    accounting did (``job.cancelled_by``), else says Slurm did not — never blames the supervisor."""
-    who = job.cancelled_by
-    if who is None:
-        why = f"job {job.job_id} was cancelled outside the supervisor, by someone Slurm did not name; not restarting"
-        evidence: dict[str, object] = {"cancelled_by_uid": None}
-    else:
-        why = f"job {job.job_id} was cancelled by {who} outside the supervisor; not restarting"
-        evidence = {"cancelled_by_uid": who.uid, "cancelled_by": who.name or None}
-    event = event_for(run, run.attempt, EventKind.CANCELLED, why, obs, evidence)
-    actor = who.actor if who is not None else "unknown"
-    return Decision((SetState(run.name, RunState.CANCELLED, reason=why), replace(event, actor=actor)))
-
-
-def _died(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
-    """The job ended unsuccessfully by itself: a node fault, or a fault of the job."""
+def _died(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy, hint: str = "") -> Decision:
+    """The job ended unsuccessfully by itself: a node fault, or a fault of the job (``hint``: a
+    planned end without a save, and how to make it a continuation)."""
     bad = faulty_nodes(run, a.nodes or job.nodes, obs)
     if bad:
-        return _recover_finished(run, a, job, bad, obs, policy)
+        return recover_finished(run, a, job, bad, obs, policy)
     ended = job.end_time or obs.now
     if (
         policy.evidence_wait_s > 0
@@ -234,6 +229,7 @@ def _died(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, poli
         # Restarting before that would put the run back on the broken node: wait that long.
         return Decision(recheck_at=ended + policy.evidence_wait_s)
     why = f"job {job.job_id} ended {job.state.value}" + (f" with exit code {job.exit_code}" if job.exit_code else "")
+    why = f"{why}: {hint}" if hint else why
     evidence = {
         "state": job.state.value,
         "exit_code": job.exit_code,
@@ -242,34 +238,6 @@ def _died(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, poli
     }
     fault = event_for(run, a, EventKind.FAULT, why, obs, evidence)
     return Decision((fault, SetState(run.name, RunState.RECOVERING, reason=why)))
-
-
-def _launch_failed_on(job: JobInfo, obs: Observation) -> dict[str, str]:
-    """Nodes whose prolog failed the job's launch: Slurm drained them (the adapter read its reason)
-    and, the job not being requeueable, cancelled it the second it started."""
-    if not _just_launched(job):
-        return {}
-    out = {}
-    for name in job.nodes:
-        info = obs.snapshot.nodes.get(name)
-        if info is not None and info.drained and info.prolog_failed:
-            out[name] = f"the job's prolog failed on it: Slurm drained it ({info.reason})"
-    return out
-
-
-LAUNCH_WINDOW_S = 10.0
-
-
-def _just_launched(job: JobInfo) -> bool:
-    return job.start_time is not None and job.end_time is not None and job.end_time - job.start_time <= LAUNCH_WINDOW_S
-
-
-def _recover_finished(
-    run: RunRecord, a: AttemptRecord, job: JobInfo, bad: Mapping[str, str], obs: Observation, policy: Policy
-) -> Decision:
-    decision = recover(run, a, job, bad, obs, policy)
-    actions = tuple(x for x in decision.actions if not isinstance(x, Cancel))
-    return Decision(decision.records, actions)
 
 
 def _restart(

@@ -20,8 +20,10 @@ from typing import Any
 from supervisor.domain.actions import Decision, Defer, SwapStep
 from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoal
 from supervisor.domain.cluster import JobInfo
+from supervisor.domain.decide.exit_codes import meaning_of
 from supervisor.domain.observation import Observation, Policy, event_for, fmt_nodes
 from supervisor.domain.records import AttemptRecord, EventKind, RunRecord
+from supervisor.domain.run import ExitMeaning
 from supervisor.domain.spikes.rollback import RollbackRecord
 
 
@@ -45,8 +47,9 @@ def died_step(a: AttemptRecord, goal: StepGoal | None, step: AllocationStep) -> 
 
 
 def left_to_end(run: RunRecord, report: LauncherReport) -> bool:
-    """A code that says restarting will not help: the launcher's exit ends the job and the run."""
-    return report.exit_code in run.spec.do_not_restart_exit_codes
+    """A code that says restarting the step will not help (or that it ended on purpose, saved):
+    the launcher's exit ends the job, whose end decides the run (domain.decide.lifecycle)."""
+    return meaning_of(run.spec, report.exit_code) in (ExitMeaning.STOP, ExitMeaning.CONTINUE)
 
 
 def evidence_due(current: tuple[str, ...], report: LauncherReport, obs: Observation, policy: Policy) -> float | None:

@@ -301,7 +301,33 @@ def _claims(
             began = nxt.started_at if nxt.started_at is not None else run_end
             claims.append((nxt.submitted_at, began, "queue", cat))
             claims.append((began, began + (known.startup_s(nxt) or 0.0), "restart", cat))
+    claims += _continuation_claims(attempts, run_end, known)
     return [c for c in claims if c[1] > c[0]]
+
+
+CONTINUATION = "continuation"  # the cause of a planned end's gap: a line of its own, not an interruption
+
+
+def _continuation_claims(attempts: Sequence[AttemptRecord], run_end: float, known: Known) -> list[Claim]:
+    """A planned end continued (domain.decide.continuation): no interruption and no lost work, but
+    its cost on a line of its own — the gap from the job's end to its successor's submission
+    ("restart"), the successor's wait in the queue after that end, and its start-up (checkpoint
+    load). A successor queued before the end waits only from the end. (The save before the end is
+    running time: with the progress series it is overhead.)"""
+    claims: list[Claim] = []
+    for i, a in enumerate(attempts):
+        nxt = attempts[i + 1] if i + 1 < len(attempts) else None
+        if a.continued_with is None or a.ended_at is None:
+            continue
+        if nxt is None:
+            claims.append((a.ended_at, run_end, "restart", CONTINUATION))
+            continue
+        submitted = max(a.ended_at, nxt.submitted_at)
+        began = nxt.started_at if nxt.started_at is not None else run_end
+        claims.append((a.ended_at, submitted, "restart", CONTINUATION))
+        claims.append((submitted, began, "queue", CONTINUATION))
+        claims.append((began, began + (known.startup_s(nxt) or 0.0), "restart", CONTINUATION))
+    return claims
 
 
 def _notes(found: Sequence[Interruption]) -> tuple[str, ...]:
