@@ -71,3 +71,37 @@ def test_the_continue_code_after_a_verified_save_continues_the_run(slurm_cluster
     assert "continued" in kinds and "fault" not in kinds and "restarted" not in kinds, kinds
     lines = marks.read_text().splitlines()
     assert "resume step: none continue code: 75" in lines and "resume step: 5 continue code: 75" in lines, lines
+
+
+MEGATRON_16_ONCE = """\
+echo "ran on $SLURMD_NODENAME" >> "$MARKS"
+if [ ! -e "$MARKS.once" ]; then touch "$MARKS.once"; exit 16; fi
+exit 0
+"""
+
+
+def test_megatron_exit_16_is_restarted_once_on_other_nodes(slurm_cluster, tmp_path):
+    """Megatron's EXIT_CODE_RESUME_TO_DISAMBIGUATE: run again on other hardware. One restart
+    spent, the first job's node kept out of the run (not drained)."""
+    marks = tmp_path / "marks.txt"
+    marks.touch()
+    spec = write_run(
+        tmp_path,
+        "validate",
+        nodes=1,
+        partition=slurm_cluster.partition,
+        script_body=MEGATRON_16_ONCE,
+        env={"MARKS": str(marks)},
+    )
+    sup = SupervisorProcess(slurm_cluster, tmp_path)
+    sup.start()
+    try:
+        sup.cli("submit", str(spec))
+        ended = wait_ended(sup, "validate", timeout=60)
+    finally:
+        sup.stop()
+    assert ended["state"] == "completed" and ended["restarts"]["spent"] == 1, ended
+    first, second = (line.split()[-1] for line in marks.read_text().splitlines())
+    assert first != second
+    kinds = [e["kind"] for e in sup.logbook("validate")]
+    assert kinds.count("fault") == 1 and "node_drained" not in kinds, kinds
