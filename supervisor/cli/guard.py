@@ -77,13 +77,14 @@ def _server(cfg: GuardConfig) -> GuardServer:
     )
     slurm = GuardSlurm(cli)
     memory = GuardMemory(g.state_dir)
-    audit = AuditLog(g.state_dir / "audit.jsonl")
+    audit = AuditLog(g.state_dir / "audit.jsonl", max_bytes=int(g.audit_max_mb * 1e6), keep=g.audit_keep)
     core = Guard(slurm=slurm, memory=memory, audit=audit, limits=g.limits(), quarantine=cfg.quarantine.settings())
     try:
         sock = passed_socket() or bound_socket(g.socket)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {g.socket}: {exc}") from None
-    return GuardServer(sock, core, timeout_s=g.request_timeout_s, idle_exit_s=g.idle_exit_s)
+    trusted = frozenset(g.instance_users)
+    return GuardServer(sock, core, timeout_s=g.request_timeout_s, idle_exit_s=g.idle_exit_s, trusted_users=trusted)
 
 
 @guard.command()

@@ -25,12 +25,21 @@ class GuardSection(Section):
     socket: Path = Path(DEFAULT_SOCKET)  # bound only when systemd passed no socket
     state_dir: Path = Path("/var/lib/slurm-supervisor-guard")
     admin_groups: tuple[StrictStr, ...] = ()
+    # Accounts that run supervisor instances: the guard keeps connection slots for them (and admins).
+    instance_users: tuple[StrictStr, ...] = ()
     max_drains: StrictInt = Field(
         default=8, ge=0, json_schema_extra=fix_hint("set how many nodes all instances together may drain per window")
     )
     window_s: FloatField = Field(default=3600.0, gt=0, json_schema_extra=fix_hint("set seconds, e.g. 3600"))
+    # A client sends its line as soon as it connects; a silent one costs a descriptor for this long.
     request_timeout_s: FloatField = Field(
-        default=5.0, gt=0, le=60, json_schema_extra=fix_hint("set seconds above 0 and at most 60, e.g. 5")
+        default=1.0, gt=0, le=60, json_schema_extra=fix_hint("set seconds above 0 and at most 60, e.g. 1")
+    )
+    audit_max_mb: FloatField = Field(
+        default=64.0, gt=0, json_schema_extra=fix_hint("set the audit log's size before it is rotated, in MB")
+    )
+    audit_keep: StrictInt = Field(
+        default=4, ge=1, le=100, json_schema_extra=fix_hint("set how many rotated audit logs to keep, e.g. 4")
     )
     idle_exit_s: FloatField = Field(
         default=0.0, ge=0, json_schema_extra=fix_hint("set seconds (0: never exit when idle)")

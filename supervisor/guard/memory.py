@@ -1,6 +1,8 @@
 """The guard's memory, in its own state directory (SQLite): the node changes it granted (what the
 cluster-wide cap counts), the faults every instance proved on a node (the shared quarantine) and
-admins' quarantine clears. One connection, used under the guard's lock.
+admins' quarantine clears. One connection for the decisions, used under the guard's lock, and one
+for the QUARANTINE reads, which do not wait for a decision (WAL: readers do not block the writer).
+``version`` grows with every change of the faults or clears, so a reader knows its copy is stale.
 
 Faults are kept per account and node (``uid:node``: a later one replaces the earlier), and one
 account holds at most ``max_faults_per_uid`` of them within the quarantine's reach, so no caller
@@ -10,6 +12,7 @@ service (review 2026-12-02, finding 2)."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 
 from supervisor.domain.health.quarantine import Fault
@@ -33,12 +36,16 @@ class GuardMemory:
         self._db = sqlite3.connect(state_dir / "guard.db", isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
+        self._reads = sqlite3.connect(state_dir / "guard.db", isolation_level=None, check_same_thread=False)
+        self._reading = threading.Lock()
+        self.version = 0
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(faults)")}
         if "uid" not in columns:  # a guard.db from before faults were kept per account
             self._db.execute("ALTER TABLE faults ADD COLUMN uid INTEGER")
         self.max_faults_per_uid = MAX_FAULTS_PER_UID
 
     def close(self) -> None:
+        self._reads.close()
         self._db.close()
 
     def record_grant(self, grant: Grant) -> None:
@@ -65,6 +72,7 @@ class GuardMemory:
             "INSERT OR REPLACE INTO faults(key, node, at, run, reason, uid) VALUES (?, ?, ?, ?, ?, ?)",
             (fault.key, fault.node, fault.at, fault.run, fault.reason, uid),
         )
+        self.version += 1
         return True
 
     def _faults_of(self, uid: int) -> int:
@@ -72,11 +80,16 @@ class GuardMemory:
         return int(count)
 
     def faults(self, since: float) -> list[Fault]:
-        rows = self._db.execute("SELECT node, at, run, reason, key FROM faults WHERE at >= ? ORDER BY at", (since,))
+        with self._reading:
+            rows = self._reads.execute(
+                "SELECT node, at, run, reason, key FROM faults WHERE at >= ? ORDER BY at", (since,)
+            ).fetchall()
         return [Fault(node, at, run, reason, key, source="guard") for node, at, run, reason, key in rows]
 
     def clear(self, node: str, at: float, by: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO clears(node, at, by) VALUES (?, ?, ?)", (node, at, by))
+        self.version += 1
 
     def clears(self) -> dict[str, float]:
-        return dict(self._db.execute("SELECT node, at FROM clears"))
+        with self._reading:
+            return dict(self._reads.execute("SELECT node, at FROM clears").fetchall())

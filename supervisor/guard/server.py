@@ -1,20 +1,29 @@
 """The guard's Unix stream socket: the one systemd passes (socket activation, ``LISTEN_FDS``), or
 one it binds itself when run by hand. Each connection: the caller from ``SO_PEERCRED`` and the
 account databases (never from the request), one request line read within a deadline, one answer
-line, closed. At most ``MAX_CLIENTS`` connections at once, each in its own thread; the guard's
-lock orders the decisions."""
+line, closed.
+
+Two stages, so that a silent caller costs a descriptor, never a thread (review 2026-12-02,
+finding 3): the accepting thread reads every connection's request line itself (non-blocking, one
+selector), at most ``MAX_PENDING`` connections and ``MAX_PENDING_PER_UID`` of one UID at once, each
+within ``timeout_s``. Only a whole line takes a worker slot (``slots.Slots``: at most ``per_uid`` of
+one UID, the last ``kept`` for root, admins and the instance accounts of ``trusted_users``), and a
+line that finds none is answered ``busy`` (transient) at once. The guard's lock orders the
+decisions; QUARANTINE reads do not wait for it."""
 
 from __future__ import annotations
 
 import grp
 import os
 import pwd
+import selectors
 import socket
 import stat
 import struct
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -22,11 +31,14 @@ import structlog
 from supervisor.adapters.guard_client import MAX_LINE
 from supervisor.guard.policy import Caller
 from supervisor.guard.service import Guard
+from supervisor.guard.slots import SlotLimits, Slots
 
 log = structlog.get_logger("supervisor.guard")
 
 SD_LISTEN_FDS_START = 3
-MAX_CLIENTS = 16
+MAX_PENDING = 256  # connections still sending their line: a descriptor each, no thread
+MAX_PENDING_PER_UID = 8
+WORKER_SLOTS = SlotLimits(total=16, per_uid=4, kept=4)
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -76,78 +88,157 @@ def peer(conn: socket.socket) -> Caller:
     return Caller(uid, gid, pid, account.pw_name, frozenset(names))
 
 
-def read_line(conn: socket.socket, timeout_s: float) -> bytes | None:
-    """One request line within ``timeout_s``; an overlong one is cut at MAX_LINE + 1 bytes (and
-    then refused); None when the caller sent nothing whole in time."""
-    deadline = time.monotonic() + timeout_s
-    data = b""
-    while b"\n" not in data and len(data) <= MAX_LINE:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        conn.settimeout(left)
-        chunk = conn.recv(4096)
-        if not chunk:
-            return None
-        data += chunk
-    head, newline, _ = data.partition(b"\n")
-    return head if newline and len(head) <= MAX_LINE else data[: MAX_LINE + 1]
+@dataclass
+class _Pending:
+    """A connection whose request line is still arriving."""
+
+    conn: socket.socket
+    caller: Caller
+    deadline: float
+    data: bytes = b""
+
+    def line(self) -> bytes | None:
+        """The request line once it is whole (or overlong: cut at MAX_LINE + 1 bytes, then refused)."""
+        head, newline, _ = self.data.partition(b"\n")
+        if newline and len(head) <= MAX_LINE:
+            return head
+        return self.data[: MAX_LINE + 1] if len(self.data) > MAX_LINE else None
 
 
 class GuardServer:
-    def __init__(self, sock: socket.socket, guard: Guard, *, timeout_s: float = 5.0, idle_exit_s: float = 0) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        guard: Guard,
+        *,
+        timeout_s: float = 1.0,
+        idle_exit_s: float = 0,
+        trusted_users: frozenset[str] = frozenset(),
+        slots: SlotLimits = WORKER_SLOTS,
+    ) -> None:
         self.sock, self.guard = sock, guard
         self.timeout_s, self.idle_exit_s = timeout_s, idle_exit_s
-        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        self.trusted_users = trusted_users
+        self._slots = Slots(slots)
+        self._pending: dict[int, _Pending] = {}  # by descriptor
+        self._selector = selectors.DefaultSelector()
         self._last = time.monotonic()
 
     def serve(self, stop: threading.Event) -> None:
-        """Accept until ``stop`` is set (or, with ``idle_exit_s``, after that long without a
-        connection: socket activation starts the guard again on the next one)."""
-        self.sock.settimeout(0.5)
-        while not stop.is_set() and not self._idle():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            self._last = time.monotonic()
-            if not self._slots.acquire(blocking=False):
-                log.warning("guard.busy", clients=MAX_CLIENTS)
-                conn.close()
-                continue
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-        for _ in range(MAX_CLIENTS):  # let the requests in flight finish
-            self._slots.acquire(timeout=self.timeout_s + 30)
+        """Accept and read until ``stop`` is set (or, with ``idle_exit_s``, after that long without
+        a connection: socket activation starts the guard again on the next one)."""
+        self.sock.setblocking(False)
+        self._selector.register(self.sock, selectors.EVENT_READ)
+        try:
+            while not stop.is_set() and not self._idle():
+                for key, _ in self._selector.select(timeout=0.1):
+                    if key.fileobj is self.sock:
+                        self._accept()
+                    else:
+                        self._receive(key.fd)
+                self._expire(time.monotonic())
+                self.guard.audit.flush_due(self.guard.clock())
+        finally:
+            for fd in list(self._pending):
+                self._drop(fd)
+            self._selector.close()
+        deadline = time.monotonic() + self.timeout_s + 30
+        while self._slots.in_use() and time.monotonic() < deadline:  # let the requests in flight finish
+            time.sleep(0.05)
 
     def _idle(self) -> bool:
         return self.idle_exit_s > 0 and time.monotonic() - self._last > self.idle_exit_s
 
-    def _one(self, conn: socket.socket) -> None:
-        try:
-            caller = peer(conn)
-            line = read_line(conn, self.timeout_s)
-            if line is None:
-                log.info("guard.no_request", uid=caller.uid, pid=caller.pid)
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
                 return
-            conn.settimeout(self.timeout_s)
+            self._last = time.monotonic()
+            caller = peer(conn)
+            if not self._room_to_read(caller.uid):
+                log.info("guard.too_many_connections", uid=caller.uid, pending=len(self._pending))
+                conn.close()
+                continue
+            conn.setblocking(False)
+            self._pending[conn.fileno()] = _Pending(conn, caller, time.monotonic() + self.timeout_s)
+            self._selector.register(conn, selectors.EVENT_READ)
+
+    def _room_to_read(self, uid: int) -> bool:
+        if len(self._pending) >= MAX_PENDING:
+            return False
+        return uid == 0 or sum(p.caller.uid == uid for p in self._pending.values()) < MAX_PENDING_PER_UID
+
+    def _receive(self, fd: int) -> None:
+        pending = self._pending[fd]
+        try:
+            chunk = pending.conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(fd)
+            return
+        pending.data += chunk
+        line = pending.line()
+        if line is not None:
+            self._selector.unregister(pending.conn)
+            del self._pending[fd]
+            self._dispatch(pending, line)
+
+    def _expire(self, now: float) -> None:
+        for fd, pending in list(self._pending.items()):
+            if now >= pending.deadline:  # nothing whole in time: closed without an answer or audit line
+                log.info("guard.no_request", uid=pending.caller.uid, pid=pending.caller.pid)
+                self._drop(fd)
+
+    def _drop(self, fd: int) -> None:
+        pending = self._pending.pop(fd)
+        self._selector.unregister(pending.conn)
+        pending.conn.close()
+
+    def _dispatch(self, pending: _Pending, line: bytes) -> None:
+        caller = pending.caller
+        if not self._slots.take(caller.uid, trusted=self._trusted(caller)):
+            log.warning("guard.busy", uid=caller.uid, in_use=self._slots.in_use())
+            _answer_now(pending.conn, BUSY_ANSWER)
+            return
+        threading.Thread(target=self._answer, args=(pending.conn, caller, line), daemon=True).start()
+
+    def _trusted(self, caller: Caller) -> bool:
+        return caller.admin(self.guard.limits.admin_groups) or caller.name in self.trusted_users
+
+    def _answer(self, conn: socket.socket, caller: Caller, line: bytes) -> None:
+        try:
+            conn.setblocking(True)
+            conn.settimeout(self.timeout_s + 5)  # the answer is small; a caller that does not read is cut
             conn.sendall(self.guard.handle_line(caller, line))
         except OSError as exc:  # the caller went away, or the answer could not be sent
             log.info("guard.connection_lost", error=str(exc))
         except Exception as exc:  # noqa: BLE001 - one request's bug must not take the guard down for every caller
             log.error("guard.request_failed", error=repr(exc)[:500], exc_info=True)
-            _answer_error(conn)
+            _answer_now(conn, ERROR_ANSWER, close=False)
         finally:
             conn.close()
-            self._slots.release()
+            self._slots.give(caller.uid)
 
 
 ERROR_ANSWER = b'{"ok": false, "granted": false, "rule": "guard-error", "why": "the guard failed", "transient": true}\n'
+BUSY_ANSWER = (
+    b'{"ok": false, "granted": false, "rule": "busy", "why": "the guard serves as many requests of this account, '
+    b'or of all, as it may; try again", "transient": true}\n'
+)
 
 
-def _answer_error(conn: socket.socket) -> None:
-    """Tell the caller the guard failed (it retries: ``transient``), if it still listens."""
+def _answer_now(conn: socket.socket, line: bytes, *, close: bool = True) -> None:
+    """A short answer without waiting on the caller (it fits the socket's buffer), if it still listens."""
     try:
-        conn.settimeout(0.5)
-        conn.sendall(ERROR_ANSWER)
+        conn.setblocking(False)
+        conn.send(line)
     except OSError:
         pass
+    finally:
+        if close:
+            conn.close()

@@ -6,7 +6,13 @@ count every grant before the next decision, whichever instance asks.
 A DOWN asked by a non-admin is made in two steps, so that no other user's job can be on the node
 when it goes down (review 2026-12-02, finding 1: the window between the guard's read and its
 ``scontrol``): the node is drained first (from then on Slurm starts no job there), the jobs on it
-are read again, and only if the policy still grants it is it downed."""
+are read again, and only if the policy still grants it is it downed.
+
+What any local user can make it do is bounded (review 2026-12-02, finding 4): a request's shape is
+checked before Slurm is read, a UID's DOWN/DRAIN requests that reach Slurm are rate-limited
+(``ratelimit``), and its repeated refusals are folded in the audit log. QUARANTINE reads take no
+decision lock: they are answered from a copy at most ``QUARANTINE_FRESH_S`` old, rebuilt after
+every change of the memory."""
 
 from __future__ import annotations
 
@@ -37,10 +43,13 @@ from supervisor.guard.policy import (
     decide,
     problem,
 )
+from supervisor.guard.ratelimit import RateLimit
 from supervisor.guard.slurm_node_jobs import NodeSlurm
 from supervisor.ports import PortError, TransientError
 
 log = structlog.get_logger("supervisor.guard")
+
+QUARANTINE_FRESH_S = 1.0  # how old a QUARANTINE answer may be (holds end by the clock, not only by writes)
 
 
 class Guard:
@@ -53,29 +62,56 @@ class Guard:
         limits: Limits,
         quarantine: QuarantineSettings,
         clock: Callable[[], float] = time.time,
+        rate: RateLimit | None = None,
     ) -> None:
         self.slurm, self.memory, self.audit = slurm, memory, audit
         self.limits, self.quarantine, self.clock = limits, quarantine, clock
-        self._lock = threading.Lock()
+        self.rate = rate or RateLimit()
+        self._lock = threading.Lock()  # one decision at a time
+        self._read_lock = threading.Lock()  # one QUARANTINE rebuild at a time
+        self._read: tuple[int, float, bytes] | None = None  # (memory version, built at, answer line)
 
     def handle_line(self, caller: Caller, line: bytes) -> bytes:
         """One request line in, one answer line out."""
         req = parse_request(line)
+        if req.op == Op.QUARANTINE:  # read only: not audited (every daemon asks every tick), no decision lock
+            return self._quarantine_line()
         with self._lock:
-            return (json.dumps(self.handle(caller, req), ensure_ascii=True) + "\n").encode("ascii")
+            return _line(self.handle(caller, req))
 
     def handle(self, caller: Caller, req: Request) -> dict[str, Any]:
         now = self.clock()
-        if req.op == Op.QUARANTINE:  # read only: not audited (every daemon asks every tick)
+        if req.op == Op.QUARANTINE:
             return {"ok": True, "granted": True, "rule": "read", "quarantined": self.quarantine_json(now)}
         transient = False
         try:
-            verdict = decide(caller, req, self._facts(req, now), self.limits)
+            verdict = self._limited(caller, req, now) or decide(caller, req, self._facts(req, now), self.limits)
             verdict = self._carry_out(caller, req, verdict, now)
         except PortError as exc:  # Slurm did not answer, or refused the guard itself
             verdict, transient = Verdict(False, "slurm-error", str(exc)[:500]), isinstance(exc, TransientError)
-        self.audit.write(entry(caller, req, verdict, now))
-        return answer(verdict, transient=transient)
+        self.audit.record(entry(caller, req, verdict, now))
+        return answer(verdict, transient=transient or verdict.rule == "rate-limited")
+
+    def _limited(self, caller: Caller, req: Request, now: float) -> Verdict | None:
+        """A refusal when this well-formed DOWN/DRAIN of a non-admin would read Slurm too often."""
+        if req.op not in (Op.DOWN, Op.DRAIN) or problem(req) or caller.admin(self.limits.admin_groups):
+            return None
+        if self.rate.allow(caller.uid, now):
+            return None
+        why = f"{caller.name} asks too often: at most {self.rate.rate_per_s:g} per second after {self.rate.burst:g}"
+        return Verdict(False, "rate-limited", why, frees_at=self.rate.next_at(caller.uid))
+
+    def _quarantine_line(self) -> bytes:
+        with self._read_lock:
+            version, now = self.memory.version, self.clock()
+            if self._read is None or self._read[0] != version or now - self._read[1] > QUARANTINE_FRESH_S:
+                quarantined = self.quarantine_json(now)
+                self._read = (
+                    version,
+                    now,
+                    _line({"ok": True, "granted": True, "rule": "read", "quarantined": quarantined}),
+                )
+            return self._read[2]
 
     def _facts(self, req: Request, now: float) -> Facts:
         """Slurm is read only for a well-formed DOWN or DRAIN, and only about its node."""
@@ -134,6 +170,10 @@ class Guard:
             }
             for node, item in sorted(held.items())
         ]
+
+
+def _line(answer: Mapping[str, Any]) -> bytes:
+    return (json.dumps(answer, ensure_ascii=True) + "\n").encode("ascii")
 
 
 def parse_request(line: bytes) -> Request:
