@@ -61,6 +61,14 @@ class Decision:
     rule: str
 
 
+def kept_for(caller: Caller, inst: Instance) -> bool:
+    """May this caller use the API's last connection slots, kept from strangers? root, the
+    account, members of the instance's group: those who run its runs."""
+    if caller.uid in (ROOT_UID, inst.uid):
+        return True
+    return inst.group is not None and inst.group.gid in caller.gids
+
+
 def may_submit(caller: Caller, inst: Instance) -> Decision:
     granted = _granted(caller, inst, owner=None, admins=False)
     if granted:

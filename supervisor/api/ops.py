@@ -51,6 +51,11 @@ class Operations:
         self._slurm = slurm
         self._lock = threading.Lock()  # one store connection, many API threads
 
+    @property
+    def instance(self) -> Instance:
+        """Who this daemon is (the API server keeps connection slots for its account and group)."""
+        return self._inst
+
     def answer(self, caller: Caller, line: bytes) -> bytes:
         try:
             request = wire.decode_request(line)

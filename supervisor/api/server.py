@@ -1,9 +1,13 @@
 """The instance's local API: a Unix stream socket, one JSON request per line, each answered on one
 line. Callers are identified by the kernel (``SO_PEERCRED``) when they connect.
 
-Bounded: at most ``max_connections`` at once (the next one is answered ``busy`` and closed), a
-request line of at most ``wire.MAX_REQUEST_BYTES`` (longer: refused, closed), and each request
-must arrive within ``request_timeout_s`` (a silent or slow client is dropped). Each connection is
+Bounded: at most ``max_connections`` at once, at most ``PER_UID`` of them from one UID, and the
+last ``KEPT`` only for root, the instance's account and members of its group (``access.kept_for``:
+review 2026-12-02, finding 6: any local user held all 16 with ``whoami`` every 8 s); a connection
+beyond these is answered ``busy`` and closed. A request line holds at most
+``wire.MAX_REQUEST_BYTES`` (longer: refused, closed); the first must arrive within
+``request_timeout_s``, each next one within ``IDLE_GAP_S`` of the last answer (the CLI sends one
+request per connection), and no connection lives past ``MAX_LIFETIME_S``. Each connection is
 served on its own thread, so a slow answer (a submit asks Slurm) holds up no one else.
 """
 
@@ -21,14 +25,19 @@ from pathlib import Path
 import structlog
 
 from supervisor.api import wire
-from supervisor.api.access import Caller
-from supervisor.api.identity import peer
+from supervisor.api.access import Caller, Instance, kept_for
+from supervisor.api.identity import peer, user_name
+from supervisor.guard.slots import SlotLimits, Slots
 
 log = structlog.get_logger("supervisor.api")
 
 Handler = Callable[[Caller, bytes], bytes]
 
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the terminating NUL
+PER_UID = 4
+KEPT = 4
+IDLE_GAP_S = 1.0
+MAX_LIFETIME_S = 300.0  # a submit waits on Slurm, a few requests in a row may each take a while
 
 
 class SocketInUse(OSError):
@@ -44,10 +53,13 @@ class ApiServer:
         max_connections: int = 16,
         request_timeout_s: float = 10.0,
         answer_timeout_s: float = 30.0,
+        instance: Instance | None = None,
     ) -> None:
         self.path = Path(path)
         self._handle = handle
-        self._slots = threading.BoundedSemaphore(max_connections)
+        self._slots = Slots(SlotLimits(max_connections, min(PER_UID, max_connections), min(KEPT, max_connections - 1)))
+        uid = os.geteuid()
+        self._instance = instance or Instance(uid, user_name(uid))  # without its group: root and the account
         self._request_timeout_s = request_timeout_s
         self._answer_timeout_s = answer_timeout_s
         self._stop = threading.Event()
@@ -95,22 +107,30 @@ class ApiServer:
                 log.error("api_accept_failed", error=str(exc))
                 self._stop.wait(0.5)
                 continue
-            if not self._slots.acquire(blocking=False):
+            try:
+                caller = peer(conn)
+            except OSError as exc:
+                log.info("api_connection_dropped", error=str(exc))
+                conn.close()
+                continue
+            if not self._slots.take(caller.uid, trusted=kept_for(caller, self._instance)):
+                log.info("api_busy", uid=caller.uid, in_use=self._slots.in_use())
                 _refuse_busy(conn)
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="api-conn", daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, caller), name="api-conn", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, caller: Caller) -> None:
         try:
             with conn:
-                caller = peer(conn)
-                for line in _LineReader(conn, self._request_timeout_s):
+                lines = _LineReader(conn, self._request_timeout_s)
+                for line in lines:
                     conn.settimeout(self._answer_timeout_s)
                     conn.sendall(self._handle(caller, line))
+                    lines.next_within(IDLE_GAP_S)
         except (OSError, _TooLong) as exc:
             log.info("api_connection_dropped", error=str(exc))
         finally:
-            self._slots.release()
+            self._slots.give(caller.uid)
 
 
 class _TooLong(Exception):
@@ -125,12 +145,18 @@ class _LineReader:
         self._conn = conn
         self._timeout_s = timeout_s
         self._buf = b""
+        self._ends = time.monotonic() + MAX_LIFETIME_S
 
     def __iter__(self) -> _LineReader:
         return self
 
+    def next_within(self, seconds: float) -> None:
+        """The next request must come within ``seconds`` (after an answer: a client that holds its
+        connection between requests holds a slot someone else needs)."""
+        self._timeout_s = seconds
+
     def __next__(self) -> bytes:
-        deadline = time.monotonic() + self._timeout_s
+        deadline = min(time.monotonic() + self._timeout_s, self._ends)
         while b"\n" not in self._buf:
             if len(self._buf) > wire.MAX_REQUEST_BYTES:
                 self._conn.sendall(wire.failure(wire.Failure.INVALID, "request too long"))

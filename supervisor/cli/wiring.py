@@ -98,7 +98,7 @@ def api_server(cfg: DaemonConfig, clock: SystemClock) -> ApiServer:
     from supervisor.api.server import ApiServer
 
     ops = Operations(store(cfg), clock, instance(cfg.api.group, cfg.api.admin_group), scheduler(cfg))
-    return ApiServer(cfg.api.socket_path(cfg.daemon.state_dir), ops.answer)
+    return ApiServer(cfg.api.socket_path(cfg.daemon.state_dir), ops.answer, instance=ops.instance)
 
 
 def engine_settings(cfg: DaemonConfig) -> EngineSettings:

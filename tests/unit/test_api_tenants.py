@@ -1,0 +1,96 @@
+"""Another local user cannot lock an instance's own account out of its API (issue 32, finding 6:
+16 connections asking ``whoami`` every 8 s held every slot for good).
+
+The stranger is ``nobody`` (a process of its own, known by SO_PEERCRED); the instance's account is
+this test's (the API is served in this process, as the daemon serves it)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor.api.client import ApiClient, ApiFailure
+from supervisor.api.server import IDLE_GAP_S
+from supervisor.api.testing import local_api
+from supervisor.testing.privileges import NOBODY
+from supervisor.testing.users import python_for_others
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a caller of another UID needs root")
+
+# Keeps ``count`` connections, each asking whoami every 0.5 s; reopens one the daemon closes.
+HOLDER = """
+import socket, sys, time
+path, count, end = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+def opened():
+    s = socket.socket(socket.AF_UNIX); s.settimeout(2)
+    try:
+        s.connect(path)
+    except OSError:
+        pass
+    return s
+held = [opened() for _ in range(count)]
+while time.monotonic() < end:
+    for i, s in enumerate(held):
+        try:
+            s.sendall(b'{"op":"whoami"}\\n')
+            if b"busy" in s.recv(65536) or False:
+                raise OSError
+        except OSError:
+            s.close(); held[i] = opened()
+    time.sleep(0.5)
+"""
+
+
+@pytest.fixture
+def open_folder() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="ssv-api-"))
+    folder.chmod(0o755)  # nobody reaches the socket in it
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@needs_root
+def test_a_stranger_holding_connections_does_not_lock_the_account_out(tmp_path, open_folder):
+    with local_api(tmp_path / "state", socket=open_folder / "api.sock") as server:
+        python, env = python_for_others()
+        holder = subprocess.Popen(
+            [*python, "-I", "-c", HOLDER, str(server.path), "24", "5"],
+            env=env,
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+        )
+        try:
+            time.sleep(1.5)  # the stranger holds what it can get
+            answers = []
+            for _ in range(10):
+                try:
+                    answers.append(ApiClient(server.path, timeout_s=5).call("runs"))
+                except ApiFailure as exc:
+                    answers.append(exc.kind)
+                time.sleep(0.1)
+        finally:
+            holder.wait(30)
+    assert answers == [[]] * 10
+
+
+def test_a_connection_idle_after_its_answer_is_closed(tmp_path, open_folder):
+    with (
+        local_api(tmp_path / "state", socket=open_folder / "api.sock") as server,
+        socket.socket(socket.AF_UNIX) as held,
+    ):
+        held.settimeout(10)
+        held.connect(str(server.path))
+        held.sendall(b'{"op":"whoami"}\n')
+        assert held.recv(65536).endswith(b"\n")
+        started = time.monotonic()
+        assert held.recv(10) == b""  # closed: it asked nothing more
+        assert time.monotonic() - started < IDLE_GAP_S + 1.0
