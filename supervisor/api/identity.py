@@ -1,10 +1,9 @@
-"""Identities from the kernel: the peer of a Unix socket (``SO_PEERCRED``, ``SO_PEERGROUPS``), this
-process, and the instance the daemon is. Names come from the passwd and group databases, never
+"""Identities from the kernel: the peer of a Unix socket (``SO_PEERCRED``, its groups from the
+group database), this process, and the instance the daemon is. Names come from the passwd and group databases, never
 from ``$USER``/``$LOGNAME`` (anyone can set those)."""
 
 from __future__ import annotations
 
-import errno
 import grp
 import os
 import pwd
@@ -12,9 +11,6 @@ import socket
 import struct
 
 from supervisor.api.access import Caller, Group, Instance
-
-_SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python does not name it
-_GID = struct.Struct("I")
 
 
 def user_name(uid: int) -> str:
@@ -26,30 +22,26 @@ def user_name(uid: int) -> str:
 
 
 def peer(conn: socket.socket) -> Caller:
-    """Who is at the other end of a connected Unix socket, as the kernel recorded at connect()."""
+    """Who is at the other end of a connected Unix socket: the UID the kernel recorded at connect(),
+    its groups from the passwd and group databases. Not the peer process's own groups
+    (``SO_PEERGROUPS``, its gid): a setgid program's are its own, and a process started before its
+    account left a group keeps that group (review 2026-12-02, finding 15; the guard does the same)."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, gid = struct.unpack("3i", creds)
-    name = user_name(uid)
-    return Caller(uid, name, frozenset({gid, *_peer_groups(conn, name, gid)}))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return Caller(uid, user_name(uid), account_groups(uid))
 
 
-def _peer_groups(conn: socket.socket, name: str, gid: int) -> set[int]:
-    """The peer's supplementary groups as its process held them; the group database's view of the
-    user where the kernel cannot tell (before Linux 4.13)."""
-    for size in (256, 65536):
-        try:
-            raw = conn.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, size * _GID.size)
-        except OSError as exc:
-            if exc.errno == errno.ERANGE:
-                continue
-            if exc.errno in (errno.ENOPROTOOPT, errno.EINVAL):
-                break
-            raise
-        return {g for (g,) in _GID.iter_unpack(raw[: len(raw) - len(raw) % _GID.size])}
+def account_groups(uid: int) -> frozenset[int]:
+    """The account's primary group and every group the group database names it in; none for a UID
+    without an account."""
     try:
-        return set(os.getgrouplist(name, gid))
-    except (KeyError, OSError):
-        return set()
+        account = pwd.getpwuid(uid)
+    except KeyError:
+        return frozenset()
+    try:
+        return frozenset({account.pw_gid, *os.getgrouplist(account.pw_name, account.pw_gid)})
+    except OSError:
+        return frozenset({account.pw_gid})
 
 
 def this_process() -> Caller:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.api.client import ApiClient, ApiFailure
+from supervisor.api.identity import peer
 from supervisor.api.server import IDLE_GAP_S
 from supervisor.api.testing import local_api
 from supervisor.testing.privileges import NOBODY
@@ -94,3 +95,34 @@ def test_a_connection_idle_after_its_answer_is_closed(tmp_path, open_folder):
         started = time.monotonic()
         assert held.recv(10) == b""  # closed: it asked nothing more
         assert time.monotonic() - started < IDLE_GAP_S + 1.0
+
+
+CONNECT = """
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+time.sleep(2)
+"""
+
+
+@needs_root
+def test_groups_come_from_the_group_database_not_from_the_peer_process(open_folder):
+    """A process's own supplementary groups are its own (a setgid program's, a group removed from
+    its account after it started): review 2026-12-02, finding 15. Here nobody's process holds
+    root's group, which the group database does not give nobody."""
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(open_folder / "peer.sock"))
+        os.chmod(open_folder / "peer.sock", 0o666)  # noqa: S103 - nobody connects
+        server.listen(1)
+        python, env = python_for_others()
+        argv = [*python, "-I", "-c", CONNECT, str(open_folder / "peer.sock")]
+        client = subprocess.Popen(argv, env=env, user=NOBODY, group=NOBODY, extra_groups=[0])
+        try:
+            server.settimeout(10)
+            conn, _ = server.accept()
+            with conn:
+                caller = peer(conn)
+        finally:
+            client.wait(10)
+    assert caller.uid == NOBODY and 0 not in caller.gids
+    assert caller.gids == frozenset(os.getgrouplist("nobody", NOBODY))
