@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -75,8 +76,8 @@ class GuardClient:
             raise PermanentError(f"request to the node guard over {MAX_LINE} bytes")
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                _connect_in_turn(sock, self.path, self.timeout_s)
                 sock.settimeout(self.timeout_s)
-                sock.connect(self.path)
                 sock.sendall(line)
                 raw = _read_line(sock)
         except (FileNotFoundError, NotADirectoryError) as exc:
@@ -90,6 +91,16 @@ class GuardClient:
         if not isinstance(answer, dict):
             raise PermanentError("the node guard's answer is not a JSON object")
         return answer
+
+
+def _connect_in_turn(sock: socket.socket, path: str, timeout_s: float) -> None:
+    """Connect, waiting in the guard's accept queue (at most ``timeout_s``) rather than failing
+    while it is full. With a Python timeout the socket is non-blocking, and a Unix socket's connect
+    to a full queue fails at once (EAGAIN): one user's connect flood then failed every instance's
+    request. A blocking connect with SO_SNDTIMEO waits its turn in the kernel instead."""
+    seconds = int(timeout_s)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, int((timeout_s - seconds) * 1e6)))
+    sock.connect(path)
 
 
 def _read_line(sock: socket.socket) -> bytes:

@@ -22,8 +22,9 @@ import stat
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
@@ -38,6 +39,8 @@ log = structlog.get_logger("supervisor.guard")
 SD_LISTEN_FDS_START = 3
 MAX_PENDING = 256  # connections still sending their line: a descriptor each, no thread
 MAX_PENDING_PER_UID = 8
+ACCOUNTS_FRESH_S = 10.0  # how long a UID's name and groups are reused: a flood must not cost a lookup each
+TURNED_AWAY_LOG_S = 10.0  # connections closed at once are logged as one count this often, not one by one
 WORKER_SLOTS = SlotLimits(total=16, per_uid=4, kept=4)
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -71,10 +74,20 @@ def bound_socket(path: Path) -> socket.socket:
     return sock
 
 
+def credentials(conn: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the connected process, as the kernel saw it at connect()."""
+    pid, uid, gid = _CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return pid, uid, gid
+
+
 def peer(conn: socket.socket) -> Caller:
     """The connected process's identity as the kernel saw it at connect(); groups from the group
     database (a process's own supplementary groups are not trusted: a setgid program's are its own)."""
-    pid, uid, gid = _CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return account(*credentials(conn))
+
+
+def account(pid: int, uid: int, gid: int) -> Caller:
+    """The caller with its name and groups from the account databases."""
     try:
         account = pwd.getpwuid(uid)
     except KeyError:
@@ -123,6 +136,10 @@ class GuardServer:
         self._pending: dict[int, _Pending] = {}  # by descriptor
         self._selector = selectors.DefaultSelector()
         self._last = time.monotonic()
+        self._pending_of: Counter[int] = Counter()  # pending connections by UID
+        self._accounts: dict[int, tuple[float, Caller]] = {}  # uid -> (looked up at, caller)
+        self._turned_away: Counter[int] = Counter()
+        self._turned_away_since = time.monotonic()
 
     def serve(self, stop: threading.Event) -> None:
         """Accept and read until ``stop`` is set (or, with ``idle_exit_s``, after that long without
@@ -138,6 +155,7 @@ class GuardServer:
                         self._receive(key.fd)
                 self._expire(time.monotonic())
                 self.guard.audit.flush_due(self.guard.clock())
+                self._log_turned_away(time.monotonic())
         finally:
             for fd in list(self._pending):
                 self._drop(fd)
@@ -156,19 +174,44 @@ class GuardServer:
             except (BlockingIOError, InterruptedError):
                 return
             self._last = time.monotonic()
-            caller = peer(conn)
-            if not self._room_to_read(caller.uid):
-                log.info("guard.too_many_connections", uid=caller.uid, pending=len(self._pending))
+            try:
+                pid, uid, gid = credentials(conn)
+            except OSError:
+                conn.close()
+                continue
+            if not self._room_to_read(uid):  # decided before any lookup: turning away costs little
+                self._turned_away[uid] += 1
                 conn.close()
                 continue
             conn.setblocking(False)
-            self._pending[conn.fileno()] = _Pending(conn, caller, time.monotonic() + self.timeout_s)
+            self._pending[conn.fileno()] = _Pending(
+                conn, self._caller(pid, uid, gid), time.monotonic() + self.timeout_s
+            )
+            self._pending_of[uid] += 1
             self._selector.register(conn, selectors.EVENT_READ)
 
     def _room_to_read(self, uid: int) -> bool:
         if len(self._pending) >= MAX_PENDING:
             return False
-        return uid == 0 or sum(p.caller.uid == uid for p in self._pending.values()) < MAX_PENDING_PER_UID
+        return uid == 0 or self._pending_of[uid] < MAX_PENDING_PER_UID
+
+    def _caller(self, pid: int, uid: int, gid: int) -> Caller:
+        now = time.monotonic()
+        known = self._accounts.get(uid)
+        if known is None or now - known[0] > ACCOUNTS_FRESH_S:
+            if len(self._accounts) >= 4096:
+                self._accounts.clear()
+            known = (now, account(pid, uid, gid))
+            self._accounts[uid] = known
+        return replace(known[1], pid=pid, gid=gid)
+
+    def _log_turned_away(self, now: float) -> None:
+        if now - self._turned_away_since < TURNED_AWAY_LOG_S:
+            return
+        if self._turned_away:
+            log.warning("guard.turned_away", by_uid=dict(self._turned_away.most_common(5)), seconds=TURNED_AWAY_LOG_S)
+        self._turned_away.clear()
+        self._turned_away_since = now
 
     def _receive(self, fd: int) -> None:
         pending = self._pending[fd]
@@ -185,24 +228,31 @@ class GuardServer:
         line = pending.line()
         if line is not None:
             self._selector.unregister(pending.conn)
-            del self._pending[fd]
+            self._pop(fd)
             self._dispatch(pending, line)
 
     def _expire(self, now: float) -> None:
         for fd, pending in list(self._pending.items()):
             if now >= pending.deadline:  # nothing whole in time: closed without an answer or audit line
-                log.info("guard.no_request", uid=pending.caller.uid, pid=pending.caller.pid)
+                self._turned_away[pending.caller.uid] += 1  # nothing whole in time
                 self._drop(fd)
 
     def _drop(self, fd: int) -> None:
-        pending = self._pending.pop(fd)
+        pending = self._pop(fd)
         self._selector.unregister(pending.conn)
         pending.conn.close()
+
+    def _pop(self, fd: int) -> _Pending:
+        pending = self._pending.pop(fd)
+        self._pending_of[pending.caller.uid] -= 1
+        if self._pending_of[pending.caller.uid] <= 0:
+            del self._pending_of[pending.caller.uid]
+        return pending
 
     def _dispatch(self, pending: _Pending, line: bytes) -> None:
         caller = pending.caller
         if not self._slots.take(caller.uid, trusted=self._trusted(caller)):
-            log.warning("guard.busy", uid=caller.uid, in_use=self._slots.in_use())
+            self._turned_away[caller.uid] += 1
             _answer_now(pending.conn, BUSY_ANSWER)
             return
         threading.Thread(target=self._answer, args=(pending.conn, caller, line), daemon=True).start()

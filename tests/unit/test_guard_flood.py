@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -18,6 +19,7 @@ import pytest
 from test_guard_service import ALICE, BOB, FakeSlurm, ask
 from test_guard_socket import served  # noqa: F401 - a fixture
 
+from supervisor.adapters.guard_client import GuardClient
 from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.guard.audit import AuditLog
 from supervisor.guard.memory import GuardMemory
@@ -165,3 +167,30 @@ def test_quarantine_reads_do_not_wait_for_a_decision(guard):
     assert time.monotonic() - started < 0.5
     release.set()
     drain.join(5)
+
+
+def test_the_client_waits_its_turn_in_a_full_accept_queue(tmp_path):
+    """A Unix socket's connect to a full queue fails at once when the socket has a Python timeout
+    (non-blocking: EAGAIN): one user's connect flood then failed every instance's request
+    (bench/guard_abuse.py). The client waits in the kernel's queue instead, up to its timeout."""
+    path = tmp_path / "g.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(0)
+        filler = socket.socket(socket.AF_UNIX)
+        filler.connect(str(path))  # the queue is full now
+        answers: list[dict] = []
+        asking = threading.Thread(
+            target=lambda: answers.append(GuardClient(str(path), timeout_s=5).ask({"op": "QUARANTINE"}))
+        )
+        asking.start()
+        time.sleep(0.5)
+        assert asking.is_alive() and not answers  # waiting, not failed
+        listener.accept()[0].close()
+        filler.close()
+        conn, _ = listener.accept()
+        with conn:
+            conn.makefile("rb").readline()
+            conn.sendall(b'{"granted": true}\n')
+        asking.join(5)
+    assert answers == [{"granted": True}]
