@@ -6,6 +6,7 @@ this test's (the API is served in this process, as the daemon serves it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -17,10 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.adapters.sqlite import SqliteStore
+from supervisor.api.access import Caller, Group, Instance
 from supervisor.api.client import ApiClient, ApiFailure
 from supervisor.api.identity import peer
+from supervisor.api.ops import Operations
 from supervisor.api.server import IDLE_GAP_S
-from supervisor.api.testing import local_api
+from supervisor.api.testing import local_api, single_user_store
+from supervisor.domain.records import Event
+from supervisor.testing.clock import ManualClock
 from supervisor.testing.privileges import NOBODY
 from supervisor.testing.users import python_for_others
 
@@ -126,3 +132,25 @@ def test_groups_come_from_the_group_database_not_from_the_peer_process(open_fold
             client.wait(10)
     assert caller.uid == NOBODY and 0 not in caller.gids
     assert caller.gids == frozenset(os.getgrouplist("nobody", NOBODY))
+
+
+class CountingStore(SqliteStore):
+    """The real store, counting its whole-logbook reads."""
+
+    whole_reads = 0
+
+    def events(self, run: str | None = None) -> list[Event]:
+        self.whole_reads += run is None
+        return super().events(run)
+
+
+def test_a_caller_who_may_read_no_run_costs_no_logbook_read(tmp_path):
+    """``events`` without a run loaded every event of every run before filtering to the caller's
+    runs, none for a stranger: ~1 s of the daemon's CPU per request (review 2026-12-02, finding 11)."""
+    single_user_store(tmp_path, state="running")
+    store = CountingStore(tmp_path)
+    ops = Operations(store, ManualClock(), Instance(uid=2000, name="team-a", group=Group(3000, "team-a")), None)
+    stranger, account = Caller(2009, "mallory", frozenset({2009})), Caller(2000, "team-a", frozenset({3000}))
+    assert json.loads(ops.answer(stranger, b'{"op":"events"}')) == {"ok": True, "data": []}
+    assert store.whole_reads == 0
+    assert json.loads(ops.answer(account, b'{"op":"events"}'))["ok"] and store.whole_reads == 1
