@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from supervisor.domain.alloc_step import LauncherReport, StepGoal
@@ -131,9 +132,17 @@ class RunStore(Protocol):
 
     instance_id: str
 
-    def transaction(self) -> AbstractContextManager[object]: ...
+    def transaction(self) -> AbstractContextManager[object]:
+        """Every store write inside the block commits together or not at all (an exception rolls
+        all back and propagates). Nested, it joins the one already open: the inner block commits
+        nothing by itself, and an exception that leaves the outer block undoes the inner writes too
+        (the executor completes an intent and applies its records inside one)."""
+        ...
 
-    def add_run(self, spec: RunSpec, now: float) -> None: ...
+    def add_run(self, spec: RunSpec, now: float, owner_uid: int | None = None) -> None:
+        """Register a run (PermanentError when its name is taken, even by one that ended: it keeps
+        its logbook); ``owner_uid``: who asked (None: the instance's account)."""
+        ...
 
     def get_run(self, name: str) -> RunRecord | None: ...
 
@@ -187,6 +196,18 @@ class RunStore(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Intent:
+    """An action journaled and not yet completed: ``params`` are the action's JSON parameters as
+    ``begin_action`` was given them (``engine.intents.action_from`` reads the action back)."""
+
+    id: int  # grows with each begin_action; it goes into a submitted job's tag
+    run: str
+    kind: str  # an ActionKind value
+    params: Mapping[str, Any]
+    opened_at: float
+
+
 class IntentJournal(Protocol):
     """Every action written before it is performed and marked done (or failed) after."""
 
@@ -194,7 +215,9 @@ class IntentJournal(Protocol):
 
     def complete_action(self, action_id: int, status: str, result: Mapping[str, Any], now: float) -> None: ...
 
-    def open_actions(self) -> list[dict[str, Any]]: ...
+    def open_actions(self) -> list[Intent]:
+        """The intents not completed yet, oldest first."""
+        ...
 
     def action_done(self, run: str, kind: str, params: Mapping[str, Any]) -> bool: ...
 

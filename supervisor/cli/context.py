@@ -10,7 +10,6 @@ its state directory straight (``--state-dir``, or a stopped daemon).
 from __future__ import annotations
 
 import os
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -107,23 +106,14 @@ def reader(ctx: click.Context) -> Reader:
     client = api(cfg)
     if client.reachable():
         return RemoteStore(client)
-    store = _own_store(Path(cfg.daemon.state_dir))
+    from supervisor.cli.wiring import existing_store  # the adapters load only when the daemon does not answer
+
+    store = existing_store(Path(cfg.daemon.state_dir))
     if store is None:
         raise unreachable(ApiUnavailable(f"no slurm-supervisor daemon answers at {client.path}"))
     if not ctx.ensure_object(dict).get("state_dir"):
         click.echo(f"(no daemon answers; read {cfg.daemon.state_dir} directly)", err=True)
     return store
-
-
-def _own_store(state_dir: Path) -> Reader | None:
-    from supervisor.adapters.sqlite import DB_NAME, SqliteStore
-
-    if not (state_dir / DB_NAME).is_file():
-        return None
-    try:
-        return SqliteStore(state_dir)
-    except (sqlite3.Error, OSError):
-        return None
 
 
 def unreachable(exc: Exception) -> click.ClickException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sqlite3
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.adapters.slurm.config import has_accounting, kill_wait_s
 from supervisor.adapters.slurm.reads import own_user
 from supervisor.adapters.slurm.sacct import SacctCli
-from supervisor.adapters.sqlite import SqliteStore
+from supervisor.adapters.sqlite import DB_NAME, SqliteStore
 from supervisor.adapters.wake_clock import WakeableClock
 from supervisor.adapters.web.ingest import IngestServer, ReportIngest
 from supervisor.adapters.web.launcher_channel import LAUNCHER_PREFIX, LauncherChannel
@@ -43,6 +44,7 @@ from supervisor.engine.reconcile import EngineSettings
 from supervisor.ports import CheckpointStore, PortError, ProgressLedger
 
 if TYPE_CHECKING:
+    from supervisor.api.client import Reader
     from supervisor.api.server import ApiServer
 
 log = structlog.get_logger(__name__)
@@ -88,6 +90,17 @@ def accounting(scheduler: SlurmCli) -> SacctCli | None:
 
 def store(cfg: DaemonConfig) -> SqliteStore:
     return SqliteStore(Path(cfg.daemon.state_dir))
+
+
+def existing_store(state_dir: Path) -> Reader | None:
+    """The store a daemon left in ``state_dir``, for the CLI's reads while no daemon answers; None
+    when there is none, or this account may not open it (another instance's, not root)."""
+    if not (state_dir / DB_NAME).is_file():
+        return None
+    try:
+        return SqliteStore(state_dir)
+    except (sqlite3.Error, OSError):
+        return None
 
 
 def api_server(cfg: DaemonConfig, clock: SystemClock) -> ApiServer:

@@ -268,23 +268,23 @@ class Executor:
         blocked: set[str] = set()
         acted = False
         for intent in self.store.open_actions():
-            run = self.store.get_run(intent["run"])
+            run = self.store.get_run(intent.run)
             if run is None:
                 continue
-            action = action_from(intent["kind"], intent["params"])
-            tag = intents.intent_tag(run.name, self.store.instance_id, intent["id"], intent["params"])
-            outcome = effect_present(intent["kind"], tag, intent["params"], snap, self.own_uid) or goal_written(
+            action = action_from(intent.kind, intent.params)
+            tag = intents.intent_tag(run.name, self.store.instance_id, intent.id, intent.params)
+            outcome = effect_present(intent.kind, tag, intent.params, snap, self.own_uid) or goal_written(
                 self.store, run.name, action
             )
             if outcome is not None:
-                log.info("intent_settled", intent=intent["id"], action=intent["kind"], outcome=outcome)
-                self._complete(run, intent["id"], action, outcome)
-                self.apply(intents.duplicate_warnings(run.name, intent["id"], outcome, self.clock.now()))
+                log.info("intent_settled", intent=intent.id, action=intent.kind, outcome=outcome)
+                self._complete(run, intent.id, action, outcome)
+                self.apply(intents.duplicate_warnings(run.name, intent.id, outcome, self.clock.now()))
                 continue
-            log.info("intent_retried", intent=intent["id"], action=intent["kind"])
+            log.info("intent_retried", intent=intent.id, action=intent.kind)
             blocked.add(run.name)
             try:
-                self._perform_and_complete(run, intent["id"], action)
+                self._perform_and_complete(run, intent.id, action)
                 acted = True
             except TransientError:
                 pass

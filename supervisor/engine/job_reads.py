@@ -12,12 +12,12 @@ table), or beyond ``MAX_IDS``. The scheduler serves the ids the cheapest way it 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from supervisor.domain.actions import ActionKind
 from supervisor.domain.records import RunRecord
+from supervisor.ports import Intent
 
 ACCOUNT_EVERY_S = 60.0  # as the whole node table: at least once a minute
 MAX_IDS = 32  # where each is a client call of its own, beyond this one list costs less
@@ -31,7 +31,7 @@ class JobReadPlan:
 
 def plan_job_read(
     runs: Iterable[RunRecord],
-    open_intents: Iterable[Mapping[str, Any]],
+    open_intents: Iterable[Intent],
     *,
     account_age_s: float | None,
     every_s: float = ACCOUNT_EVERY_S,
@@ -43,10 +43,10 @@ def plan_job_read(
     intents = list(open_intents)
     if account_age_s is None:
         return JobReadPlan(None, "first read")
-    if any(i.get("kind") == ActionKind.SUBMIT for i in intents):
+    if any(i.kind == ActionKind.SUBMIT for i in intents):
         return JobReadPlan(None, "submission open")
     ids = {r.attempt.job_id for r in runs if r.attempt is not None}
-    ids |= {int(p["job_id"]) for i in intents if "job_id" in (p := i.get("params") or {})}
+    ids |= {int(i.params["job_id"]) for i in intents if "job_id" in i.params}
     if len(ids) > max_ids:
         return JobReadPlan(None, "many jobs")
     if account_age_s >= every_s and not busy:

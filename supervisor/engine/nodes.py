@@ -19,7 +19,7 @@ from supervisor.domain.health.findings import HeartbeatSettings, NodeFinding, Se
 from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.observation import REASON_PREFIX
 from supervisor.domain.records import NodeVerdict, RunRecord, Verdict
-from supervisor.ports import HealthFeed, Store
+from supervisor.ports import HealthFeed, NodeMemory
 
 log = structlog.get_logger("supervisor.engine")
 
@@ -49,7 +49,7 @@ class NodeWatch:
         return frozenset(self._findings)
 
     def observe(
-        self, runs: list[RunRecord], snap: ClusterSnapshot, store: Store, new: list[NodeFinding], now: float
+        self, runs: list[RunRecord], snap: ClusterSnapshot, store: NodeMemory, new: list[NodeFinding], now: float
     ) -> NodeFacts:
         """``new``: findings from other sources this tick (straggler scores)."""
         if not self._loaded:

@@ -185,7 +185,7 @@ class Observer:
     def _watched(self) -> Watched:
         """Nodes under watch (a verdict other than healthy), and those an open intent names."""
         watched = {v.node for v in self.store.verdicts() if v.verdict is not Verdict.HEALTHY}
-        intents = {str(a["params"]["node"]) for a in self.store.open_actions() if "node" in (a.get("params") or {})}
+        intents = {str(i.params["node"]) for i in self.store.open_actions() if "node" in i.params}
         return watched, intents
 
     def _focus(self, runs: list[RunRecord], jobs: Mapping[int, JobInfo], watched: Watched) -> frozenset[str]:

@@ -8,6 +8,7 @@ domain's (``choose_resume``, ``failed_load_demotion``, ``pending_rollback``).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Protocol
 
 import structlog
 
@@ -17,13 +18,19 @@ from supervisor.domain.checkpoints.manifest import Outcome, ResumeChoice, Verify
 from supervisor.domain.checkpoints.resume import ResumePlan, RollbackRef, resume_plan
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.spikes.rollback import RollbackRecord, pending_rollback, skip_ranges
-from supervisor.engine.spikes import rollback_history
-from supervisor.ports import Store
+from supervisor.engine.spikes import RollbackReads, rollback_history
+from supervisor.ports import CheckpointLedger
 
 log = structlog.get_logger("supervisor.checkpoints")
 
 
-def plan_for(run: RunRecord, store: Store, recent: int, resume_file: str | None) -> ResumePlan:
+class LoadFailureReads(CheckpointLedger, Protocol):
+    """What judging failed loads reads: the checkpoint ledger, and the attempts (what their logs showed)."""
+
+    def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]: ...
+
+
+def plan_for(run: RunRecord, store: RollbackReads, recent: int, resume_file: str | None) -> ResumePlan:
     """The newest verified checkpoint (before the planned rollback's onset, if one is pending),
     with every rollback's skip range and the latest LR scale in force."""
     history = rollback_history(store, run.name)
@@ -37,7 +44,7 @@ def plan_for(run: RunRecord, store: Store, recent: int, resume_file: str | None)
     return plan
 
 
-def choose(run: RunRecord, store: Store, recent: int, before_step: int | None = None) -> ResumeChoice:
+def choose(run: RunRecord, store: CheckpointLedger, recent: int, before_step: int | None = None) -> ResumeChoice:
     rows = store.checkpoints(run.name, None if before_step is not None else recent)
     refs = [ref for ref, *_ in rows]
     results: dict[str, VerifyResult] = {}
@@ -51,7 +58,7 @@ def choose(run: RunRecord, store: Store, recent: int, before_step: int | None = 
     return choose_resume(refs, results, before_step=before_step, allow_weak=policy.allow_adopted if policy else True)
 
 
-def demote_failed_loads(run: RunRecord, store: Store, recent: int, now: float) -> list[Record]:
+def demote_failed_loads(run: RunRecord, store: LoadFailureReads, recent: int, now: float) -> list[Record]:
     """Pass over (demote, in the ledger) the checkpoint the newest attempts keep failing to load:
     the records that say so, or the logbook line saying why it is kept (none when the attempts do
     not keep failing on one). The decision is ``domain.checkpoints.demotion``'s, over the attempts (the steps
@@ -72,7 +79,7 @@ def demote_failed_loads(run: RunRecord, store: Store, recent: int, now: float) -
     return [CheckpointDemoted(run.name, decision.location, decision.why), _demoted_event(run, a, decision, now)]
 
 
-def _standings(run: RunRecord, store: Store, recent: int) -> list[Standing]:
+def _standings(run: RunRecord, store: CheckpointLedger, recent: int) -> list[Standing]:
     out = []
     for ref, meta, full, demoted in store.checkpoints(run.name, recent):
         eff = effective_result(meta, full)

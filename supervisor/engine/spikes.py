@@ -18,7 +18,7 @@ these steps loses nothing: the record is in the store. No decision reads the log
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -34,15 +34,19 @@ from supervisor.domain.spikes.rollback import (
     pending_rollback,
 )
 from supervisor.engine.progress import SpikeNotice, spike_settings
-from supervisor.ports import Clock, Store
+from supervisor.ports import CheckpointLedger, Clock, RollbackLedger
 
 log = structlog.get_logger("supervisor.spikes")
+
+
+class RollbackReads(RollbackLedger, CheckpointLedger, Protocol):
+    """What planning a rollback reads: the rollbacks on record and the verified checkpoints."""
 
 
 def spike_records(
     notices: Iterable[SpikeNotice],
     runs: Iterable[RunRecord],
-    store: Store,
+    store: RollbackReads,
     clock: Clock,
     refresh: Callable[[RunRecord], None] | None = None,
 ) -> list[Record]:
@@ -67,7 +71,7 @@ def spike_records(
     return out
 
 
-def pending_rollbacks(runs: Iterable[RunRecord], store: Store) -> dict[str, RollbackRecord]:
+def pending_rollbacks(runs: Iterable[RunRecord], store: RollbackLedger) -> dict[str, RollbackRecord]:
     """Runs whose current attempt has a rollback planned and not yet carried out."""
     out: dict[str, RollbackRecord] = {}
     for run in runs:
@@ -78,7 +82,7 @@ def pending_rollbacks(runs: Iterable[RunRecord], store: Store) -> dict[str, Roll
     return out
 
 
-def rollback_history(store: Store, run: str) -> list[RollbackRecord]:
+def rollback_history(store: RollbackLedger, run: str) -> list[RollbackRecord]:
     """Every rollback of the run that was (or is being) carried out, oldest first."""
     return [r for r in store.rollbacks(run) if r.counts]
 
@@ -143,7 +147,7 @@ def _healed_event(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, clock: Cloc
     )
 
 
-def _rollback(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: Store, clock: Clock) -> list[Record]:
+def _rollback(run: RunRecord, n: SpikeNotice, out: SpikeOutcome, store: RollbackReads, clock: Clock) -> list[Record]:
     """The decision for a spike that did not heal, typed (what later decisions read) and as its
     logbook line (for people)."""
     a = run.attempt
@@ -198,7 +202,7 @@ def _not_allowed(run: RunRecord) -> str | None:
     return None
 
 
-def verified_steps(store: Store, run: str) -> list[int]:
+def verified_steps(store: CheckpointLedger, run: str) -> list[int]:
     steps = []
     for ref, meta, full, demoted in store.checkpoints(run):
         eff = effective_result(meta, full)

@@ -38,7 +38,7 @@ class TimedOutSubmit:
 
     def submit(self, request: SubmitRequest) -> int:
         if self.store is not None:
-            intent = self.store.open_actions()[-1]["id"]
+            intent = self.store.open_actions()[-1].id
             self.planted, self.store = self.plant(request, intent), None
             raise TransientError("sbatch timed out after 20 s")
         return self.cluster.submit(request)

@@ -142,8 +142,8 @@ def test_the_resume_choice_is_journaled_so_a_crash_before_submitting_hands_the_s
         pass
     else:
         raise AssertionError("the injected crash did not happen")
-    intent = [a for a in w.store.open_actions() if a["kind"] == "submit"][0]
-    assert intent["params"]["resume"]["checkpoint"]["step"] == 100
+    intent = [i for i in w.store.open_actions() if i.kind == "submit"][0]
+    assert intent.params["resume"]["checkpoint"]["step"] == 100
     w.ckpt.save(200)  # appears while the daemon is down: the retried intent still hands step 100
     w.crash_hook = None
     w.new_engine()

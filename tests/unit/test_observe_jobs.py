@@ -17,6 +17,7 @@ from supervisor.engine.nodes import NodeWatch
 from supervisor.engine.nulls import NoCheckpoints, NoHealthFeed, NoProgress
 from supervisor.engine.observe import JobScopedScheduler, Observer
 from supervisor.engine.probes import ProbeTracker
+from supervisor.ports import Intent
 
 
 def run(name: str, job_id: int | None, state: RunState = RunState.RUNNING) -> RunRecord:
@@ -25,8 +26,8 @@ def run(name: str, job_id: int | None, state: RunState = RunState.RUNNING) -> Ru
     return RunRecord(spec, state if attempt else RunState.REGISTERED, attempt=attempt)
 
 
-def intent(kind: str, **params: Any) -> dict[str, Any]:
-    return {"id": 1, "run": "a", "kind": kind, "params": params}
+def intent(kind: str, **params: Any) -> Intent:
+    return Intent(1, "a", kind, params, 900.0)
 
 
 def plan(runs, intents=(), age: float | None = 10.0, **kw) -> JobReadPlan:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from supervisor.adapters.sqlite.base import SqliteBase
+from supervisor.ports import Intent
 
 
 class SqliteJournal(SqliteBase):
@@ -24,11 +25,16 @@ class SqliteJournal(SqliteBase):
             (status, json.dumps(result, sort_keys=True), now, action_id),
         )
 
-    def open_actions(self) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT * FROM actions WHERE status = 'pending' ORDER BY id").fetchall()
-        return [_action_row(r) for r in rows]
+    def open_actions(self) -> list[Intent]:
+        rows = self._db.execute(
+            "SELECT id, run, kind, params, created_at FROM actions WHERE status = 'pending' ORDER BY id"
+        ).fetchall()
+        return [
+            Intent(int(r["id"]), r["run"], r["kind"], json.loads(r["params"]), float(r["created_at"])) for r in rows
+        ]
 
     def actions(self, run: str | None = None) -> list[dict[str, Any]]:
+        """Every intent, completed or not, with its status and result (tests read the whole journal)."""
         sql, args = "SELECT * FROM actions ORDER BY id", cast(tuple[Any, ...], ())
         if run is not None:
             sql, args = "SELECT * FROM actions WHERE run = ? ORDER BY id", (run,)
