@@ -18,6 +18,10 @@ Set ``LOCALSLURM_KEEP=1`` to keep the clusters' directories (logs) after the run
   simulated demo run's state directory (``supervisor.sim.demo.run_demo``) at ``dest`` and returns
   it. Each distinct demo is simulated once per session (a 12 h demo takes seconds) and copied per
   use, so a test may change its copy freely.
+
+Helpers that live beside the tests are imported from ``tests/``, which pytest puts on ``sys.path``
+for this conftest: ``from unit.sim_world import SimWorld``, ``from memory_checkpoints import ...``;
+the shared clock and run spec are the package's (``supervisor.testing.clock``, ``.specs``).
 """
 
 from __future__ import annotations

@@ -23,16 +23,9 @@ from supervisor.domain.checkpoints.manifest import (
     VerifyResult,
 )
 from supervisor.ports import PermanentError
+from supervisor.testing.clock import ManualClock
 
 SHARD = 96 * 1024 + 5  # odd size; well under Ceph's 4 MiB head object
-
-
-class FixedClock:
-    def __init__(self, now: float) -> None:
-        self.t = now
-
-    def now(self) -> float:
-        return self.t
 
 
 def shard_bytes(step: int, i: int, size: int = SHARD) -> bytes:
@@ -171,7 +164,7 @@ def test_a_torn_upload_is_never_verified(store_env: StoreEnv) -> None:
     fresh = both(store_env, ref)  # just written: perhaps still uploading
     for result in fresh:
         assert result.outcome is Outcome.UNVERIFIABLE and "commit marker not written yet" in result.reason
-    later = FixedClock(max(ref.seen_at, 1.0) + 3 * 3600)
+    later = ManualClock(max(ref.seen_at, 1.0) + 3 * 3600)
     for result in both(store_env, ref, clock=later):
         assert result.outcome is Outcome.CORRUPT and problems(result) == {(name, "uncommitted")}
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError, ConnectTimeoutError, NoCredentialsError
-from test_verify_contract import FixedClock
 
 from supervisor.adapters.checkpoints.backend import StorageError
 from supervisor.adapters.checkpoints.posix import PosixBackend
@@ -18,33 +17,21 @@ from supervisor.adapters.checkpoints.store import BackendCheckpointStore, open_s
 from supervisor.adapters.checkpoints.throttle import TokenBucket
 from supervisor.adapters.checkpoints.verify import relative_prefix
 from supervisor.domain.checkpoints.manifest import Guarantee, Level, Outcome
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.t = 100.0
-        self.waited: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def wait(self, seconds: float) -> None:
-        self.waited.append(seconds)
-        self.t += seconds
+from supervisor.testing.clock import ManualClock
 
 
 def test_the_token_bucket_holds_readers_to_the_rate() -> None:
-    fake = FakeTime()
-    bucket = TokenBucket(1000.0, burst_bytes=500, monotonic=fake.monotonic, wait=fake.wait)
+    fake = ManualClock(100.0)
+    bucket = TokenBucket(1000.0, burst_bytes=500, monotonic=fake.now, wait=fake.wait)
     for _ in range(10):
         bucket.take(250)
     # 2,500 bytes at 1,000 B/s with 500 of burst: 2 s of waiting, however it is split
-    assert sum(fake.waited) == pytest.approx(2.0)
-    fake.t += 10.0  # idle: the bucket refills to its burst, no more
+    assert sum(fake.waits) == pytest.approx(2.0)
+    fake.advance(10.0)  # idle: the bucket refills to its burst, no more
     bucket.take(500)
-    assert sum(fake.waited) == pytest.approx(2.0)
+    assert sum(fake.waits) == pytest.approx(2.0)
     bucket.take(100)
-    assert sum(fake.waited) == pytest.approx(2.1)
+    assert sum(fake.waits) == pytest.approx(2.1)
 
 
 def test_a_zero_bandwidth_limit_is_refused_with_the_fix() -> None:
@@ -173,7 +160,7 @@ def test_adopted_dcp_checkpoints_carry_their_weak_guarantee(tmp_path: Path) -> N
         assert good.outcome is Outcome.VERIFIED and good.guarantee is Guarantee.DCP and "weak" in good.reason
         assert store.verify(refs["step_200"], level).outcome is Outcome.CORRUPT
         assert store.verify(refs["step_300"], level).outcome is Outcome.UNVERIFIABLE  # uploading, maybe
-    later = BackendCheckpointStore(PosixBackend(str(tmp_path)), clock=FixedClock(refs["step_300"].seen_at + 86400))
+    later = BackendCheckpointStore(PosixBackend(str(tmp_path)), clock=ManualClock(refs["step_300"].seen_at + 86400))
     torn = later.verify(refs["step_300"], Level.FULL)
     assert torn.outcome is Outcome.CORRUPT and torn.problems[0].problem == "uncommitted"
     assert store.verify(refs["step_100"], Level.FULL).bytes == 2000 + len(b"pickled plan")

@@ -14,13 +14,13 @@ from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, SubmitRequest
 from supervisor.domain.observation import REASON_PREFIX
 from supervisor.domain.records import EventKind
-from supervisor.domain.run import RunSpec
 from supervisor.ports import TransientError
 from supervisor.sim.clock import VirtualClock
 from supervisor.sim.cluster import SimCluster
 from supervisor.testing.engine import EngineHarness
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(name="llama", script="/train.sbatch", partition="main", nodes=2, max_restarts=5)
+SPEC = spec(name="llama", max_restarts=5)
 MALLORY = 4242 if os.getuid() != 4242 else 4243
 
 

@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from supervisor.agent.hooks import Spool, run_hook
 from supervisor.agent.oneshot import check_once
 from supervisor.agent.sender import HttpSender, SenderSettings
@@ -124,6 +126,7 @@ def test_a_token_file_others_can_read_is_not_used(tmp_path):
 # ------------------------------------------------------------------ DNS
 
 
+@pytest.mark.timing
 def test_a_name_that_does_not_resolve_in_time_does_not_stretch_the_deadline(tmp_path):
     never = threading.Event()
 

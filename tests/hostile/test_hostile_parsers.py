@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +30,7 @@ from supervisor.domain.progress.pauses import ends_pause, pause_of
 from supervisor.domain.progress.prefixes import split_prefix, strip_ansi
 from supervisor.domain.progress.record import count, number
 from supervisor.domain.text_safety import has_controls
+from supervisor.testing.clock import ManualClock
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 REAL = [
@@ -145,6 +147,7 @@ def test_nvidia_smi_dumps_and_kernel_xid_lines(text: list[str]) -> None:
 PATHOLOGICAL = ["|", ":", " iteration 1/ 2 |", "{'a': ", "[default1]:", "\x1b[", "NVRM: Xid (PCI:0000:", "    a: b\n"]
 
 
+@pytest.mark.timing
 @settings(max_examples=len(PATHOLOGICAL) * 2, deadline=None)
 @given(st.sampled_from(PATHOLOGICAL), st.sampled_from(["", "x", " 1"]))
 def test_long_repeated_fragments_cost_linear_time(fragment: str, tail: str) -> None:
@@ -217,12 +220,7 @@ def test_the_report_decoder_and_the_rules_behind_it(obj: object) -> None:
     assert rules.tracked <= 1
 
 
-class _Clock:
-    def now(self) -> float:
-        return 1000.0
-
-
-_INGEST = ReportIngest({"r": "token-0123456789"}, HealthRules(), _Clock())
+_INGEST = ReportIngest({"r": "token-0123456789"}, HealthRules(), ManualClock())
 _INGEST.publish_job_nodes({"r": frozenset({"n1"})})
 
 

@@ -25,26 +25,19 @@ from pathlib import Path
 import psutil
 import pytest
 
+from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.web.ingest import IngestServer, ReportIngest
 from supervisor.adapters.web.pages import mount_pages
 from supervisor.adapters.web.renderer import ProcessRenderer, ThreadRenderer
 from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.domain.records import Event, EventKind
-from supervisor.domain.run import RunSpec
+from supervisor.testing.specs import spec
 
 TOKEN = "run-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdef"
 ATTACKER = "127.0.0.2"
 MiB = 1 << 20
-
-
-class Clock:
-    def now(self) -> float:
-        return time.time()
-
-    def wait(self, seconds: float) -> bool:
-        return False
 
 
 def report_body(node: str = "gpu001", seq: int = 1) -> bytes:
@@ -75,7 +68,7 @@ def rss() -> int:
 
 
 def ingest() -> ReportIngest:
-    feed = ReportIngest({"run-a": TOKEN}, HealthRules(), Clock())
+    feed = ReportIngest({"run-a": TOKEN}, HealthRules(), SystemClock())
     feed.publish_job_nodes({"run-a": frozenset({"gpu001"})})
     return feed
 
@@ -93,7 +86,7 @@ def big_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store with one run and 4,000 logbook events: its page takes a while to render."""
     path = tmp_path_factory.mktemp("store")
     store = SqliteStore(path)
-    store.add_run(RunSpec(name="llm", script="/x.sbatch", partition="gpu", nodes=2), 1000.0)
+    store.add_run(spec(script="/x.sbatch", partition="gpu"), 1000.0)
     store.add_attempt("llm", 100, 0, 1000.0)
     store.attempt_started("llm", 0, ("n1", "n2"), 1010.0)
     with store.transaction():
@@ -169,13 +162,11 @@ def test_a_96_mib_request_line_or_header_is_refused_at_once(server: IngestServer
 CHILD = textwrap.dedent(
     """
     import resource, sqlite3, subprocess, sys, tempfile, time
+    from supervisor.adapters.clock import SystemClock
     from supervisor.adapters.web.ingest import IngestServer, ReportIngest
     from supervisor.domain.health.gpu_health import HealthRules
     resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    class Clock:
-        def now(self): return time.time()
-        def wait(self, s): return False
-    feed = ReportIngest({"run-a": "{token}"}, HealthRules(), Clock())
+    feed = ReportIngest({"run-a": "{token}"}, HealthRules(), SystemClock())
     feed.publish_job_nodes({"run-a": frozenset({"gpu001"})})
     srv = IngestServer(feed, port=0)
     srv.start()
@@ -232,6 +223,7 @@ def test_idle_connections_cannot_take_the_engines_file_descriptors(tmp_path: Pat
         child.wait()
 
 
+@pytest.mark.timing
 def test_slowloris_is_cut_by_an_absolute_deadline(server: IngestServer) -> None:
     """Before: the idle timer was re-armed by every byte, so a byte every few seconds held the
     connection (and its fd) for ever."""
@@ -269,6 +261,7 @@ def page_request(path: str, token: str | None = READ_TOKEN) -> bytes:
     return b"GET %s HTTP/1.1\r\nHost: x\r\n%s\r\n" % (path.encode(), auth)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("renderer", ["thread", "process"])
 def test_pipelined_page_requests_do_not_delay_an_agents_report(big_store: Path, renderer: str) -> None:
     """Before: ten pipelined logbook requests were rendered one after the other on the event loop;

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.web.ingest import IngestServer, ReportIngest
 from supervisor.adapters.web.server import Limits, Response
 from supervisor.domain.health.gpu_health import HealthRules
@@ -28,17 +29,9 @@ TOKEN = "run-token-0123456789abcdef"
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-class Clock:
-    def now(self) -> float:
-        return time.time()
-
-    def wait(self, seconds: float) -> bool:
-        return False
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[IngestServer]:
-    feed = ReportIngest({"run-a": TOKEN}, HealthRules(), Clock())
+    feed = ReportIngest({"run-a": TOKEN}, HealthRules(), SystemClock())
     feed.publish_job_nodes({"run-a": frozenset({"gpu001"})})
     limits = Limits(request_deadline_s=1.0, idle_timeout_s=1.0, max_head_bytes=4096, max_url_bytes=512)
     srv = IngestServer(feed, port=0, max_body=8192)

@@ -12,7 +12,7 @@ import json
 import tracemalloc
 
 import pytest
-from unit.sim_world import SimWorld  # tests/ is on sys.path (its conftest)
+from unit.sim_world import SimWorld
 
 from supervisor.adapters.web.ingest import ReportIngest, Request
 from supervisor.adapters.web.tokens import HOOKS
@@ -21,21 +21,11 @@ from supervisor.domain.health.node_report import SCHEMA_VERSION, NodeReport, Xid
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RunSpec
 from supervisor.sim.clock import VirtualClock
+from supervisor.testing.clock import ManualClock
+from supervisor.testing.specs import spec
 
 TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789", HOOKS: "hook-token-0123456789"}
 NOW = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self, t: float = NOW) -> None:
-        self.t = t
-
-    def now(self) -> float:
-        return self.t
-
-    def wait(self, seconds: float) -> bool:
-        self.t += seconds
-        return False
 
 
 def batch(node: str, *, seq: int = 1, at: float = NOW, xid: int | None = 79, source: str = "agent") -> bytes:
@@ -51,7 +41,7 @@ def post(ingest: ReportIngest, run: str, data: bytes, token: str | None = None) 
 
 
 def ingest_for(held: dict[str, set[str]], **kw: object) -> ReportIngest:
-    ingest = ReportIngest(dict(TOKENS), HealthRules(), Clock(), **kw)  # type: ignore[arg-type]
+    ingest = ReportIngest(dict(TOKENS), HealthRules(), ManualClock(NOW), **kw)  # type: ignore[arg-type]
     ingest.publish_job_nodes({run: frozenset(nodes) for run, nodes in held.items()})
     return ingest
 
@@ -60,7 +50,7 @@ def ingest_for(held: dict[str, set[str]], **kw: object) -> ReportIngest:
 
 
 def _spec(name: str) -> RunSpec:
-    return RunSpec(name=name, script="/train.sbatch", partition="main", nodes=2, max_restarts=5)
+    return spec(name=name, max_restarts=5)
 
 
 def test_another_runs_token_cannot_fault_a_node_of_its_job(tmp_path):
@@ -145,7 +135,7 @@ def test_a_runs_own_poison_lasts_no_longer_than_the_skew():
     that time is heard (a job can hide its own node's faults for at most ``max_skew_s``)."""
     ingest = ingest_for({"bob": {"n003"}})
     assert post(ingest, "bob", batch("n003", seq=2**63 - 1, at=NOW + 60, xid=None))[0] == 200
-    ingest.clock.t += 61  # type: ignore[attr-defined]
+    ingest.clock.advance(61)  # type: ignore[attr-defined]
     assert post(ingest, "bob", batch("n003", seq=7, at=NOW + 61))[1] == {"accepted": 1, "duplicates": 0, "findings": 1}
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.web.ingest import IngestServer, ReportIngest
 from supervisor.adapters.web.tokens import HOOKS
 from supervisor.domain.health.findings import Severity
@@ -25,18 +26,9 @@ pytestmark = pytest.mark.nvml
 HOOK_TOKEN = "site-hook-token-0123456789abcdef"
 
 
-class Clock:
-    def now(self) -> float:
-        return time.time()
-
-    def wait(self, seconds: float) -> bool:
-        time.sleep(seconds)
-        return False
-
-
 @pytest.fixture
 def ingest() -> Iterator[tuple[IngestServer, ReportIngest]]:
-    feed = ReportIngest({HOOKS: HOOK_TOKEN}, HealthRules(), Clock())
+    feed = ReportIngest({HOOKS: HOOK_TOKEN}, HealthRules(), SystemClock())
     server = IngestServer(feed, port=0)
     server.start()
     yield server, feed

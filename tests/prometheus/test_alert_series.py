@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.adapters.metrics import metrics_text
 from supervisor.adapters.sqlite import SqliteStore
-from supervisor.domain.run import RunSpec
+from supervisor.testing.specs import spec
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy/prometheus/alerts.yml"
@@ -64,7 +64,7 @@ def _exported(text: bytes) -> tuple[set[str], dict[tuple[str, str], float]]:
 @pytest.fixture
 def just_registered(tmp_path: Path) -> bytes:
     store = SqliteStore(tmp_path)
-    store.add_run(RunSpec(name="llm", script="t.sbatch", partition="gpu", nodes=2), T0)
+    store.add_run(spec(script="t.sbatch", partition="gpu"), T0)
     store.add_attempt("llm", 100, 0, T0)
     store.attempt_started("llm", 0, ("n1", "n2"), T0 + 10)
     text = metrics_text(store, T0 + 60)

@@ -27,8 +27,9 @@ from supervisor.adapters.web.pages import PageSettings, mount_pages
 from supervisor.adapters.web.renderer import ProcessRenderer
 from supervisor.adapters.web.server import HttpServer
 from supervisor.domain.records import Event, EventKind
-from supervisor.domain.run import RunSpec, RunState
+from supervisor.domain.run import RunState
 from supervisor.testing.prometheus import LocalPrometheus, PrometheusError, ScrapeTarget, free_port
+from supervisor.testing.specs import spec
 
 pytestmark = pytest.mark.prometheus
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def _event(run: str, kind: EventKind, at: float, attempt: int, **evidence: Any) 
 def _fill(store: SqliteStore, now: float) -> None:
     """llm: hung at attempt 0, restarted, running with a verified checkpoint; gone: gave up;
     spiky: running, no event yet (test_a_runs_first_event_shows_in_increase adds one)."""
-    store.add_run(RunSpec(name="llm", script="t.sbatch", partition="gpu", nodes=2), now - 4000)
+    store.add_run(spec(script="t.sbatch", partition="gpu"), now - 4000)
     store.add_attempt("llm", 500, 0, now - 4000)
     store.attempt_started("llm", 0, ("n1", "n2"), now - 3900)
     store.record_event(_event("llm", EventKind.FAULT, now - 2000, 0, silent_s=400.0, step_interval_s=10.0))
@@ -64,14 +65,14 @@ def _fill(store: SqliteStore, now: float) -> None:
     store.record_event(_event("llm", EventKind.STARTED, now - 1900, 1))
     store.record_event(_event("llm", EventKind.CHECKPOINT_VERIFIED, now - 1000, 1, location="s3://b/1/", step=1000))
     store.set_state("llm", RunState.RUNNING, now - 1900)
-    store.add_run(RunSpec(name="gone", script="t.sbatch", partition="gpu", nodes=1), now - 900)
+    store.add_run(spec(name="gone", script="t.sbatch", partition="gpu", nodes=1), now - 900)
     store.add_attempt("gone", 600, 0, now - 900)
     store.attempt_started("gone", 0, ("n4",), now - 800)
     store.attempt_ended("gone", 0, now - 100, "FAILED", "FAILED", 2)
     store.record_event(_event("gone", EventKind.GAVE_UP, now - 90, 0))
     store.set_state("gone", RunState.RUNNING, now - 800)
     store.set_state("gone", RunState.FAILED, now - 90)
-    store.add_run(RunSpec(name="spiky", script="t.sbatch", partition="gpu", nodes=1), now - 600)
+    store.add_run(spec(name="spiky", script="t.sbatch", partition="gpu", nodes=1), now - 600)
     store.add_attempt("spiky", 700, 0, now - 600)
     store.attempt_started("spiky", 0, ("n5",), now - 500)
     store.set_state("spiky", RunState.RUNNING, now - 500)

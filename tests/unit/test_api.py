@@ -24,6 +24,7 @@ from supervisor.api.access import Caller, Decision, Group, Instance, may_act_on_
 from supervisor.api.client import ApiClient, ApiFailure
 from supervisor.api.server import ApiServer, SocketInUse
 from supervisor.api.testing import local_api, single_user_store
+from supervisor.testing.clock import ManualClock
 
 TEAM = Instance(uid=2000, name="team-a", group=Group(3000, "team-a"), admins=Group(3100, "ops"))
 ALICE = Caller(2001, "alice", frozenset({2001, 3000}))  # in the team's group
@@ -193,18 +194,10 @@ def test_a_single_user_store_is_adopted_and_its_runs_belong_to_the_instances_acc
     from supervisor.api.ops import Operations
 
     store = SqliteStore(state)
-    ops = Operations(store, _Clock(), account, None)
+    ops = Operations(store, ManualClock(), account, None)
     for caller, allowed in ((ACCOUNT, True), (ALICE, True), (MALLORY, False)):
         reply = json.loads(ops.answer(caller, b'{"op":"run","run":"legacy"}'))
         assert reply["ok"] is allowed, (caller, reply)
-
-
-class _Clock:
-    def now(self) -> float:
-        return 1000.0
-
-    def wait(self, seconds: float) -> bool:
-        return False
 
 
 # --------------------------------------------------------------------------- as other accounts

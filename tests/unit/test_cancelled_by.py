@@ -15,14 +15,15 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.adapters.slurm.sacct import account_name, cancelled_by, parse_record, parse_sacct
 from supervisor.domain.cluster import Canceller, ClusterSnapshot, JobInfo, JobState
 from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
-from supervisor.domain.run import RunSpec, RunState
+from supervisor.domain.run import RunState
 from supervisor.ports import TransientError
+from supervisor.testing.specs import spec
 
 # ---------------------------------------------------------------------------- the parser
 
@@ -130,7 +131,7 @@ def test_a_canceller_reads_as_name_and_uid():
 
 # ---------------------------------------------------------------------------- the decision
 
-SPEC = RunSpec(name="llm", script="/s.sh", partition="main", nodes=2, max_restarts=3)
+SPEC = spec(script="/s.sh", max_restarts=3)
 A0 = AttemptRecord("llm", 0, 7, 0, 10.0, nodes=("n1", "n2"), started_at=20.0)
 CANCELLED = JobInfo(7, "llm", JobState.CANCELLED, nodes=("n1", "n2"), start_time=20.0, end_time=90.0)
 
@@ -180,7 +181,7 @@ class NamingAccounting:
         return {j: replace(r, cancelled_by=self.named.get(j)) for j, r in records.items()}
 
 
-SIM_SPEC = RunSpec(name="llm", script="/train.sbatch", partition="main", nodes=2, max_restarts=5)
+SIM_SPEC = spec(max_restarts=5)
 
 
 def cancel_by_hand(tmp_path, accounting_for=None):

@@ -12,24 +12,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memory_checkpoints import ROOT
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.domain.goodput.account import goodput
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
+from supervisor.testing.specs import spec
 
 POLICY = CheckpointPolicy(root=ROOT, scan_interval_s=10.0, full_verify=False)
-SPEC = RunSpec(
-    name="llm",
-    script="/w/train.sbatch",
-    partition="main",
-    nodes=2,
-    workdir="/w",
-    output="/logs/%x-%j.out",
-    max_restarts=5,
-    checkpoints=POLICY,
-)
+SPEC = spec(script="/w/train.sbatch", workdir="/w", output="/logs/%x-%j.out", max_restarts=5, checkpoints=POLICY)
 PATIENT = HangSettings(floor_s=3000, cap_s=3600, startup_grace_s=3600)
 
 

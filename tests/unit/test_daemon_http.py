@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_ingest import FakeClock, body, report
+from test_ingest import body, report
 
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.web.ingest import IngestServer, ReportIngest
@@ -18,9 +18,11 @@ from supervisor.adapters.web.pages import mount_pages
 from supervisor.adapters.web.renderer import ThreadRenderer
 from supervisor.adapters.web.tokens import HOOKS, TokenBook
 from supervisor.domain.health.gpu_health import HealthRules
-from supervisor.domain.run import RunSpec, RunState
+from supervisor.domain.run import RunState
+from supervisor.testing.clock import ManualClock
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(name="llm", script="/x.sbatch", partition="gpu", nodes=2)
+SPEC = spec(script="/x.sbatch", partition="gpu")
 READ_TOKEN = "read-token-0123456789abcdef"
 
 
@@ -33,7 +35,7 @@ def world(tmp_path: Path) -> Iterator[tuple[IngestServer, SqliteStore, Path]]:
     hook_file.chmod(0o600)  # a secret: read like the others (owner only)
     reader = SqliteStore(tmp_path)  # the ingest thread's own connection, as in the daemon
     book = TokenBook(reader.active_tokens, hook_token_file=str(hook_file), refresh_s=0.0)
-    feed = ReportIngest(book, HealthRules(), FakeClock())
+    feed = ReportIngest(book, HealthRules(), ManualClock())
     feed.publish_job_nodes({"llm": frozenset({"gpu001", "gpu002"})})  # the run's job, as the engine says
     server = IngestServer(feed, port=0)
     mount_pages(server, ThreadRenderer(SqliteStore(tmp_path)), READ_TOKEN)  # the pages' own connection

@@ -20,19 +20,10 @@ from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.engine.daemon import Heartbeat, Pacing, StampedScheduler, run_loop
 from supervisor.engine.reconcile import TickResult
 from supervisor.ports import TransientError
+from supervisor.testing.clock import ManualClock
 
 STALL_LIMIT_S = 120.0
 FAST_WATCHDOG = {"WATCHDOG_USEC": "20000"}  # pinged every 10 ms
-
-
-class ManualClock:
-    """A monotonic clock that moves only when told (shared by the loop's and the timer's thread)."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
@@ -77,7 +68,7 @@ class SlowScheduler:
     def snapshot(self, include_nodes: bool = True) -> ClusterSnapshot:
         self.entered.set()
         self.release.wait(5)
-        self.clock.t += self.takes_s
+        self.clock.advance(self.takes_s)
         if self.error is not None:
             raise self.error
         return ClusterSnapshot(taken_at=0.0)
@@ -89,7 +80,7 @@ class SlowScheduler:
 def test_the_watchdog_is_fed_while_a_slurm_command_is_slow(systemd: tuple[dict[str, str], socket.socket]) -> None:
     env, sock = systemd
     clock = ManualClock()
-    heartbeat = Heartbeat(clock)
+    heartbeat = Heartbeat(clock.now)
     slurm = SlowScheduler(clock)
     command = threading.Thread(target=StampedScheduler(slurm, heartbeat).snapshot)  # the loop's thread
     with WatchdogTimer(SystemdNotifier(env), heartbeat, STALL_LIMIT_S):
@@ -104,8 +95,8 @@ def test_the_watchdog_is_fed_while_a_slurm_command_is_slow(systemd: tuple[dict[s
 def test_a_loop_stuck_past_the_stall_limit_is_no_longer_fed(systemd: tuple[dict[str, str], socket.socket]) -> None:
     env, sock = systemd
     clock = ManualClock()
-    heartbeat = Heartbeat(clock)
-    clock.t += STALL_LIMIT_S + 1  # the loop's last sign of life is now older than the limit
+    heartbeat = Heartbeat(clock.now)
+    clock.advance(STALL_LIMIT_S + 1)  # the loop's last sign of life is now older than the limit
     with capture_logs() as logs, WatchdogTimer(SystemdNotifier(env), heartbeat, STALL_LIMIT_S):
         assert silent_for(sock, 0.2)  # systemd's watchdog runs out and it restarts the daemon
         heartbeat.beat()  # unless the loop moves again first
@@ -117,13 +108,13 @@ def test_a_loop_stuck_past_the_stall_limit_is_no_longer_fed(systemd: tuple[dict[
 def test_a_command_that_never_returns_starves_the_watchdog(systemd: tuple[dict[str, str], socket.socket]) -> None:
     env, sock = systemd
     clock = ManualClock()
-    heartbeat = Heartbeat(clock)
+    heartbeat = Heartbeat(clock.now)
     slurm = SlowScheduler(clock)
     command = threading.Thread(target=StampedScheduler(slurm, heartbeat).snapshot)
     timer = WatchdogTimer(SystemdNotifier(env), heartbeat, STALL_LIMIT_S)
     command.start()
     assert slurm.entered.wait(2)
-    clock.t += STALL_LIMIT_S + 1  # stuck inside the command for longer than any timeout allows
+    clock.advance(STALL_LIMIT_S + 1)  # stuck inside the command for longer than any timeout allows
     with timer:
         assert silent_for(sock, 0.2)
     slurm.release.set()
@@ -132,7 +123,7 @@ def test_a_command_that_never_returns_starves_the_watchdog(systemd: tuple[dict[s
 
 def test_the_timer_stops_with_its_block(systemd: tuple[dict[str, str], socket.socket]) -> None:
     env, sock = systemd
-    with WatchdogTimer(SystemdNotifier(env), Heartbeat(ManualClock()), STALL_LIMIT_S):
+    with WatchdogTimer(SystemdNotifier(env), Heartbeat(ManualClock().now), STALL_LIMIT_S):
         assert pings(sock, 1) == ["WATCHDOG=1"]
     drain(sock)
     assert silent_for(sock, 0.1)
@@ -150,10 +141,10 @@ def test_no_timer_when_systemd_asked_for_no_watchdog(
 def test_one_round_of_the_timer_is_a_plain_call(systemd: tuple[dict[str, str], socket.socket]) -> None:
     env, sock = systemd
     clock = ManualClock()
-    timer = WatchdogTimer(SystemdNotifier(env), Heartbeat(clock), stall_limit_s=10.0)
-    clock.t += 10.0
+    timer = WatchdogTimer(SystemdNotifier(env), Heartbeat(clock.now), stall_limit_s=10.0)
+    clock.advance(10.0)
     assert timer.ping_if_alive() and pings(sock, 1) == ["WATCHDOG=1"]  # at the limit: still alive
-    clock.t += 0.5
+    clock.advance(0.5)
     assert timer.ping_if_alive() is False
 
 
@@ -162,14 +153,14 @@ def test_one_round_of_the_timer_is_a_plain_call(systemd: tuple[dict[str, str], s
 
 def test_a_slurm_command_stamps_when_it_starts_and_when_it_returns_or_fails() -> None:
     clock = ManualClock()
-    heartbeat = Heartbeat(clock)
+    heartbeat = Heartbeat(clock.now)
     slurm = SlowScheduler(clock, takes_s=50.0)
     slurm.release.set()
-    clock.t += 30.0
+    clock.advance(30.0)
     StampedScheduler(slurm, heartbeat).snapshot()
     assert heartbeat.silence_s() == 0.0
     slurm.error = TransientError("squeue timed out after 20 s")
-    clock.t += 30.0
+    clock.advance(30.0)
     with pytest.raises(TransientError):
         StampedScheduler(slurm, heartbeat).snapshot()
     assert heartbeat.silence_s() == 0.0
@@ -188,18 +179,18 @@ class StubEngine:
 
     def tick(self) -> TickResult:
         self.silence_at_tick_start.append(self.heartbeat.silence_s())
-        self.monotonic.t += 40.0  # a long tick
+        self.monotonic.advance(40.0)  # a long tick
         return TickResult(ok=True)
 
     def wait(self, seconds: float) -> bool:
-        self.monotonic.t += seconds
+        self.monotonic.advance(seconds)
         self.left -= 1
         return self.left == 0  # stop requested
 
 
 def test_the_loop_stamps_at_each_tick_start_and_end() -> None:
     clock = ManualClock()
-    heartbeat = Heartbeat(clock)
+    heartbeat = Heartbeat(clock.now)
     engine = StubEngine(clock, heartbeat, ticks=3)
     assert run_loop(engine, Pacing(poll_interval_s=60.0), heartbeat=heartbeat) == 3  # type: ignore[arg-type]
     assert engine.silence_at_tick_start == [0.0, 0.0, 0.0]  # the 60 s waits never count as silence

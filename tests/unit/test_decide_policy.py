@@ -25,9 +25,10 @@ from supervisor.domain.health.findings import NodeFinding, Severity
 from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.observation import Forgotten
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
-from supervisor.domain.run import RestartMode, RunSpec, RunState
+from supervisor.domain.run import RestartMode, RunState
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(name="llm", script="/s.sh", partition="main", nodes=2, max_restarts=3)
+SPEC = spec(script="/s.sh", max_restarts=3)
 A0 = AttemptRecord("llm", 0, 7, 0, 10.0, nodes=("n1", "n2"), started_at=20.0)
 JOB = JobInfo(7, "llm", JobState.RUNNING, nodes=("n1", "n2"), partition="main")
 OURS = "slurm-supervisor: run llm: dead"

@@ -12,12 +12,13 @@ from dataclasses import replace
 
 import pytest
 from memory_checkpoints import ROOT
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.domain.checkpoints.manifest import Level
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import CheckpointPolicy, RunSpec, SparePolicy
+from supervisor.testing.specs import spec
 
 POLICY = CheckpointPolicy(
     root=ROOT,
@@ -26,16 +27,7 @@ POLICY = CheckpointPolicy(
     alarm_intervals=3.0,
     resume_file="/shared/llm/resume.json",
 )
-SPEC = RunSpec(
-    name="llm",
-    script="/train.sbatch",
-    partition="main",
-    nodes=2,
-    spare_policy=SparePolicy.NAMED,
-    spare_nodes=("n004",),
-    max_restarts=5,
-    checkpoints=POLICY,
-)
+SPEC = spec(spare_policy=SparePolicy.NAMED, spare_nodes=("n004",), max_restarts=5, checkpoints=POLICY)
 
 
 def world(tmp_path, spec: RunSpec = SPEC) -> SimWorld:

@@ -10,16 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import pytest
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.adapters.paging.webhook import Pager
 from supervisor.domain.cluster import NodeChange
 from supervisor.domain.health.findings import HeartbeatSettings, NodeFinding, Severity
 from supervisor.domain.health.quarantine import QuarantineSettings, quarantined
 from supervisor.domain.records import EventKind, Verdict
-from supervisor.domain.run import RestartMode, RunSpec, SparePolicy
+from supervisor.domain.run import RestartMode, SparePolicy
 from supervisor.engine.reconcile import EngineSettings
 from supervisor.sim.clock import VirtualClock
+from supervisor.testing.specs import spec
 
 
 @dataclass
@@ -45,15 +46,7 @@ class FakeFeed:
         return {n: now - t for n, t in self.last_report.items()}
 
 
-SPEC = RunSpec(
-    name="llm",
-    script="/train.sbatch",
-    partition="main",
-    nodes=4,
-    spare_policy=SparePolicy.NAMED,
-    spare_nodes=("n007", "n008"),
-    max_restarts=5,
-)
+SPEC = spec(nodes=4, spare_policy=SparePolicy.NAMED, spare_nodes=("n007", "n008"), max_restarts=5)
 
 
 def world(tmp_path, specs=(SPEC,), nodes=8, settings=EngineSettings(), **cluster) -> SimWorld:

@@ -7,14 +7,15 @@ from __future__ import annotations
 import json
 import random
 
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
-from supervisor.domain.run import RunSpec, RunState
+from supervisor.domain.run import RunState
 from supervisor.telemetry.jsonl import encode, megatron_peer_groups
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(name="llm", script="/w/train.sbatch", partition="main", nodes=9, workdir="/w", output="/logs/%x-%j.out")
+SPEC = spec(script="/w/train.sbatch", nodes=9, workdir="/w", output="/logs/%x-%j.out")
 RANKS_PER_NODE = 2
 WORLD = 9 * RANKS_PER_NODE
 STAGES = megatron_peer_groups(WORLD, pipeline=3, tensor=2)  # nodes 0-2, 3-5, 6-8: one stage each

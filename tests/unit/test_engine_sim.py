@@ -8,23 +8,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.domain.cluster import JobState, NodeChange
 from supervisor.domain.records import EventKind
-from supervisor.domain.run import RestartMode, RunSpec, RunState, SparePolicy
+from supervisor.domain.run import RestartMode, RunState, SparePolicy
 from supervisor.engine.daemon import Pacing, run_loop
 from supervisor.sim.fence import SimFencer
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(
-    name="llm",
-    script="/train.sbatch",
-    partition="main",
-    nodes=2,
-    spare_policy=SparePolicy.NAMED,
-    spare_nodes=("n004",),
-    max_restarts=5,
-)
+SPEC = spec(spare_policy=SparePolicy.NAMED, spare_nodes=("n004",), max_restarts=5)
 
 
 class SimulatedCrash(BaseException):

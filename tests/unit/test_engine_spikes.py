@@ -8,17 +8,15 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import CheckpointPolicy, RunSpec, SpikePolicy
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(
-    name="llm",
+SPEC = spec(
     script="/w/train.sbatch",
-    partition="main",
-    nodes=2,
     workdir="/w",
     output="/logs/%x-%j.out",
     max_restarts=5,

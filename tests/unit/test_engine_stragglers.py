@@ -8,16 +8,15 @@ from __future__ import annotations
 import json
 import random
 
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
-from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState, SparePolicy
+from supervisor.domain.run import CheckpointPolicy, RunState, SparePolicy
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(
-    name="llm",
+SPEC = spec(
     script="/w/train.sbatch",
-    partition="main",
     nodes=6,
     workdir="/w",
     output="/logs/%x-%j.out",

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.domain.progress import parser_for
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.progress.ranks import RankProgress, idle_suspects, suspects
 from supervisor.domain.records import EventKind
-from supervisor.domain.run import RunSpec, RunState
+from supervisor.domain.run import RunState
+from supervisor.testing.specs import spec
 
 NODES = ("n0", "n1", "n2", "n3")
 
@@ -83,15 +84,7 @@ def test_rank_lines_are_read_with_their_rank():
     assert record.rank == 12 and record.step == 7
 
 
-SPEC = RunSpec(
-    name="llm",
-    script="/w/train.sbatch",
-    partition="main",
-    nodes=4,
-    workdir="/w",
-    output="/logs/%x-%j.out",
-    max_restarts=3,
-)
+SPEC = spec(script="/w/train.sbatch", nodes=4, workdir="/w", output="/logs/%x-%j.out", max_restarts=3)
 RANKS = 16  # 4 per node
 
 

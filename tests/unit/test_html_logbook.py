@@ -19,12 +19,12 @@ from supervisor.adapters.logbook_html.svg import thin
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main, render
 from supervisor.domain.records import Event, EventKind, RunRecord
-from supervisor.domain.run import RunSpec, RunState
+from supervisor.domain.run import RunState
 from supervisor.sim.demo import RUN as DEMO
+from supervisor.testing.clock import ManualClock
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(
-    name=RUN, script="t.sbatch", partition="gpu", nodes=2, max_restarts=5, sbatch_args=("--gpus-per-node=8",)
-)
+SPEC = spec(name=RUN, script="t.sbatch", partition="gpu", max_restarts=5, sbatch_args=("--gpus-per-node=8",))
 
 
 def _html(series=None, extra=()) -> str:
@@ -166,26 +166,16 @@ def test_html_export_and_goodput(demo_dir, tmp_path):
     assert "ETTR (productive / wall)" in text and "checkpoint interval (Young)" in text and "sqrt(2 x 300 s" in text
 
 
-class FakeClock:
-    """Stops after ``polls`` waits; appends an event at the first wait (the daemon writing meanwhile)."""
-
-    def __init__(self, polls, on_first_wait):
-        self.polls, self.on_first_wait, self.waits = polls, on_first_wait, []
-
-    def now(self):
-        return T0
-
-    def wait(self, seconds):
-        self.waits.append(seconds)
-        if len(self.waits) == 1:
-            self.on_first_wait()
-        return len(self.waits) >= self.polls
-
-
 def test_follow_hands_over_only_new_events():
     log = [Event(RUN, EventKind.STARTED, "a", "a", T0, 0, 1)]
     got = []
-    clock = FakeClock(3, lambda: log.append(Event(RUN, EventKind.FAULT, "b", "b", T0 + 1, 0, 1)))
+
+    def daemon_writes_then_stop_at_the_third(seconds: float) -> bool:
+        if not clock.waits[1:]:  # the daemon writes while the first wait runs
+            log.append(Event(RUN, EventKind.FAULT, "b", "b", T0 + 1, 0, 1))
+        return len(clock.waits) >= 3
+
+    clock = ManualClock(T0, on_wait=daemon_writes_then_stop_at_the_third)
     seen = render.follow(lambda: list(log), got.extend, clock, 2.0, skip=1)
     assert [e.key for e in got] == ["b"] and seen == 2 and clock.waits == [2.0, 2.0, 2.0]
 

@@ -21,13 +21,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from test_ingest import TOKENS, FakeClock, body, new_ingest, report
+from test_ingest import TOKENS, body, new_ingest, report
 
 from supervisor.adapters.web.ingest import IngestServer
 from supervisor.adapters.web.pages import PageCache
 from supervisor.adapters.web.server import HttpServer, Limits, Response, server_tls
 from supervisor.agent.sender import HttpSender
 from supervisor.config import DaemonConfig
+from supervisor.testing.clock import ManualClock
+from supervisor.testing.specs import spec
 
 
 def self_signed(tmp: Path) -> tuple[Path, Path]:
@@ -59,7 +61,7 @@ def self_signed(tmp: Path) -> tuple[Path, Path]:
 @pytest.fixture
 def tls_server(tmp_path: Path) -> Iterator[tuple[IngestServer, Path]]:
     cert, key = self_signed(tmp_path)
-    srv = IngestServer(new_ingest(FakeClock()), port=0)
+    srv = IngestServer(new_ingest(ManualClock()), port=0)
     srv.ssl = server_tls(str(cert), str(key))
     srv.start()
     yield srv, cert
@@ -167,6 +169,7 @@ def test_a_half_closed_client_still_gets_its_answers(plain: HttpServer) -> None:
     assert answer.count(b"HTTP/1.1 200") == 2
 
 
+@pytest.mark.timing
 def test_idle_keep_alive_connections_are_closed_after_the_idle_timeout() -> None:
     srv = HttpServer(port=0, limits=Limits(idle_timeout_s=0.5))
     srv.start()
@@ -256,10 +259,9 @@ def test_a_read_token_others_can_read_stops_the_daemon(tmp_path: Path) -> None:
 def test_pages_render_in_a_child_process_started_again_if_it_dies(tmp_path: Path) -> None:
     from supervisor.adapters.sqlite import SqliteStore
     from supervisor.adapters.web.renderer import ProcessRenderer
-    from supervisor.domain.run import RunSpec
 
     store = SqliteStore(tmp_path)
-    store.add_run(RunSpec(name="llm", script="/x.sbatch", partition="gpu", nodes=2), 1000.0)
+    store.add_run(spec(script="/x.sbatch", partition="gpu"), 1000.0)
     renderer = ProcessRenderer(tmp_path)
     try:
         status, _, text = renderer.metrics()

@@ -9,11 +9,10 @@ from supervisor.domain.alloc_step import AllocationStep, LauncherReport, StepGoa
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeChange, NodeInfo, NodeState
 from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
-from supervisor.domain.run import RestartMode, RunSpec, RunState
+from supervisor.domain.run import RestartMode, RunState
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(
-    name="llm", script="/s.sh", partition="main", nodes=2, restart_mode=RestartMode.IN_ALLOCATION, hot_spares=1
-)
+SPEC = spec(script="/s.sh", restart_mode=RestartMode.IN_ALLOCATION, hot_spares=1)
 A0 = AttemptRecord("llm", 0, 7, 0, 10.0, nodes=("n1", "n2", "n3"), started_at=20.0)
 JOB = JobInfo(7, "llm", JobState.RUNNING, nodes=("n1", "n2", "n3"), partition="main", start_time=20.0)
 HEARD = LauncherReport(7, 0, True, ("n1", "n2"), "n1", at=99.0)

@@ -18,8 +18,10 @@ from supervisor.adapters.web.messages import Request
 from supervisor.config import load_run_spec
 from supervisor.domain.actions import Submit, SwapStep
 from supervisor.domain.alloc_step import StepGoal
-from supervisor.domain.run import CheckpointPolicy, RestartMode, RunSpec
+from supervisor.domain.run import CheckpointPolicy, RestartMode
 from supervisor.engine.intents import action_from, params_of, submit_request
+from supervisor.testing.clock import ManualClock
+from supervisor.testing.specs import spec
 
 
 def test_in_allocation_mode_with_hot_spares_loads(tmp_path: Path) -> None:
@@ -42,14 +44,14 @@ def test_in_allocation_settings_are_checked(tmp_path: Path, restart: str, says: 
     assert says in error_of(spec_in(tmp_path, MINIMAL_RUN + f"[restart]\n{restart}\n"))
 
 
-SPEC = RunSpec("llm", "/s.sh", "main", 2, restart_mode=RestartMode.IN_ALLOCATION, hot_spares=1)
+SPEC = spec(script="/s.sh", restart_mode=RestartMode.IN_ALLOCATION, hot_spares=1)
 
 
 def test_the_job_holds_the_hot_spares_and_is_not_killed_by_a_node_failure() -> None:
     request = submit_request(SPEC, Submit("llm", (), restart=False, reason="first"), "tag", 0)
     assert request.nodes == 3 and request.extra_args[0] == "--no-kill" and not request.requeue
     assert request.env["SSV_RUN_NODES"] == "2"
-    plain = submit_request(RunSpec("llm", "/s.sh", "main", 2), Submit("llm", (), False, "first"), "tag", 0)
+    plain = submit_request(spec(script="/s.sh"), Submit("llm", (), False, "first"), "tag", 0)
     assert plain.nodes == 2 and "--no-kill" not in plain.extra_args and "SSV_RUN_NODES" not in plain.env
 
 
@@ -69,17 +71,12 @@ def test_the_store_keeps_one_goal_per_generation_and_the_newest_wins(tmp_path: P
     assert store.step_goal("llm", 7).generation == 2 and store.step_goal("llm", 8) is None
 
 
-class Clock:
-    def now(self) -> float:
-        return 50.0
-
-
 def _channel(tmp_path: Path) -> tuple[LauncherChannel, SqliteStore]:
     store = SqliteStore(tmp_path)
     store.add_run(SPEC, 1.0)
     store.add_attempt("llm", 7, 0, 2.0)
     store.attempt_started("llm", 0, ("n1", "n2", "n3"), 3.0)
-    return LauncherChannel({"llm": "secret-token"}, store, Clock()), store
+    return LauncherChannel({"llm": "secret-token"}, store, ManualClock(50.0)), store
 
 
 def _post(channel: LauncherChannel, body: object, token: str = "secret-token", run: str = "llm"):  # noqa: ANN202

@@ -14,15 +14,14 @@ from supervisor.domain.alloc_step import AllocationStep, StepGoal
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import AttemptRecord, RunRecord
-from supervisor.domain.run import RestartMode, RunSpec, RunState
+from supervisor.domain.run import RestartMode, RunState
 from supervisor.domain.spikes.events import SpikeEvent
 from supervisor.engine.progress import ProgressWatch
 from supervisor.testing.logs import MemoryLogs
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(
-    name="llm",
+SPEC = spec(
     script="/w/t.sh",
-    partition="main",
     nodes=4,
     workdir="/w",
     output="/logs/%x-%j.out",

@@ -17,37 +17,25 @@ from supervisor.domain.health.findings import Severity
 from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.domain.health.node_report import SCHEMA_VERSION, GpuSample, NodeReport, XidEvent, to_wire
 from supervisor.ports import HealthFeed
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def now(self) -> float:
-        return self.t
-
-    def wait(self, seconds: float) -> bool:
-        self.t += seconds
-        return False
-
+from supervisor.testing.clock import ManualClock
 
 TOKENS = {"run-a": "token-a-0123456789", "run-b": "token-b-0123456789"}
 JOBS = {"run-a": frozenset({"gpu001", "a"}), "run-b": frozenset({"gpu001", "b"})}  # each run's job's nodes
 
 
-def new_ingest(clock: FakeClock) -> ReportIngest:
+def new_ingest(clock: ManualClock) -> ReportIngest:
     ingest = ReportIngest(dict(TOKENS), HealthRules(), clock)
     ingest.publish_job_nodes(JOBS)  # what the engine does every tick
     return ingest
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def server(clock: FakeClock) -> Iterator[IngestServer]:
+def server(clock: ManualClock) -> Iterator[IngestServer]:
     srv = IngestServer(new_ingest(clock), port=0, max_body=64 * 1024)
     srv.start()
     yield srv
@@ -84,7 +72,7 @@ def post(
     return status, json.loads(text)
 
 
-def test_accepted_report_becomes_findings_and_a_heartbeat(server: IngestServer, clock: FakeClock) -> None:
+def test_accepted_report_becomes_findings_and_a_heartbeat(server: IngestServer, clock: ManualClock) -> None:
     feed: HealthFeed = server.ingest
     xid = report(xids=(XidEvent(gpu=3, xid=79, at=1.0),))
     status, answer = post(server, body(xid))
@@ -92,7 +80,7 @@ def test_accepted_report_becomes_findings_and_a_heartbeat(server: IngestServer, 
     (f,) = feed.drain_findings()
     assert (f.node, f.run, f.rule, f.severity, f.at) == ("gpu001", "run-a", "xid-79@1", Severity.FATAL, 1000.0)
     assert feed.drain_findings() == []
-    clock.t += 7.5
+    clock.advance(7.5)
     assert feed.heartbeat_ages(clock.now()) == {"gpu001": 7.5}
     assert server.ingest.heartbeat_intervals() == {"gpu001": 5.0}
 
@@ -205,7 +193,7 @@ def test_forget_run_stops_its_heartbeats(server: IngestServer) -> None:
     assert set(server.ingest.heartbeat_ages(2000.0)) == {"b"}
 
 
-def test_sender_buffers_while_the_daemon_is_down_then_delivers(clock: FakeClock) -> None:
+def test_sender_buffers_while_the_daemon_is_down_then_delivers(clock: ManualClock) -> None:
     with socket.socket() as s:  # a port nobody listens on (yet)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -7,6 +7,7 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
 from test_launcher import Channel, fake_srun, run_in_thread, settings, wait
 
 from supervisor.agent.launcher import Launcher
@@ -16,6 +17,7 @@ from supervisor.domain.cluster import ClusterSnapshot, NodeInfo, NodeState
 SLOW_POLL_S = 30.0  # without the news the launcher would say nothing for half a minute
 
 
+@pytest.mark.timing
 def test_a_step_that_dies_is_reported_before_the_next_poll(tmp_path: Path) -> None:
     srun, _ = fake_srun(tmp_path, "sleep 0.3; exit 3")
     channel = Channel()

@@ -12,10 +12,11 @@ from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.wake_clock import WakeableClock
 from supervisor.adapters.web.launcher_channel import LauncherChannel
 from supervisor.adapters.web.messages import Request
-from supervisor.domain.run import RestartMode, RunSpec
+from supervisor.domain.run import RestartMode
 from supervisor.engine.daemon import Pacing, run_loop
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec("llm", "/s.sh", "main", 2, restart_mode=RestartMode.IN_ALLOCATION, hot_spares=1)
+SPEC = spec(script="/s.sh", restart_mode=RestartMode.IN_ALLOCATION, hot_spares=1)
 ALIVE = {"job_id": 7, "generation": 0, "alive": True, "nodes": ["n1", "n2"], "host": "n1"}
 DEAD = {**ALIVE, "alive": False, "exit_code": 137}
 POLL_S = 60.0  # the loop would sleep a minute without the wake

@@ -10,8 +10,8 @@ from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main
 from supervisor.cli.logbook_view import folded_lines
 from supervisor.domain.records import Event, EventKind
-from supervisor.domain.run import RunSpec
 from supervisor.report.fold import Fold, IncidentStart, Line, fold
+from supervisor.testing.specs import spec
 
 GOLDEN = Path(__file__).parent.parent / "data" / "golden" / "logbook_fold_demo.txt"
 T0 = 1795910400.0  # 2026-11-29 00:00:00 UTC
@@ -70,7 +70,7 @@ def test_a_lone_routine_event_is_not_folded_and_an_open_incident_says_so():
 
 def test_cli_folds_by_default_and_all_prints_every_line(tmp_path):
     store = SqliteStore(tmp_path)
-    store.add_run(RunSpec(name=RUN, script="/t.sbatch", partition="gpu", nodes=2), T0)
+    store.add_run(spec(name=RUN, script="/t.sbatch", partition="gpu"), T0)
     for e in _day():
         store.record_event(e)
     store.close()

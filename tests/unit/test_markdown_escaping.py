@@ -8,8 +8,9 @@ from markdown_it import MarkdownIt
 from supervisor.adapters.logbook_html.markdown import markdown_to_html
 from supervisor.adapters.logbook_html.page import render_html
 from supervisor.domain.records import Event, EventKind, RunRecord
-from supervisor.domain.run import RunSpec, RunState
+from supervisor.domain.run import RunState
 from supervisor.report.chronicle import render_markdown
+from supervisor.testing.specs import spec
 
 T0 = 1795910400.0
 NOTE = (
@@ -20,7 +21,7 @@ NOTE = (
 
 
 def _records() -> tuple[RunRecord, list[Event]]:
-    run = RunRecord(RunSpec(name="bob", script="/t.sbatch", partition="gpu", nodes=2), RunState.RUNNING, created_at=T0)
+    run = RunRecord(spec(name="bob", script="/t.sbatch", partition="gpu"), RunState.RUNNING, created_at=T0)
     events = [
         Event("bob", EventKind.NOTE, NOTE, "n", T0 + 10, None, None, "alice"),
         Event("bob", EventKind.WARNING, "[click](javascript:alert(6)) <script>x</script>", "w", T0 + 20),

@@ -10,7 +10,8 @@ from test_goodput import RUN, T0, scenario
 from supervisor.adapters.metrics import metrics_page, metrics_text
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.records import Event, EventKind, NodeVerdict, Verdict
-from supervisor.domain.run import RunSpec, RunState
+from supervisor.domain.run import RunState
+from supervisor.testing.specs import spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +37,7 @@ def store(tmp_path):
     verified checkpoint and a queued run with none."""
     s = SqliteStore(tmp_path)
     attempts, events = scenario()
-    s.add_run(RunSpec(name=RUN, script="t.sbatch", partition="gpu", nodes=2, max_restarts=5), T0)
+    s.add_run(spec(name=RUN, script="t.sbatch", partition="gpu", max_restarts=5), T0)
     for a in attempts:
         s.add_attempt(RUN, a.job_id, a.restart_count, a.submitted_at)
         s.attempt_started(RUN, a.seq, a.nodes, a.started_at)
@@ -45,7 +46,7 @@ def store(tmp_path):
         s.record_event(e)
     for state in (RunState.RUNNING, RunState.COMPLETED):
         s.set_state(RUN, state, T0 + 30000)
-    s.add_run(RunSpec(name="gpt-b", script="t.sbatch", partition="gpu", nodes=4), T0)
+    s.add_run(spec(name="gpt-b", script="t.sbatch", partition="gpu", nodes=4), T0)
     s.add_attempt("gpt-b", 900, 0, T0)
     s.attempt_started("gpt-b", 0, ("n1", "n2", "n3", "n4"), T0 + 100)
     s.set_state("gpt-b", RunState.RUNNING, T0 + 100)
@@ -74,7 +75,7 @@ def store(tmp_path):
             evidence={"location": "s3://b/ckpt/1000/", "step": 1000},
         )
     )
-    s.add_run(RunSpec(name="queued-c", script="t.sbatch", partition="gpu", nodes=1), T0)
+    s.add_run(spec(name="queued-c", script="t.sbatch", partition="gpu", nodes=1), T0)
     s.set_verdict(NodeVerdict("gpu-2", Verdict.BAD, "XID 79", {}, RUN, None, T0 + 20400))
     s.set_node_action("gpu-2", "drained", T0 + 20400)
     s.set_verdict(NodeVerdict("gpu-9", Verdict.BAD, "probe", {}, RUN, "blast-radius", T0 + 20400))

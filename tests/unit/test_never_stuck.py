@@ -11,27 +11,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import pytest
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.adapters.paging.webhook import Pager
 from supervisor.domain.cluster import SubmitRequest
 from supervisor.domain.health.findings import NodeFinding, Severity
 from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.domain.records import EventKind, Verdict
-from supervisor.domain.run import RunSpec, SparePolicy
+from supervisor.domain.run import SparePolicy
 from supervisor.engine.reconcile import EngineSettings
 from supervisor.ports import PermanentError
 from supervisor.sim.clock import VirtualClock
 from supervisor.sim.cluster import SimCluster
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(
-    name="llm",
-    script="/train.sbatch",
-    partition="main",
-    nodes=2,
-    spare_policy=SparePolicy.PARTITION_IDLE,
-    max_restarts=20,
-)
+SPEC = spec(spare_policy=SparePolicy.PARTITION_IDLE, max_restarts=20)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from supervisor.adapters.paging.webhook import (
 )
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.records import Event, EventKind
-from supervisor.domain.run import RunSpec
+from supervisor.testing.specs import spec
 
 T0 = 1795910400.0
 SECRET = "T000/B000/s3cr3t-token-do-not-log"
@@ -71,7 +71,7 @@ def hook():
 @pytest.fixture
 def store(tmp_path):
     s = SqliteStore(tmp_path)
-    s.add_run(RunSpec(name="llama-70b", script="train.sbatch", partition="gpu", nodes=2), T0)
+    s.add_run(spec(name="llama-70b", script="train.sbatch", partition="gpu"), T0)
     yield s
     s.close()
 
@@ -176,6 +176,7 @@ def test_server_errors_are_retried_and_client_errors_are_not(hook):
     assert notifier.flush() == 0 and len(hook.posts) == 4 and notifier.failed == 1
 
 
+@pytest.mark.timing
 def test_a_slow_webhook_times_out_and_the_secret_is_never_logged(hook):
     hook.delay_s = 1.0
     notifier = WebhookNotifier(hook.url, "slack", timeout_s=0.2, retries=1, backoff_s=0.01)

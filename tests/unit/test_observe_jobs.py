@@ -18,6 +18,7 @@ from supervisor.engine.nulls import NoCheckpoints, NoHealthFeed, NoProgress
 from supervisor.engine.observe import JobScopedScheduler, Observer
 from supervisor.engine.probes import ProbeTracker
 from supervisor.ports import Intent
+from supervisor.testing.clock import ManualClock
 
 
 def run(name: str, job_id: int | None, state: RunState = RunState.RUNNING) -> RunRecord:
@@ -79,14 +80,6 @@ def test_no_runs_no_job_read():
 # ---------------------------------------------------------------------------- the observer
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def now(self) -> float:
-        return self.t
-
-
 class Store:
     def __init__(self, runs: list[RunRecord]) -> None:
         self._runs, self.intents = runs, []
@@ -117,7 +110,7 @@ class Slurm:
         return ClusterSnapshot(1000.0, shown, {})
 
 
-def observer(slurm: Slurm, store: Store, clock: Clock) -> Observer:
+def observer(slurm: Slurm, store: Store, clock: ManualClock) -> Observer:
     return Observer(
         scheduler=slurm, store=store, clock=clock, probes=ProbeTracker(None, 5.0), progress=NoProgress(),
         checkpoints=NoCheckpoints(), nodes=NodeWatch(NoHealthFeed(), HeartbeatSettings(), 600.0),
@@ -126,28 +119,28 @@ def observer(slurm: Slurm, store: Store, clock: Clock) -> Observer:
 
 
 def test_the_observer_reads_the_account_first_then_by_id_then_again_when_a_submission_is_open():
-    slurm, store, clock = Slurm(), Store([run("a", 11)]), Clock()
+    slurm, store, clock = Slurm(), Store([run("a", 11)]), ManualClock()
     assert isinstance(slurm, JobScopedScheduler)
     obs = observer(slurm, store, clock)
     for _ in range(3):
         obs.snapshot(nodes_needed=False)
-        clock.t += 5.0
+        clock.advance(5.0)
     assert slurm.job_reads == [None, frozenset({11}), frozenset({11})]
     store.intents = [intent("submit", run="a", nonce="x")]
     snap = obs.snapshot(nodes_needed=False)
     assert slurm.job_reads[-1] is None and 11 in snap.jobs
     store.intents = []
-    clock.t += 5.0
+    clock.advance(5.0)
     obs.snapshot(nodes_needed=False)
     assert slurm.job_reads[-1] == frozenset({11})
 
 
 def test_the_observer_reads_the_account_again_after_a_minute():
-    slurm, clock = Slurm(), Clock()
+    slurm, clock = Slurm(), ManualClock()
     obs = observer(slurm, Store([run("a", 11)]), clock)
     for _ in range(14):
         obs.snapshot(nodes_needed=False)
-        clock.t += 5.0
+        clock.advance(5.0)
     assert [i for i, r in enumerate(slurm.job_reads) if r is None] == [0, 12]
 
 
@@ -164,7 +157,7 @@ class PlainSlurm:
 
 def test_a_scheduler_without_reads_by_id_is_read_as_before():
     slurm = PlainSlurm()
-    obs = observer(slurm, Store([run("a", 11)]), Clock())  # type: ignore[arg-type]
+    obs = observer(slurm, Store([run("a", 11)]), ManualClock())  # type: ignore[arg-type]
     obs.snapshot(nodes_needed=False)
     obs.snapshot(nodes_needed=False)
     assert slurm.reads == 2

@@ -10,19 +10,16 @@ from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeIn
 from supervisor.domain.health.findings import HeartbeatSettings
 from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.domain.records import AttemptRecord, RunRecord
-from supervisor.domain.run import RunSpec, RunState
+from supervisor.domain.run import RunState
 from supervisor.engine.nodes import NodeWatch
 from supervisor.engine.nulls import NoCheckpoints, NoHealthFeed, NoProgress
 from supervisor.engine.observe import Observer
 from supervisor.engine.probes import ProbeTracker
+from supervisor.testing.clock import ManualClock
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(name="llm", script="/s.sh", partition="main", nodes=1)
+SPEC = spec(script="/s.sh", nodes=1)
 JOB = JobInfo(7, "llm", JobState.RUNNING, nodes=("n4",), partition="main")
-
-
-class Clock:
-    def now(self) -> float:
-        return 1000.0
 
 
 class Store:
@@ -59,7 +56,7 @@ class GroupedSlurm:
 
 def observer(slurm: GroupedSlurm) -> Observer:
     return Observer(
-        scheduler=slurm, store=Store(), clock=Clock(), probes=ProbeTracker(None, 5.0), progress=NoProgress(),
+        scheduler=slurm, store=Store(), clock=ManualClock(), probes=ProbeTracker(None, 5.0), progress=NoProgress(),
         checkpoints=NoCheckpoints(), nodes=NodeWatch(NoHealthFeed(), HeartbeatSettings(), 600.0),
         quarantine=QuarantineSettings(), node_refresh_ticks=1,
     )  # fmt: skip

@@ -13,10 +13,11 @@ from supervisor.adapters.sqlite import DB_NAME, SqliteStore
 from supervisor.adapters.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, _statements
 from supervisor.adapters.web.renderer import ProcessRenderer
 from supervisor.domain.run import RunSpec
+from supervisor.testing.specs import spec
 
 
 def _spec() -> RunSpec:
-    return RunSpec(name="llm", script="/x.sbatch", partition="gpu", nodes=2)
+    return spec(script="/x.sbatch", partition="gpu")
 
 
 def _store_at_version(state_dir: Path, version: int) -> Path:
@@ -55,7 +56,7 @@ def test_the_renderer_child_opens_the_store_read_only(tmp_path: Path) -> None:
         assert status == 200 and b'slurm_supervisor_runs{state="registered"} 1.0' in text
         assert renderer.pid is not None
         assert _access_modes(renderer.pid, (tmp_path / DB_NAME).resolve()) == [os.O_RDONLY]
-        store.add_run(RunSpec(name="two", script="/x.sbatch", partition="gpu", nodes=1), 1001.0)
+        store.add_run(spec(name="two", script="/x.sbatch", partition="gpu", nodes=1), 1001.0)
         status, _, text = renderer.metrics()  # it reads what the daemon writes meanwhile
         assert status == 200 and b'slurm_supervisor_runs{state="registered"} 2.0' in text
     finally:

@@ -17,17 +17,10 @@ from supervisor.domain.cluster import ClusterSnapshot, JobHold, JobInfo, JobStat
 from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
-from supervisor.domain.run import RestartMode, RunSpec, RunState, SparePolicy
+from supervisor.domain.run import RestartMode, RunState, SparePolicy
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(
-    name="llm",
-    script="/s.sh",
-    partition="main",
-    nodes=2,
-    spare_policy=SparePolicy.NAMED,
-    spare_nodes=("n4",),
-    max_restarts=3,
-)
+SPEC = spec(script="/s.sh", spare_policy=SparePolicy.NAMED, spare_nodes=("n4",), max_restarts=3)
 
 
 def nodes(**states):

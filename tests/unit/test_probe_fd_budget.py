@@ -143,6 +143,7 @@ def test_a_name_that_does_not_resolve_is_not_probed_rather_than_failed():
     assert probe.last_round.not_run["x"].startswith("cannot resolve no-such-host.invalid")
 
 
+@pytest.mark.timing
 def test_a_round_stays_within_its_time_limit_and_the_next_one_starts_where_it_stopped(unanswering):
     """Nodes that never answer: the round is cut at ``round_limit_s``; the rest are not probed this
     round (unknown, not failed) and go first in the next."""

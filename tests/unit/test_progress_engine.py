@@ -5,22 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.records import EventKind
-from supervisor.domain.run import RunSpec, RunState
+from supervisor.domain.run import RunState
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(
-    name="llm",
-    script="/w/train.sbatch",
-    partition="main",
-    nodes=2,
-    workdir="/w",
-    output="/logs/%x-%j.out",
-    max_restarts=3,
-)
+SPEC = spec(script="/w/train.sbatch", workdir="/w", output="/logs/%x-%j.out", max_restarts=3)
 
 
 @pytest.mark.parametrize(

@@ -519,6 +519,7 @@ PATHOLOGICAL = [
 ]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("text", PATHOLOGICAL, ids=lambda t: repr(t[:16]))
 def test_long_lines_cost_linear_time(text: str) -> None:
     # A backtracking regex made the first case take minutes at 100,000 characters.

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sim_world import SimWorld
 from test_engine_sim import SPEC as RESUBMITTING
+from unit.sim_world import SimWorld
 
 from supervisor.domain.cluster import JobState
 from supervisor.domain.run import RestartMode

@@ -8,13 +8,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.adapters.paging.webhook import Pager
 from supervisor.domain.decide.backoff import fast_failures, restart_backoff
 from supervisor.domain.records import AttemptRecord, EventKind
-from supervisor.domain.run import RestartPacing, RunSpec, SparePolicy
+from supervisor.domain.run import RestartPacing, SparePolicy
 from supervisor.engine.reconcile import EngineSettings
+from supervisor.testing.specs import spec
 
 PACING = RestartPacing(fast_failure_s=600.0, base_s=30.0, max_s=1800.0, jitter=0.2, crash_loop_after=6)
 
@@ -57,14 +58,7 @@ def test_bad_pacing_is_refused():
         RestartPacing(base_s=60.0, max_s=30.0)
 
 
-SPEC = RunSpec(
-    name="llm",
-    script="/train.sbatch",
-    partition="main",
-    nodes=2,
-    spare_policy=SparePolicy.PARTITION_IDLE,
-    max_restarts=20,
-)
+SPEC = spec(spare_policy=SparePolicy.PARTITION_IDLE, max_restarts=20)
 
 
 def _dies_20_s_after_start(w: SimWorld) -> None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.domain.records import EventKind
-from supervisor.domain.run import RestartMode, RunSpec, RunState
+from supervisor.domain.run import RestartMode, RunState
 from supervisor.engine.forgotten import NO_ACCOUNTING
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(name="llm", script="/train.sbatch", partition="main", nodes=2, max_restarts=5)
+SPEC = spec(max_restarts=5)
 PAST_MIN_JOB_AGE = 400.0
 
 

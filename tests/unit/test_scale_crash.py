@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RunSpec, SparePolicy

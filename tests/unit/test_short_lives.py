@@ -4,13 +4,14 @@ than a poll is one logbook entry with its start and end."""
 
 from __future__ import annotations
 
-from sim_world import SimWorld
+from unit.sim_world import SimWorld
 
 from supervisor.domain.records import EventKind
-from supervisor.domain.run import RunSpec, SparePolicy
+from supervisor.domain.run import SparePolicy
 from supervisor.engine.reconcile import EngineSettings
+from supervisor.testing.specs import spec
 
-SPEC = RunSpec(name="llm", script="/train.sbatch", partition="main", nodes=2, spare_policy=SparePolicy.PARTITION_IDLE)
+SPEC = spec(spare_policy=SparePolicy.PARTITION_IDLE)
 
 
 def test_an_attempt_shorter_than_a_poll_has_its_start_on_record(tmp_path):

@@ -78,6 +78,7 @@ def test_clock_cancel_and_no_going_back(clock: VirtualClock) -> None:
         clock.advance_to(DEFAULT_START)
 
 
+@pytest.mark.timing
 def test_fifty_four_days_are_cheap(clock: VirtualClock) -> None:
     cluster = SimCluster(clock, 2048)
     job = cluster.submit(request(2000))

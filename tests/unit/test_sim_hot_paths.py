@@ -14,12 +14,12 @@ from supervisor.domain.hostnames import fold
 from supervisor.domain.observation import fmt_nodes
 from supervisor.domain.progress import pauses
 from supervisor.domain.records import NodeVerdict, Verdict
-from supervisor.domain.run import RunSpec
 from supervisor.sim.checkpoints import SimCheckpointStore
 from supervisor.sim.clock import VirtualClock
 from supervisor.sim.health import SimHealthFeed
 from supervisor.sim.runner import Simulation
 from supervisor.sim.settings import Mode, SimSettings
+from supervisor.testing.specs import spec
 
 NEWEST_CHECKPOINTS = "SELECT * FROM checkpoints WHERE run = ? ORDER BY step DESC, first_seen DESC LIMIT ?"
 
@@ -119,7 +119,7 @@ def test_verdicts_read_again_show_each_change(tmp_path: Path) -> None:
 
 def test_an_attempts_nodes_read_back_as_written(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path)
-    store.add_run(RunSpec(name="r", script="/x.sh", partition="p", nodes=2), now=1.0)
+    store.add_run(spec(name="r", script="/x.sh", partition="p"), now=1.0)
     nodes = tuple(f"n{i:04d}" for i in range(2048))
     first = store.add_attempt("r", 1000, 0, 2.0, excluded=("n9999",))
     store.attempt_started("r", first.seq, nodes, 3.0)

@@ -20,16 +20,9 @@ from supervisor.domain.health.findings import HeartbeatSettings
 from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.domain.health.node_report import SCHEMA_VERSION, NodeReport, to_wire
 from supervisor.engine.nodes import NodeWatch
+from supervisor.testing.clock import ManualClock
 
 TOKEN = "llm-token-0123456789abcdef"
-
-
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def now(self) -> float:
-        return self.t
 
 
 class NoMemory:
@@ -53,16 +46,16 @@ def agent_report(node: str, seq: int, at: float) -> NodeReport:
 
 
 def test_a_spare_checked_once_is_not_a_silent_agent_while_the_step_nodes_agents_report() -> None:
-    clock = Clock(A0.started_at + 1.0)
+    clock = ManualClock(A0.started_at + 1.0)
     feed = ReportIngest({"llm": TOKEN}, HealthRules(), clock)
     feed.publish_job_nodes({"llm": frozenset(JOB.nodes)})  # n1, n2 the step; n3 the hot spare
-    healthy_check = CheckResult((), NodeReport(v=SCHEMA_VERSION, node="n3", seq=0, at=clock.t), 0.3)
+    healthy_check = CheckResult((), NodeReport(v=SCHEMA_VERSION, node="n3", seq=0, at=clock.now()), 0.3)
     assert post(feed, as_agent_report(healthy_check, "n3")) == 200  # the launcher's pre-flight
     watch = NodeWatch(feed, HeartbeatSettings(), finding_ttl_s=3600.0)
-    for seq, t in enumerate(range(int(clock.t), int(A0.started_at) + 300, 5), start=1):
-        clock.t = float(t)
-        assert {post(feed, agent_report(n, seq, clock.t)) for n in ("n1", "n2")} == {200}  # agents in the step
-    facts = watch.observe([run()], snap(clock.t), NoMemory(), [], clock.t)  # type: ignore[arg-type]
+    for seq, t in enumerate(range(int(clock.now()), int(A0.started_at) + 300, 5), start=1):
+        clock.move_to(float(t))
+        assert {post(feed, agent_report(n, seq, clock.now())) for n in ("n1", "n2")} == {200}  # agents in the step
+    facts = watch.observe([run()], snap(clock.now()), NoMemory(), [], clock.now())  # type: ignore[arg-type]
     assert "n3" not in facts.stale, facts.stale
-    obs = Observation(snap(clock.t), dead=dict(facts.stale))
+    obs = Observation(snap(clock.now()), dead=dict(facts.stale))
     assert hot_spares(run(), JOB, ("n1", "n2"), obs) == ("n3",)

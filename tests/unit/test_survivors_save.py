@@ -11,18 +11,11 @@ from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeIn
 from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.health.findings import NodeFinding, Severity
 from supervisor.domain.records import AttemptRecord, Event, RunRecord
-from supervisor.domain.run import CheckpointPolicy, RestartMode, RunSpec, RunState
+from supervisor.domain.run import CheckpointPolicy, RestartMode, RunState
+from supervisor.testing.specs import spec
 
 SAVES = CheckpointPolicy(root="/ckpt", save_on_failure_s=120.0)
-SPEC = RunSpec(
-    name="llm",
-    script="/s.sh",
-    partition="main",
-    nodes=2,
-    restart_mode=RestartMode.IN_ALLOCATION,
-    hot_spares=1,
-    checkpoints=SAVES,
-)
+SPEC = spec(script="/s.sh", restart_mode=RestartMode.IN_ALLOCATION, hot_spares=1, checkpoints=SAVES)
 A0 = AttemptRecord("llm", 0, 7, 0, 10.0, nodes=("n1", "n2", "n3"), started_at=20.0)
 JOB = JobInfo(7, "llm", JobState.RUNNING, nodes=("n1", "n2", "n3"), partition="main", start_time=20.0)
 ALIVE = LauncherReport(7, 0, True, ("n1", "n2"), "n1", at=99.0)

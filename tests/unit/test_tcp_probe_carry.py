@@ -31,6 +31,7 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.timing
 def test_a_round_longer_than_its_budget_returns_at_the_budget_and_is_answered_later(unanswering, listening):
     probe = TcpProbe(timeout=0.4, window=8, round_limit_s=0.1)
     hung, up = nodes(unanswering, "h1", "h2"), nodes(listening, "u1")
