@@ -47,6 +47,17 @@ class SavedCheckpoint:
 
 
 @dataclass(frozen=True)
+class UncheckedSave:
+    """A save that could not be checked when its job ended: a committed checkpoint newer than the
+    newest verified one that storage would not let be read (``step`` known), or a root that could
+    not be listed (``step`` None). "Unverifiable" is not "corrupt": a planned end waits on it."""
+
+    reason: str
+    step: int | None = None
+    location: str | None = None
+
+
+@dataclass(frozen=True)
 class Observation:
     """One tick's view: Slurm's snapshot plus nodes that direct probes confirmed dead."""
 
@@ -69,6 +80,8 @@ class Observation:
     forgotten: Mapping[int, Forgotten] = field(default_factory=dict)  # job id -> what accounting said
     # run -> its newest verified checkpoint, for runs whose job has ended (verified before deciding)
     saved: Mapping[str, SavedCheckpoint] = field(default_factory=dict)
+    # run -> a newer save storage would not let be checked, for the same runs (a planned end waits)
+    unchecked: Mapping[str, UncheckedSave] = field(default_factory=dict)
 
     @property
     def now(self) -> float:

@@ -33,15 +33,13 @@ from supervisor.domain.checkpoints.manifest import (
     staleness,
 )
 from supervisor.domain.checkpoints.resume import ResumePlan
-from supervisor.domain.observation import SavedCheckpoint
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
 from supervisor.engine.resume import demote_failed_loads, plan_for
+from supervisor.engine.save_check import RECENT, SaveChecks, newest_verified, saves_at_end
 from supervisor.ports import CheckpointStore, Clock, PortError, Store
 
 log = structlog.get_logger("supervisor.checkpoints")
-
-RECENT = 64  # checkpoints looked at when choosing (the newest verified and its fallbacks are among them)
 
 StoreFactory = Callable[[RunSpec], CheckpointStore]
 ResumeWriter = Callable[[str, str], None]  # (path, JSON text): atomic write on a shared filesystem
@@ -225,7 +223,7 @@ class CheckpointWatch:
             return
         if run.state is not RunState.RUNNING or run.attempt is None or run.attempt.started_at is None:
             return
-        newest = _newest_verified(store.checkpoints(run.name, RECENT))
+        newest = newest_verified(store.checkpoints(run.name, RECENT))
         age = staleness(
             now, run.created_at, newest.seen_at if newest else None, policy.expected_interval_s, policy.alarm_intervals
         )
@@ -257,24 +255,15 @@ class CheckpointWatch:
         for run in runs:
             if run.spec.checkpoints is None or run.state.terminal:
                 continue
-            newest = _newest_verified(store.checkpoints(run.name, RECENT))
+            newest = newest_verified(store.checkpoints(run.name, RECENT))
             if newest is not None:
                 out[run.name] = newest.seen_at
         return out
 
-    def saved_now(self, runs: Iterable[RunRecord], store: Store) -> dict[str, SavedCheckpoint]:
+    def saved_now(self, runs: Iterable[RunRecord], store: Store) -> SaveChecks:
         """Per run (those whose job just ended): its newest verified checkpoint, committed ones not
-        verified yet checked now — a planned end is judged on the save made just before it, not
-        on the last scan's."""
-        out: dict[str, SavedCheckpoint] = {}
-        for run in runs:
-            if run.spec.checkpoints is None or run.state.terminal:
-                continue
-            self.refresh(run, store)
-            newest = _newest_verified(store.checkpoints(run.name, RECENT))
-            if newest is not None:
-                out[run.name] = SavedCheckpoint(newest.location, newest.step, newest.seen_at)
-        return out
+        verified yet checked now, and a newer save storage would not let be checked (engine.save_check)."""
+        return saves_at_end(runs, store, self.refresh)
 
     # ------------------------------------------------------------------ at submission
 
@@ -318,25 +307,28 @@ class CheckpointWatch:
             return replace(plan, file=None)
         return plan
 
-    def refresh(self, run: RunRecord, store: Store) -> None:
+    def refresh(self, run: RunRecord, store: Store) -> str | None:
         """List the run's root now and metadata-verify committed checkpoints newer than the newest
-        verified one (before a rollback is planned, as before a submission)."""
+        verified one (before a rollback is planned, as before a submission). The listing's error,
+        when the root could not be listed (what earlier scans found is checked all the same)."""
         if run.spec.checkpoints is None:
-            return
+            return None
         st = self._state(run)
         self._collect(run, st, store)
-        self._verify_unchecked(run, st, store)
+        return self._verify_unchecked(run, st, store)
 
-    def _verify_unchecked(self, run: RunRecord, st: _RunState, store: Store) -> None:
+    def _verify_unchecked(self, run: RunRecord, st: _RunState, store: Store) -> str | None:
         """Metadata-verify, now and in this thread, committed checkpoints newer than the newest
         verified one that have no verdict yet (found by the last scan, or never scanned)."""
+        listing_error = None
         try:
             for ref in st.store.discover():
                 self._seen(run, st, store, ref)
         except Exception as exc:  # noqa: BLE001 - the choice falls back on what earlier scans verified
             self._listing_failed(run, store, exc)
+            listing_error = f"{type(exc).__name__}: {exc}"
         rows = store.checkpoints(run.name, RECENT)
-        newest = _newest_verified(rows)
+        newest = newest_verified(rows)
         for ref, meta, full, demoted in rows:
             if newest is not None and (ref.step or 0) <= (newest.step or 0):
                 break
@@ -344,16 +336,7 @@ class CheckpointWatch:
             if not ref.committed or demoted or (eff is not None and eff.outcome is not Outcome.UNVERIFIABLE):
                 continue
             self._record(run, st, store, ref, _safe_verify(st.store, ref, Level.METADATA))
-
-
-def _newest_verified(
-    rows: list[tuple[CheckpointRef, VerifyResult | None, VerifyResult | None, str | None]],
-) -> CheckpointRef | None:
-    for ref, meta, full, demoted in rows:
-        eff = effective_result(meta, full)
-        if eff is not None and eff.outcome is Outcome.VERIFIED and not demoted:
-            return ref
-    return None
+        return listing_error
 
 
 def _safe_verify(store: CheckpointStore, ref: CheckpointRef, level: Level) -> VerifyResult:

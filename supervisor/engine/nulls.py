@@ -11,11 +11,11 @@ from supervisor.domain.actions import Record
 from supervisor.domain.checkpoints.resume import ResumePlan
 from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.health.findings import NodeFinding
-from supervisor.domain.observation import SavedCheckpoint
 from supervisor.domain.pace.peer_groups import Imbalance
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import RunRecord
 from supervisor.engine.progress import SpikeNotice
+from supervisor.engine.save_check import SaveChecks
 from supervisor.ports import Store
 
 
@@ -70,11 +70,11 @@ class NoCheckpoints:
     def verified_at(self, runs: Iterable[RunRecord], store: Store) -> dict[str, float]:
         return {}
 
-    def refresh(self, run: RunRecord, store: Store) -> None:
+    def refresh(self, run: RunRecord, store: Store) -> str | None:
         return None
 
-    def saved_now(self, runs: Iterable[RunRecord], store: Store) -> dict[str, SavedCheckpoint]:
-        return {}
+    def saved_now(self, runs: Iterable[RunRecord], store: Store) -> SaveChecks:
+        return SaveChecks()
 
     def resume_for(self, run: RunRecord, store: Store) -> ResumePlan | None:
         return None

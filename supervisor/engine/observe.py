@@ -235,6 +235,7 @@ class Observer:
         """What the domain decides on: this tick's facts and what the store holds (read after the
         facts' records were applied)."""
         checkpoint_at = self.checkpoints.verified_at([r for r in runs if r.deferred], self.store)
+        saves = self.checkpoints.saved_now(_just_ended(runs, snap), self.store)
         return Observation(
             snapshot=snap,
             dead=facts.dead,
@@ -249,7 +250,8 @@ class Observer:
             history={r.name: tuple(self.store.attempts(r.name, _history_depth(r))) for r in runs},
             refused={r.name: tuple(self.store.refused_submissions(r.name, _since_current(r))) for r in runs},
             forgotten=self._forgotten,
-            saved=self.checkpoints.saved_now(_just_ended(runs, snap), self.store),
+            saved=saves.saved,
+            unchecked=saves.unchecked,
         )
 
     def _quarantined(self) -> dict[str, Quarantine]:

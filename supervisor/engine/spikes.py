@@ -48,7 +48,7 @@ def spike_records(
     runs: Iterable[RunRecord],
     store: RollbackReads,
     clock: Clock,
-    refresh: Callable[[RunRecord], None] | None = None,
+    refresh: Callable[[RunRecord], object] | None = None,
 ) -> list[Record]:
     """The records each notice calls for (see the module docstring): logbook lines, and for a
     spike that did not heal the rollback decision. Reads the store, writes nothing. ``refresh(run)``

@@ -12,6 +12,12 @@ Bounded: the continuations are on record per attempt (``AttemptRecord.continued_
 store). When the attempts before this one were continued ``max_without_progress`` times in a row
 from the very checkpoint this end would continue from — a time limit shorter than the start-up, a
 trainer that never saves — the run is blocked with one page instead of looping.
+
+"Unverifiable" is not "corrupt": when the save that would cover the job's work is committed but
+storage would not let it be checked (a 503, a timeout, a root that cannot be listed), the end is
+neither continued nor a fault yet: ``wait_for_save`` holds the decision and the save is checked
+again each tick, for ``SAVE_CHECK_WAIT_S`` after the job's end; then it is a fault whose line says
+that storage did not answer.
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ from dataclasses import dataclass
 from supervisor.domain.actions import AttemptContinued, Decision
 from supervisor.domain.cluster import JobInfo, JobState
 from supervisor.domain.decide.exit_codes import meaning_of
-from supervisor.domain.observation import Observation, SavedCheckpoint, event_for, set_terminal
+from supervisor.domain.observation import Observation, SavedCheckpoint, UncheckedSave, event_for, set_terminal
 from supervisor.domain.records import AttemptRecord, EventKind, RunRecord
 from supervisor.domain.run import ContinuationPolicy, ExitMeaning, RunState
 
 DEFAULT = ContinuationPolicy()
+# How long a planned end waits on a save storage will not let be checked. Below Slurm's default
+# MinJobAge (300 s), so the ended job is still in squeue when the wait ends, even without slurmdbd.
+SAVE_CHECK_WAIT_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -114,9 +123,47 @@ def _blocked(run: RunRecord, job: JobInfo, saved: SavedCheckpoint, in_a_row: int
     return set_terminal(run, RunState.FAILED, EventKind.GAVE_UP, why, obs)
 
 
+def wait_for_save(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, how: str) -> Decision | None:
+    """A planned end whose covering save could not be checked: hold (one logbook line), and decide
+    again next tick; None when there is nothing to wait on, or the wait is over."""
+    unchecked = _unchecked_cover(run, a, obs)
+    until = _ended(a, job, obs) + SAVE_CHECK_WAIT_S
+    if unchecked is None or obs.now >= until:
+        return None
+    what = "the save" if unchecked.step is None else f"the save at step {unchecked.step}"
+    message = (
+        f"job {job.job_id} {how}; {what} is unverifiable for now ({unchecked.reason}): waiting up to "
+        f"{SAVE_CHECK_WAIT_S:.0f} s for storage before deciding (unverifiable is not corrupt)"
+    )
+    evidence = {"checkpoint": unchecked.location, "step": unchecked.step, "reason": unchecked.reason, "until": until}
+    event = event_for(run, a, EventKind.WARNING, message, obs, evidence, "save-check")
+    return Decision((event,), recheck_at=until)
+
+
+def _unchecked_cover(run: RunRecord, a: AttemptRecord, obs: Observation) -> UncheckedSave | None:
+    """The unchecked save, when it may hold the job's work (a root not listed may hold anything)."""
+    unchecked = obs.unchecked.get(run.name)
+    if unchecked is None or unchecked.step is None or a.last_step is None or unchecked.step >= a.last_step:
+        return unchecked
+    return None
+
+
+def _ended(a: AttemptRecord, job: JobInfo, obs: Observation) -> float:
+    if a.ended_at is not None:
+        return a.ended_at
+    return job.end_time if job.end_time is not None else obs.now
+
+
 def unsaved_hint(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, how: str) -> str:
     """For the fault line of a planned end without a save: what was missing, and how to make the
     next one a continuation."""
+    unchecked = _unchecked_cover(run, a, obs)
+    if unchecked is not None:
+        what = "the save" if unchecked.step is None else f"the save at step {unchecked.step}"
+        return (
+            f"{how}; {what} could not be verified within {SAVE_CHECK_WAIT_S:.0f} s ({unchecked.reason}): storage did "
+            "not answer, so the run restarts from the newest verified checkpoint (nothing was marked bad)"
+        )
     saved = obs.saved.get(run.name)
     newest = "no verified checkpoint" if saved is None else f"the newest verified checkpoint is step {saved.step}"
     missing = f"{how} without a verified save at or past step {a.last_step} ({newest})"

@@ -23,7 +23,7 @@ from supervisor.domain.actions import (
 from supervisor.domain.cluster import JobHold, JobInfo, JobState
 from supervisor.domain.decide.backoff import Backoff, restart_backoff
 from supervisor.domain.decide.cancelled import cancelled, recover_finished
-from supervisor.domain.decide.continuation import continue_after, planned_end, unsaved_hint
+from supervisor.domain.decide.continuation import continue_after, planned_end, unsaved_hint, wait_for_save
 from supervisor.domain.decide.exit_codes import meaning_of, run_elsewhere
 from supervisor.domain.decide.faults import contain, faulty_nodes
 from supervisor.domain.decide.forgotten import read_from_accounting, unknown_outcome, wait_for_accounting
@@ -179,6 +179,9 @@ def decide_finished(
 
 def _planned(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy, how: str) -> Decision:
     continued = continue_after(run, a, job, obs, how)
+    held = wait_for_save(run, a, job, obs, how) if continued is None else None
+    if held is not None:  # the save could not be checked yet: unverifiable is not corrupt
+        return held
     if continued is None:
         return _died(run, a, job, obs, policy, unsaved_hint(run, a, job, obs, how))
     if continued.resubmit is None:
