@@ -21,7 +21,7 @@ from supervisor.domain.health.findings import NodeFinding
 from supervisor.domain.health.quarantine import Fault, Quarantine
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.progress.series import ProgressPoint
-from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord
+from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Successor
 from supervisor.domain.run import RunSpec, RunState
 from supervisor.domain.spikes.rollback import RollbackRecord
 
@@ -188,6 +188,12 @@ class RunStore(Protocol):
     def attempt_continued(self, run: str, seq: int, checkpoint: str) -> None:
         """The attempt's planned end was continued from ``checkpoint`` (a verified save)."""
         ...
+
+    def set_successor(self, run: str, successor: Successor) -> None:
+        """The run's pre-queued next job (one per run; ``RunRecord.successor``); idempotent."""
+        ...
+
+    def drop_successor(self, run: str, job_id: int) -> None: ...
 
     def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]: ...
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import hostlist  # type: ignore[import-untyped]
-from pydantic import Field, StrictInt, StrictStr, ValidationInfo, field_validator
+from pydantic import Field, StrictInt, StrictStr, ValidationInfo, field_validator, model_validator
 
 from supervisor.config._shared import FloatField, Section, absolute, base_dir, missing_path_fix, not_empty
-from supervisor.config.continuation_section import ContinuationSection, exit_code_map
+from supervisor.config.continuation_section import ContinuationSection, check_prequeue, exit_code_map
 from supervisor.config.errors import fail, fix_hint
 from supervisor.config.restart_section import RestartSection
 from supervisor.config.sbatch_options import check_sbatch_args, check_script_directives
@@ -318,6 +318,13 @@ class RunFile(Section):
     spikes: SpikesSection = Field(default_factory=SpikesSection)
     continuation: ContinuationSection | None = None
 
+    @model_validator(mode="after")
+    def _prequeue(self) -> RunFile:
+        if self.continuation is not None:
+            resume_file = self.checkpoints.resume_file if self.checkpoints else None
+            check_prequeue(self.continuation, self.run.sbatch_args, resume_file)
+        return self
+
     def to_run_spec(self) -> RunSpec:
         run, restart = self.run, self.restart
         return RunSpec(
@@ -334,7 +341,7 @@ class RunFile(Section):
             max_restarts=restart.max_restarts,
             do_not_restart_exit_codes=frozenset(restart.do_not_restart_exit_codes),
             exit_codes=exit_code_map(restart.exit_codes),
-            continuation=self.continuation.to_policy() if self.continuation else None,
+            continuation=self.continuation.to_policy(run.sbatch_args) if self.continuation else None,
             restart_mode=restart.mode,
             pacing=restart.pacing(),
             checkpoints=self.checkpoints.to_policy() if self.checkpoints else None,

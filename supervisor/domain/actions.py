@@ -15,7 +15,7 @@ from supervisor.domain.cluster import NodeChange
 from supervisor.domain.health.findings import NodeFinding
 from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.progress.hang import HangPace
-from supervisor.domain.records import Event, NodeVerdict
+from supervisor.domain.records import Event, NodeVerdict, Successor
 from supervisor.domain.run import RunState
 from supervisor.domain.spikes.rollback import RollbackRecord
 
@@ -28,6 +28,7 @@ class ActionKind(StrEnum):
     RELEASE = "release"
     FENCE = "fence"
     SWAP_STEP = "swap_step"
+    START_SUCCESSOR = "start_successor"
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class Submit:
     # In-allocation mode: hot spares the job asks for beyond the run's nodes, as many of the spec's
     # as the usable nodes leave room for (None: the spec's, as journals before it was counted say).
     hot_spares: int | None = None
+    # Pre-queued: submitted held behind --dependency=afterany on this job; the run's successor
+    # (records.Successor), not yet its attempt. None: an attempt of its own at once.
+    after_job: int | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,35 @@ class Release:
 
 
 @dataclass(frozen=True)
+class StartSuccessor:
+    """Make the pre-queued successor the run's next attempt: its exclude list made current, the
+    resume file rewritten (the checkpoint as of its start), its hold released."""
+
+    run: str
+    job_id: int
+    exclude: tuple[str, ...]
+    reason: str
+    kind: ActionKind = ActionKind.START_SUCCESSOR
+    resume: ResumePlan | None = None  # filled by the engine before the intent is journaled
+
+
+@dataclass(frozen=True)
+class SuccessorSet:
+    """The run's next job is pre-queued: on record (``RunRecord.successor``)."""
+
+    run: str
+    successor: Successor
+
+
+@dataclass(frozen=True)
+class SuccessorDropped:
+    """The pre-queued successor is gone (cancelled, or never to start): off the record."""
+
+    run: str
+    job_id: int
+
+
+@dataclass(frozen=True)
 class Fence:
     """Make sure nothing of the old incarnation still runs on ``node`` (site fence command)."""
 
@@ -110,7 +143,7 @@ class SwapStep:
     restart: bool = False  # a relaunch in place after a failure of the step: one restart spent
 
 
-Action = Submit | Cancel | ChangeNode | SetExcluded | Release | Fence | SwapStep
+Action = Submit | Cancel | ChangeNode | SetExcluded | Release | Fence | SwapStep | StartSuccessor
 
 
 @dataclass(frozen=True)
@@ -257,6 +290,8 @@ Record = (
     | AttemptEnded
     | AttemptRequeued
     | AttemptContinued
+    | SuccessorSet
+    | SuccessorDropped
     | Exclude
     | Defer
     | Unexclude

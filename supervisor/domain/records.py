@@ -46,6 +46,18 @@ class AttemptRecord:
 
 
 @dataclass(frozen=True)
+class Successor:
+    """The run's next job, pre-queued before its current one ends (domain.decide.prequeue): held,
+    behind ``--dependency=afterany`` on the attempt ``after_seq``'s job; released, as the run's
+    next attempt, when that one's planned end is continued, cancelled when it is not."""
+
+    job_id: int
+    after_seq: int
+    submitted_at: float
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RunRecord:
     spec: RunSpec
     state: RunState
@@ -60,6 +72,7 @@ class RunRecord:
     deferred: Mapping[str, tuple[float, str]] = field(default_factory=dict)
     owner_uid: int | None = None  # who registered it (kernel-given UID); None: the instance's account
     step: AllocationStep | None = None  # in-allocation mode: the current job's step, desired and reported
+    successor: Successor | None = None  # the next job, pre-queued (held) before the current one ends
 
     @property
     def name(self) -> str:
@@ -122,6 +135,7 @@ class EventKind(StrEnum):
     BACKOFF = "backoff"  # the next restart waits: attempts keep failing soon after they start
     CONTROLLER_OUTAGE = "controller_outage"  # Slurm's controller did not answer for a while (from, to)
     CRASH_LOOP = "crash_loop"  # ... so often that each restart waits the crash-loop pause: page
+    PREQUEUED = "prequeued"  # the next job submitted held before the current one's limit (decide.prequeue)
     CONTINUED = "continued"  # the job ended on purpose after a verified save: the next one continues it
 
 

@@ -99,6 +99,10 @@ class ContinuationPolicy:
     # Megatron's --exit-duration-in-mins saves and exits 0: below this step, exit 0 is a continuation
     target_step: int | None = None
     max_without_progress: int = 3  # continuations in a row without a newer verified checkpoint: blocked
+    # Pre-queue the next job this long before the job's limit (0: at its end); needs time_limit_s
+    # and [checkpoints] resume_file: the successor reads the checkpoint there as of its start
+    prequeue_s: int = 0
+    time_limit_s: int | None = None  # the job's time limit (its --time), when pre-queueing
 
 
 @dataclass(frozen=True)

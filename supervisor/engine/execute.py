@@ -24,13 +24,15 @@ from supervisor.domain.actions import (
     Record,
     Release,
     SetExcluded,
+    StartSuccessor,
     Submit,
+    SuccessorSet,
     SwapStep,
 )
 from supervisor.domain.checkpoints.resume import ResumePlan, describe_plan
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange
 from supervisor.domain.decide.blast import NodeChangeRecord
-from supervisor.domain.records import Event, EventKind, RunRecord
+from supervisor.domain.records import Event, EventKind, RunRecord, Successor
 from supervisor.domain.run import RunState
 from supervisor.engine import intents
 from supervisor.engine.intents import action_from, effect_present, params_of, submit_request, submit_tag
@@ -122,7 +124,7 @@ class Executor:
         if isinstance(action, Submit):
             # Chosen before the intent is journaled: a retried submission hands the same checkpoint.
             action = replace(action, resume=self.resume_for(run), nonce=intents.new_nonce())
-        elif isinstance(action, SwapStep):  # likewise: a retried swap relaunches from the same checkpoint
+        elif isinstance(action, SwapStep | StartSuccessor):  # likewise: the same checkpoint on a retry
             action = replace(action, resume=self.resume_for(run))
         params = params_of(action)
         if isinstance(action, Fence) and self.store.action_done(run.name, action.kind, params):
@@ -163,6 +165,10 @@ class Executor:
             url = self.ingest_url
             token = self.store.run_token(run.name) if url else None
             return {"job_id": sched.submit(submit_request(run.spec, action, tag, seq, token=token, ingest_url=url))}
+        if isinstance(action, StartSuccessor):  # the resume file was rewritten (resume_for) before this
+            sched.set_excluded(action.job_id, action.exclude)
+            sched.release(action.job_id)
+            return {"job_id": action.job_id}
         if isinstance(action, Cancel):
             sched.cancel(action.job_id)
         elif isinstance(action, ChangeNode) and self.guard is not None:
@@ -184,8 +190,12 @@ class Executor:
         now = self.clock.now()
         with self.store.transaction():
             self.store.complete_action(intent, "done", outcome, now)
-            if isinstance(action, Submit):
+            if isinstance(action, Submit) and action.after_job is not None:
+                self.apply(prequeued(run, action, int(outcome["job_id"]), now))
+            elif isinstance(action, Submit):
                 self._submitted(run, action, int(outcome["job_id"]), now)
+            elif isinstance(action, StartSuccessor):
+                self._successor_started(run, action, outcome, now)
             elif isinstance(action, ChangeNode):
                 self._node_changed(run, intent, action, now)
             elif isinstance(action, SwapStep):
@@ -193,21 +203,31 @@ class Executor:
             else:
                 self.apply(_done_events(run, action, now))
 
-    def _submitted(self, run: RunRecord, action: Submit, job_id: int, now: float) -> None:
+    def _successor_started(
+        self, run: RunRecord, action: StartSuccessor, outcome: Mapping[str, Any], now: float
+    ) -> None:
+        self.store.drop_successor(run.name, action.job_id)
+        if not outcome.get("job_gone"):  # gone (cancelled by hand): the next tick submits anew
+            self._submitted(run, action, action.job_id, now)
+
+    def _submitted(self, run: RunRecord, action: Submit | StartSuccessor, job_id: int, now: float) -> None:
         s, replaced = self.store, run.attempt
+        restart = isinstance(action, Submit) and action.restart
         new = s.add_attempt(run.name, job_id, 0, now, action.exclude)
-        s.set_state(run.name, RunState.QUEUED, now, spend_restart=action.restart)
+        s.set_state(run.name, RunState.QUEUED, now, spend_restart=restart)
         s.rollbacks_done(run.name, new.seq)  # the new attempt carries out any planned rollback
         if action.resume is not None:
             s.record_resume_plan(run.name, new.seq, action.resume)
-        kind = EventKind.RESTARTED if action.restart else EventKind.SUBMITTED
-        verb = "restarted as" if action.restart else "submitted as"
+        kind = EventKind.RESTARTED if restart else EventKind.SUBMITTED
+        verb = (
+            "restarted as" if restart else ("pre-queued as" if isinstance(action, StartSuccessor) else "submitted as")
+        )
         excl = f", excluding {','.join(action.exclude)}" if action.exclude else ""
         resume = f"; {describe_plan(action.resume)}" if action.resume is not None else ""
         evidence: dict[str, Any] = {
             "exclude": list(action.exclude),
             "reason": action.reason,
-            "restarts_spent": run.restarts_spent + int(action.restart),
+            "restarts_spent": run.restarts_spent + int(restart),
         }
         if action.resume is not None:  # the plan as JSON, for the logbook, chronicle and goodput readers
             evidence["resume"] = action.resume.to_json()
@@ -289,6 +309,16 @@ class Executor:
             except TransientError:
                 pass
         return blocked, acted
+
+
+def prequeued(run: RunRecord, action: Submit, job_id: int, now: float) -> list[Record]:
+    """A pre-queued successor on record (records.Successor, written through the store), and its line."""
+    a = run.attempt
+    assert a is not None and action.after_job is not None
+    message = f"pre-queued job {job_id} behind job {action.after_job}, held until its end is judged ({action.reason})"
+    key = f"{run.name}:{a.seq}:prequeued:{job_id}"
+    event = replace(run_event(run, EventKind.PREQUEUED, message, key, now), evidence={"job_id": job_id})
+    return [SuccessorSet(run.name, Successor(job_id, a.seq, now, action.exclude)), event]
 
 
 def _done_events(run: RunRecord, action: Action, now: float) -> list[Record]:

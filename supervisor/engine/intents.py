@@ -27,6 +27,7 @@ from supervisor.domain.actions import (
     Fence,
     Release,
     SetExcluded,
+    StartSuccessor,
     Submit,
     SwapStep,
 )
@@ -47,6 +48,7 @@ _TYPES: Mapping[str, type] = {
     ActionKind.RELEASE: Release,
     ActionKind.FENCE: Fence,
     ActionKind.SWAP_STEP: SwapStep,
+    ActionKind.START_SUCCESSOR: StartSuccessor,
 }
 
 
@@ -68,7 +70,9 @@ def action_from(kind: str, params: Mapping[str, Any]) -> Action:
     args = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
     if cls is ChangeNode:
         args["change"] = NodeChange(str(args["change"]))
-    if cls in (Submit, SwapStep) and args.get("resume") is not None:  # also the plan dicts older daemons journaled
+    if (
+        cls in (Submit, SwapStep, StartSuccessor) and args.get("resume") is not None
+    ):  # also the plan dicts older daemons journaled
         args["resume"] = ResumePlan.from_json(args["resume"])
     return cls(**args)  # type: ignore[no-any-return]
 
@@ -99,7 +103,7 @@ def submit_request(
         env["SLURM_SUPERVISOR_URL"] = ingest_url
         env["SLURM_SUPERVISOR_TOKEN"] = token
     if action.resume is not None:
-        env.update(resume_env(action.resume))
+        env.update(resume_env(action.resume) if action.after_job is None else _resume_at_start(action.resume))
     if spec.save_on_failure_s > 0:  # the launcher's srun, or the batch script's, leaves the survivors this long
         env["SSV_SAVE_ON_FAILURE_S"] = f"{spec.save_on_failure_s:g}"
     in_allocation = spec.restart_mode is RestartMode.IN_ALLOCATION
@@ -114,12 +118,30 @@ def submit_request(
         nodes=spec.nodes + (_hot_spares(spec, action) if in_allocation else 0),
         comment=tag,
         exclude=action.exclude,
-        extra_args=(("--no-kill",) if in_allocation else ()) + signal_args(spec) + spec.sbatch_args,
+        extra_args=(("--no-kill",) if in_allocation else ())
+        + prequeue_args(action)
+        + signal_args(spec)
+        + spec.sbatch_args,
         env=env,
         output=spec.output,
         workdir=spec.workdir,
         requeue=spec.restart_mode is RestartMode.REQUEUE,
     )
+
+
+def prequeue_args(action: Submit) -> tuple[str, ...]:
+    """A pre-queued successor: held (released once its predecessor's end is judged), and behind
+    the predecessor besides (Slurm starts it only after that job has left)."""
+    if action.after_job is None:
+        return ()
+    return ("--hold", f"--dependency=afterany:{action.after_job}")
+
+
+def _resume_at_start(plan: ResumePlan) -> dict[str, str]:
+    """A pre-queued successor's environment is fixed before its predecessor's last save: the
+    checkpoint is in the resume file, rewritten just before its hold is released."""
+    assert plan.file, "pre-queueing needs [checkpoints] resume_file (config.continuation_section)"
+    return {"SSV_RESUME_FILE": plan.file, "SSV_RESUME_FROM_FILE": "1"}
 
 
 def signal_args(spec: RunSpec) -> tuple[str, ...]:
@@ -152,7 +174,7 @@ def effect_present(
     ``uid``: the daemon's own user, the only one whose tagged job counts as submitted by it."""
     if kind == ActionKind.SUBMIT:
         return _submitted(tag, snap, uid)
-    if kind in (ActionKind.CANCEL, ActionKind.SET_EXCLUDED, ActionKind.RELEASE):
+    if kind in (ActionKind.CANCEL, ActionKind.SET_EXCLUDED, ActionKind.RELEASE, ActionKind.START_SUCCESSOR):
         job = snap.jobs.get(int(params["job_id"]))
         return _job_effect(kind, params, job)
     if kind == ActionKind.NODE_STATE:

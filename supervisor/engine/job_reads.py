@@ -45,7 +45,9 @@ def plan_job_read(
         return JobReadPlan(None, "first read")
     if any(i.kind == ActionKind.SUBMIT for i in intents):
         return JobReadPlan(None, "submission open")
+    runs = list(runs)
     ids = {r.attempt.job_id for r in runs if r.attempt is not None}
+    ids |= {r.successor.job_id for r in runs if r.successor is not None}  # a pre-queued next job
     ids |= {int(i.params["job_id"]) for i in intents if "job_id" in i.params}
     if len(ids) > max_ids:
         return JobReadPlan(None, "many jobs")

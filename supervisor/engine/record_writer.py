@@ -25,6 +25,8 @@ from supervisor.domain.actions import (
     NodeMark,
     Record,
     SetState,
+    SuccessorDropped,
+    SuccessorSet,
     Unexclude,
 )
 from supervisor.domain.health.quarantine import Fault
@@ -54,6 +56,10 @@ def write_record(s: Store, rec: Record, now: float) -> None:
         s.attempt_load_failed(rec.run, rec.seq, rec.why, before_load=rec.before_load)
     elif isinstance(rec, AttemptContinued):
         s.attempt_continued(rec.run, rec.seq, rec.checkpoint)
+    elif isinstance(rec, SuccessorSet):
+        s.set_successor(rec.run, rec.successor)
+    elif isinstance(rec, SuccessorDropped):
+        s.drop_successor(rec.run, rec.job_id)
     else:
         _write_node_record(s, rec, now)
 

@@ -170,6 +170,14 @@ class SimJob:
         return any(arg in ("--no-kill", "-k", "--no-kill=on") for arg in self.request.extra_args)
 
     @property
+    def after_job(self) -> int | None:
+        """The job of ``--dependency=afterany:ID``, when submitted with one."""
+        for arg in self.request.extra_args:
+            if arg.startswith("--dependency=afterany:"):
+                return int(arg.rsplit(":", 1)[1])
+        return None
+
+    @property
     def duration(self) -> float | None:
         text = self.request.env.get(ENV_DURATION)
         return None if text is None else float(text)

@@ -58,6 +58,7 @@ class ClusterState:
         order = {name: i for i, name in enumerate(self.nodes)}
         excluded = tuple(sorted(set(request.exclude), key=lambda n: order.get(n, len(order))))
         job = SimJob(next(self._ids), request, self.clock.now(), excluded)
+        job.held = "--hold" in request.extra_args  # sbatch --hold: a user hold until released
         self.jobs[job.job_id] = job
         self.pending[job.job_id] = job
         return job
@@ -74,6 +75,8 @@ class ClusterState:
                 continue
             if job.held:
                 job.reason = job.hold_reason
+            elif self._waits_on_dependency(job):
+                job.reason = "Dependency"
             elif job.begin_time > now:
                 job.reason = "BeginTime"
             elif job.request.partition in blocked:
@@ -85,6 +88,14 @@ class ClusterState:
                     job.reason = "Resources"
                 else:
                     self._start(job, chosen)
+
+    def _waits_on_dependency(self, job: SimJob) -> bool:
+        """``--dependency=afterany:ID``: not before that job has ended (and left its nodes)."""
+        after = job.after_job
+        other = self.jobs.get(after) if after is not None else None
+        return other is not None and (
+            not other.state.finished or any(n.job == other.job_id for n in self.nodes.values())
+        )
 
     def _pick(self, job: SimJob) -> tuple[str, ...] | None:
         need = job.request.nodes

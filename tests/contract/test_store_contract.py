@@ -131,6 +131,24 @@ def test_an_attempt_ends_once(store: Store) -> None:
     assert (attempt.end_state, attempt.ended_at, attempt.nodes) == ("REQUEUED", 5.0, ("n2", "n3"))
 
 
+def test_a_successor_is_one_per_run_kept_across_a_restart_and_dropped_by_its_job(
+    world: StoreWorld, store: Store
+) -> None:
+    from supervisor.domain.records import Successor
+
+    first = Successor(200, 0, 3.0, ("n1",))
+    store.set_successor(RUN, first)
+    store.set_successor(RUN, first)  # journaled intent settled twice: still one
+    store = reopened(world, store)
+    assert store.get_run(RUN).successor == first
+    store.drop_successor(RUN, 999)  # another job's drop leaves it
+    assert store.get_run(RUN).successor == first
+    store.drop_successor(RUN, 200)
+    store.drop_successor(RUN, 200)
+    assert store.get_run(RUN).successor is None
+    world.close(store)
+
+
 def test_a_checkpoint_needs_verifying_when_new_or_changed(store: Store) -> None:
     torn = CheckpointRef("/ckpt/step_100", "step_100", 100, Guarantee.MANIFEST, committed=False, seen_at=5.0)
     assert store.checkpoint_seen(RUN, torn, 6.0) is True

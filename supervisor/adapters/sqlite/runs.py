@@ -14,7 +14,7 @@ from supervisor.adapters.sqlite.alloc_steps import read_step
 from supervisor.adapters.sqlite.base import SqliteBase
 from supervisor.adapters.sqlite.decoded import names
 from supervisor.domain.progress.hang import HangPace
-from supervisor.domain.records import AttemptRecord, RunRecord
+from supervisor.domain.records import AttemptRecord, RunRecord, Successor
 from supervisor.domain.run import (
     CheckpointPolicy,
     ContinuationPolicy,
@@ -178,6 +178,16 @@ class SqliteRuns(SqliteBase):
         """The attempt ended on purpose after a verified save and was continued from ``checkpoint``."""
         self._db.execute("UPDATE attempts SET continued_with = ? WHERE run = ? AND seq = ?", (checkpoint, run, seq))
 
+    def set_successor(self, run: str, successor: Successor) -> None:
+        s = successor
+        self._db.execute(
+            "INSERT OR REPLACE INTO successors(run, job_id, after_seq, submitted_at, excluded) VALUES (?, ?, ?, ?, ?)",
+            (run, s.job_id, s.after_seq, s.submitted_at, json.dumps(list(s.exclude))),
+        )
+
+    def drop_successor(self, run: str, job_id: int) -> None:
+        self._db.execute("DELETE FROM successors WHERE run = ? AND job_id = ?", (run, job_id))
+
     def attempts(self, run: str, last: int | None = None) -> list[AttemptRecord]:
         """The run's attempts in order; only the newest ``last`` when given."""
         rows = self._db.execute(
@@ -206,7 +216,12 @@ class SqliteRuns(SqliteBase):
             deferred={r["node"]: (r["since"], r["reason"]) for r in ex if r["deferred"]},
             owner_uid=row["owner_uid"],
             step=read_step(self._db, name, a["job_id"]) if in_allocation else None,
+            successor=self._successor(name),
         )
+
+    def _successor(self, run: str) -> Successor | None:
+        r = self._db.execute("SELECT * FROM successors WHERE run = ?", (run,)).fetchone()
+        return None if r is None else Successor(r["job_id"], r["after_seq"], r["submitted_at"], names(r["excluded"]))
 
 
 def _attempt_from_row(r: sqlite3.Row) -> AttemptRecord:

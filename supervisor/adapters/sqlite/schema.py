@@ -278,6 +278,16 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN continued_with TEXT;
     """,
+    # the run's next job, pre-queued (held) before its current one ends (domain.decide.prequeue)
+    """
+    CREATE TABLE successors (
+        run TEXT PRIMARY KEY REFERENCES runs(name) ON DELETE CASCADE,
+        job_id INTEGER NOT NULL,
+        after_seq INTEGER NOT NULL,
+        submitted_at REAL NOT NULL,
+        excluded TEXT NOT NULL
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

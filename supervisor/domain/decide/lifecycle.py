@@ -28,6 +28,7 @@ from supervisor.domain.decide.exit_codes import meaning_of, run_elsewhere
 from supervisor.domain.decide.faults import contain, faulty_nodes
 from supervisor.domain.decide.forgotten import read_from_accounting, unknown_outcome, wait_for_accounting
 from supervisor.domain.decide.placement import Placement, place, placement_notes
+from supervisor.domain.decide.prequeue import start_successor
 from supervisor.domain.observation import (
     Observation,
     Policy,
@@ -186,6 +187,9 @@ def _planned(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, p
         return _died(run, a, job, obs, policy, unsaved_hint(run, a, job, obs, how))
     if continued.resubmit is None:
         return continued.decision
+    started = start_successor(run, a, obs, policy, continued.resubmit)
+    if started is not None:  # pre-queued before the end: released now, from the checkpoint as of now
+        return continued.decision + started
     since = a.ended_at if a.ended_at is not None else (job.end_time or obs.now)
     return continued.decision + submit_next(run, a, obs, policy, restart=False, reason=continued.resubmit, since=since)
 

@@ -32,6 +32,7 @@ from supervisor.domain.decide.lifecycle import (
     decide_vanished,
     submit_next,
 )
+from supervisor.domain.decide.prequeue import successor_decision
 from supervisor.domain.observation import (
     REASON_PREFIX,
     Observation,
@@ -49,6 +50,7 @@ __all__ = ["REASON_PREFIX", "Observation", "Policy", "decide", "node_reason"]
 
 def decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
     decision = _returned(run, obs) + _decide(_without_returned(run, obs), obs, policy)
+    decision = decision + successor_decision(run, decision, obs, policy)
     drains = _finish_drains(run, obs)
     if not drains:
         return decision
