@@ -1,5 +1,5 @@
 """The sacct adapter: its argv, its parser against a capture from a real Slurm 22.05.8 with
-slurmdbd (tests/data/slurm/sacct_2205.txt, capture_sacct_2205.py), and its runner against small
+slurmdbd (tests/data/slurm/sacct_2205.txt, capture_sacct.py), and its runner against small
 fake ``sacct`` executables (real subprocesses, nothing patched)."""
 
 from __future__ import annotations

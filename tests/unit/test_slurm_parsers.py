@@ -237,13 +237,6 @@ def test_2205_prolog_failure_hold_is_a_launch_failure_not_the_users() -> None:
     assert job.hold is JobHold.LAUNCH_FAILED
 
 
-def test_2411_holds() -> None:
-    jobs = jobs_by_name("squeue_2411_handwritten.json")
-    assert jobs["held-user"].hold is JobHold.USER
-    assert jobs["launch-failed-held"].hold is JobHold.LAUNCH_FAILED
-    assert jobs["requeued"].hold is JobHold.NONE and jobs["train-r1"].hold is JobHold.NONE
-
-
 def job_doc(state: object, reason: str = "None", description: str = "", **extra: object) -> dict:
     return {
         "job_id": 9,
@@ -278,7 +271,7 @@ def test_2205_prolog_drain_is_flagged_on_the_node() -> None:
     nodes = parse_sinfo(load("sinfo_2205_prolog_drain.json"))
     assert [n.name for n in nodes.values() if n.prolog_failed] == [n.name for n in nodes.values() if n.drained]
     assert sum(n.prolog_failed for n in nodes.values()) == 1
-    others = parse_sinfo(load("sinfo_2205_down_drain.json")) | parse_sinfo(load("sinfo_2411_handwritten.json"))
+    others = parse_sinfo(load("sinfo_2205_down_drain.json"))
     assert not any(n.prolog_failed for n in others.values())  # drained by a person, us, or not at all
 
 
@@ -313,36 +306,6 @@ def test_2205_controller_down_documents_carry_errors(name: str) -> None:
 
 
 # ---------------------------------------------------------------------------- newer shapes
-
-
-def test_2411_jobs() -> None:
-    jobs = jobs_by_name("squeue_2411_handwritten.json")
-    train = jobs["train-r1"]
-    assert train.state is JobState.RUNNING and train.nodes == ("gpu01", "gpu02")
-    assert train.excluded_nodes == ("gpu07", "gpu09") and train.comment == "run=r1 intent=3"
-    assert train.start_time == 1755290200 and train.end_time is None and train.exit_code is None
-    assert (jobs["failed-exit3"].exit_code, jobs["failed-exit3"].term_signal) == (3, None)
-    assert (jobs["killed-sig9"].exit_code, jobs["killed-sig9"].term_signal) == (None, 9)
-    completing = jobs["cancelled-completing"]
-    assert completing.state is JobState.CANCELLED and completing.completing
-    assert jobs["requeued"].flags == {"REQUEUED"} and jobs["requeued"].restart_count == 1
-    assert jobs["held-user"].held
-    launch = jobs["launch-failed-held"]
-    assert launch.held and launch.state_description == "launch failed requeued held"
-    assert jobs["node-fail"].state is JobState.NODE_FAIL
-    assert jobs["completed"].exit_code == 0 and jobs["completed"].end_time == 1755290250
-
-
-def test_2411_sinfo_entries() -> None:
-    nodes = parse_sinfo(load("sinfo_2411_handwritten.json"))
-    assert nodes["gpu01"].partitions == ("gpu", "debug") and nodes["gpu01"].idle
-    assert nodes["gpu01"].address == "10.1.0.1" and nodes["gpu01"].port == 6818
-    assert nodes["gpu03"].state is NodeState.MIXED and "COMPLETING" in nodes["gpu03"].flags
-    dead = nodes["gpu04"]
-    assert dead.down and dead.drained and not dead.responding and dead.reason == "supervisor: crashed"
-    assert nodes["gpu05"].reason == "supervisor: bad gpu" and nodes["gpu05"].drained
-    assert not nodes["gpu06"].responding
-    assert nodes["cpu01"].address == "10.2.0.1" and nodes["cpu02"].port is None
 
 
 def test_2302_node_list() -> None:

@@ -1,27 +1,64 @@
-"""Regenerate the Slurm 22.05 golden fixtures in this folder from a real private cluster.
+"""Regenerate the golden Slurm fixtures in this folder from a real private cluster, for the release
+it runs (``squeue --version``: 22.05 writes ``*_2205_*``, 24.11 ``*_2411_*``, 26.05 ``*_2605_*``).
 
-Run as root on a host where LocalSlurm works (Debian 12, slurmctld/slurmd/munge installed):
+Run as root where LocalSlurm works: on the host for its own Slurm, and for another release in that
+release's root of the matrix (docs/slurm-releases.md):
 
-    .venv/bin/python tests/data/slurm/capture_2205.py
+    .venv/bin/python tests/data/slurm/capture.py                                   # the host's
+    scripts/slurm-release shell 24.11 /opt/ssv-venv/bin/python tests/data/slurm/capture.py
 
-Takes about 40 s. Jobs are named after what they show; the parser tests find them by name.
+Takes about 40 s. Jobs are named after what they show; the parser tests find them by name. Besides
+the raw ``squeue --json`` / ``sinfo --json`` (Slurm's defaults: 24.05+ leaves finished jobs out),
+each situation keeps what the adapter reads: every job in every state with the pinned data_parser
+(``squeue_<rel>_<situation>_states_all.json``), each of them by id in the formatted form
+(``squeue_<rel>_<situation>_by_id.txt``, with the fixed separators ``CAPTURE_SEPARATORS``) and the
+JSON node read with NodeAddr (``sinfo_<rel>_<situation>_nodeaddr.json``).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 
+from supervisor.adapters.slurm import squeue_format as fmt
+from supervisor.adapters.slurm.reads import sinfo_json_argv, squeue_json_argv
+from supervisor.adapters.slurm.release import SlurmRelease, parse_version
 from supervisor.testing import LocalSlurm
 
 HERE = Path(__file__).resolve().parent
+CAPTURE_SEPARATORS = fmt.Separators("\x1fCAPTURE\x1f", "\x1eCAPTURE\x1e")
+RELEASE = ""  # "2205", "2411", "2605": set from the running Slurm in main()
 
 
 def save(cluster: LocalSlurm, command: str, name: str) -> None:
+    name = name.replace("2205", RELEASE)
     out = cluster.run([command, "--json"], timeout=20).stdout
     (HERE / name).write_text(out)
     print("wrote", name, len(out), "bytes")
+    flag = SlurmRelease(parse_version(cluster.run(["squeue", "--version"]).stdout)).json_flag()
+    if command == "squeue":  # as the adapter asks: every state, the pinned data_parser
+        every = cluster.run(squeue_json_argv(json_flag=flag), timeout=20).stdout
+        (HERE / name.replace(".json", "_states_all.json")).write_text(every)
+        save_by_id(cluster, every, name.replace(".json", "_by_id.txt"))
+    else:
+        nodes = cluster.run(sinfo_json_argv(json_flag=flag), timeout=20).stdout
+        (HERE / name.replace(".json", "_nodeaddr.json")).write_text(nodes)
+
+
+def save_by_id(cluster: LocalSlurm, doc: str, name: str) -> None:
+    """Each job of the document read by id as the daemon's formatted read asks (epoch times)."""
+    try:
+        ids = [int(j["job_id"]) for j in json.loads(doc).get("jobs") or ()]
+    except (ValueError, KeyError, TypeError):
+        ids = []
+    text = "".join(
+        cluster.run(fmt.squeue_by_id_argv(job, CAPTURE_SEPARATORS), env=fmt.TIME_FORMAT_ENV, timeout=20).stdout
+        for job in ids
+    )
+    (HERE / name).write_text(text)
+    print("wrote", name, len(text), "bytes")
 
 
 def sbatch(cluster: LocalSlurm, name: str, *args: str) -> int:
@@ -107,7 +144,11 @@ def prolog_failure() -> None:
 
 
 def main() -> int:
+    global RELEASE
     with LocalSlurm(4) as cluster:
+        version = parse_version(cluster.run(["squeue", "--version"], check=True).stdout)
+        assert version is not None
+        RELEASE = f"{version[0]:02d}{version[1]:02d}"
         mixed(cluster)
         node_fail(cluster)
         controller_down(cluster)

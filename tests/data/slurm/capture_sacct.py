@@ -3,11 +3,13 @@
 
 Run as root on a host where LocalSlurm works and slurmdbd + mariadb-server are installed:
 
-    .venv/bin/python tests/data/slurm/capture_sacct_2205.py
+    .venv/bin/python tests/data/slurm/capture_sacct.py                      # the host's Slurm
+    scripts/slurm-release shell 24.11 /opt/ssv-venv/bin/python tests/data/slurm/capture_sacct.py
 
 Takes about 30 s. Jobs are named after what they show; the parser tests find them by name.
-Writes ``sacct_2205.txt`` (what the adapter reads: ``sacct_argv`` with ``SLURM_TIME_FORMAT=%s``)
-and ``sacct_2205.json`` (``sacct --json`` for the same jobs: kept to show why it is not read).
+Writes ``sacct_<rel>.txt`` (what the adapter reads: ``sacct_argv`` with ``SLURM_TIME_FORMAT=%s``)
+and ``sacct_<rel>.json`` (``sacct --json`` for the same jobs: kept to show why it is not read), rel
+the running release (2205, 2411, 2605).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from supervisor.adapters.sacct import SACCT_ENV, sacct_argv
+from supervisor.adapters.slurm.release import parse_version
+from supervisor.adapters.slurm.sacct import SACCT_ENV, sacct_argv
 from supervisor.testing import LocalSlurm
 
 HERE = Path(__file__).resolve().parent
@@ -61,13 +64,16 @@ def jobs(cluster: LocalSlurm) -> list[int]:
 
 def main() -> int:
     with LocalSlurm(4, accounting=True) as cluster:
+        version = parse_version(cluster.run(["squeue", "--version"], check=True).stdout)
+        assert version is not None
+        release = f"{version[0]:02d}{version[1]:02d}"
         ids = jobs(cluster)
         time.sleep(2.0)  # slurmctld sends job records to slurmdbd asynchronously
         text = cluster.run(sacct_argv(ids), env=SACCT_ENV, check=True).stdout
-        (HERE / "sacct_2205.txt").write_text(text)
+        (HERE / f"sacct_{release}.txt").write_text(text)
         listed = ",".join(map(str, ids))
         doc = cluster.run(["sacct", "--json", f"--jobs={listed}", "--allocations"], check=True).stdout
-        (HERE / "sacct_2205.json").write_text(doc)
+        (HERE / f"sacct_{release}.json").write_text(doc)
         print(text)
     return 0
 
