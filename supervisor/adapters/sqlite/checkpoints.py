@@ -4,12 +4,12 @@ found, and those passed over (demoted) with why."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
-from typing import Any
 
 from supervisor.adapters.sqlite.base import SqliteBase
 from supervisor.adapters.sqlite.decoded import resume_plan
-from supervisor.domain.checkpoints.manifest import CheckpointRef, Guarantee, Level, Outcome, ShardProblem, VerifyResult
+from supervisor.adapters.store_rows import result_from_json as _result_from_json
+from supervisor.adapters.store_rows import result_to_json as _result_to_json
+from supervisor.domain.checkpoints.manifest import CheckpointRef, Guarantee, Level, VerifyResult
 from supervisor.domain.checkpoints.resume import ResumePlan
 
 
@@ -88,24 +88,3 @@ class SqliteCheckpoints(SqliteBase):
                 (ref, _result_from_json(r["metadata_result"]), _result_from_json(r["full_result"]), r["demoted"])
             )
         return out
-
-
-def _result_to_json(r: VerifyResult) -> dict[str, Any]:
-    d = asdict(r)
-    d["problems"] = [asdict(p) for p in r.problems]
-    return d
-
-
-def _result_from_json(text: str | None) -> VerifyResult | None:
-    if not text:
-        return None
-    d = json.loads(text)
-    return VerifyResult(
-        **{
-            **d,
-            "level": Level(d["level"]),
-            "outcome": Outcome(d["outcome"]),
-            "guarantee": Guarantee(d["guarantee"]),
-            "problems": tuple(ShardProblem(**p) for p in d["problems"]),
-        }
-    )

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Mapping
 from typing import Any, cast
 
 from supervisor.adapters.sqlite.base import SqliteBase
+from supervisor.adapters.store_rows import action_from_row as _action_row
 from supervisor.ports import Intent
 
 
@@ -55,16 +55,3 @@ class SqliteJournal(SqliteBase):
             (run, kind, json.dumps(params, sort_keys=True)),
         ).fetchone()
         return row is not None
-
-
-def _action_row(r: sqlite3.Row) -> dict[str, Any]:
-    return {
-        "id": r["id"],
-        "run": r["run"],
-        "kind": r["kind"],
-        "params": json.loads(r["params"]),
-        "status": r["status"],
-        "created_at": r["created_at"],
-        "completed_at": r["completed_at"],
-        "result": json.loads(r["result"]) if r["result"] else None,
-    }

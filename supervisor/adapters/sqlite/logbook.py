@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any, cast
 
 from supervisor.adapters.sqlite.base import SqliteBase
+from supervisor.adapters.store_rows import event_from_row as _event_from_row
 from supervisor.domain.records import Event, EventKind
 
 
@@ -63,17 +63,3 @@ class SqliteLogbook(SqliteBase):
         if run is not None:
             sql, args = "SELECT * FROM events WHERE run = ? ORDER BY id", (run,)
         return [_event_from_row(r) for r in self._db.execute(sql, args).fetchall()]
-
-
-def _event_from_row(r: sqlite3.Row) -> Event:
-    return Event(
-        r["run"],
-        EventKind(r["kind"]),
-        r["message"],
-        r["key"],
-        r["at"],
-        r["attempt"],
-        r["job_id"],
-        r["actor"],
-        json.loads(r["evidence"]),
-    )

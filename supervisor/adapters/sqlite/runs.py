@@ -6,25 +6,19 @@ import json
 import secrets
 import sqlite3
 import time
-from dataclasses import asdict
-from functools import lru_cache
-from typing import Any
 
 from supervisor.adapters.sqlite.alloc_steps import read_step
 from supervisor.adapters.sqlite.base import SqliteBase
 from supervisor.adapters.sqlite.decoded import names
+from supervisor.adapters.store_rows import attempt_from_row as _attempt_from_row
+from supervisor.adapters.store_rows import spec_of as _spec_of
+from supervisor.adapters.store_rows import spec_to_json as _spec_to_json
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import AttemptRecord, RunRecord, Successor
 from supervisor.domain.run import (
-    CheckpointPolicy,
-    ContinuationPolicy,
-    ExitMeaning,
     RestartMode,
-    RestartPacing,
     RunSpec,
     RunState,
-    SparePolicy,
-    SpikePolicy,
     transition,
 )
 from supervisor.ports import PermanentError
@@ -222,60 +216,3 @@ class SqliteRuns(SqliteBase):
     def _successor(self, run: str) -> Successor | None:
         r = self._db.execute("SELECT * FROM successors WHERE run = ?", (run,)).fetchone()
         return None if r is None else Successor(r["job_id"], r["after_seq"], r["submitted_at"], names(r["excluded"]))
-
-
-def _attempt_from_row(r: sqlite3.Row) -> AttemptRecord:
-    return AttemptRecord(
-        run=r["run"],
-        seq=r["seq"],
-        job_id=r["job_id"],
-        restart_count=r["restart_count"],
-        submitted_at=r["submitted_at"],
-        nodes=names(r["nodes"]),
-        excluded=names(r["excluded"]),
-        started_at=r["started_at"],
-        ended_at=r["ended_at"],
-        end_state=r["end_state"],
-        end_reason=r["end_reason"],
-        exit_code=r["exit_code"],
-        last_step=r["last_step"],
-        step_time_s=r["step_time_s"],
-        hang_pace=HangPace.from_json(json.loads(r["hang_pace"])) if r["hang_pace"] else None,
-        load_failed=r["load_failed"],
-        failed_before_load=r["failed_before_load"],
-        save_s=r["save_s"],
-        continued_with=r["continued_with"],
-    )
-
-
-def _spec_to_json(spec: RunSpec) -> dict[str, Any]:
-    d = asdict(spec)
-    d["env"] = dict(spec.env)
-    d["do_not_restart_exit_codes"] = sorted(spec.do_not_restart_exit_codes)
-    d["exit_codes"] = {str(code): meaning.value for code, meaning in spec.exit_codes.items()}
-    return d
-
-
-@lru_cache(maxsize=256)
-def _spec_of(text: str) -> RunSpec:
-    """A stored spec, decoded once: every tick reads the runs, and a spec changes only when its
-    owner edits it (a new text). A frozen value, handed out again."""
-    return _spec_from_json(json.loads(text))
-
-
-def _spec_from_json(d: dict[str, Any]) -> RunSpec:
-    return RunSpec(
-        **{
-            **d,
-            "sbatch_args": tuple(d["sbatch_args"]),
-            "spare_nodes": tuple(d["spare_nodes"]),
-            "spare_policy": SparePolicy(d["spare_policy"]),
-            "restart_mode": RestartMode(d["restart_mode"]),
-            "do_not_restart_exit_codes": frozenset(d["do_not_restart_exit_codes"]),
-            "checkpoints": CheckpointPolicy(**d["checkpoints"]) if d.get("checkpoints") else None,
-            "spikes": SpikePolicy(**d["spikes"]) if d.get("spikes") else SpikePolicy(),
-            "pacing": RestartPacing(**d["pacing"]) if d.get("pacing") else RestartPacing(),
-            "exit_codes": {int(code): ExitMeaning(m) for code, m in (d.get("exit_codes") or {}).items()},
-            "continuation": ContinuationPolicy(**d["continuation"]) if d.get("continuation") else None,
-        }
-    )
