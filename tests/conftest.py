@@ -14,6 +14,13 @@ skipped, except under ``CI=true``, where it fails with the reason. Tests that us
 are marked ``slurm`` automatically; mark them explicitly too (``pytestmark = pytest.mark.slurm``).
 Set ``LOCALSLURM_KEEP=1`` to keep the clusters' directories (logs) after the run.
 
+* ``postgres``: a fresh, empty database of its own for one test on a private PostgreSQL server
+  (``supervisor.testing.postgres``: Debian's binaries under a temporary directory, one server per
+  session, started on first use in ~0.6 s; ~0.03 s a database): ``postgres.url`` (no password in
+  it), ``postgres.password`` and ``postgres.password_file``, ``postgres.new()`` for another
+  database; all dropped after the test. Tests that use it are marked ``postgres`` automatically;
+  like the Slurm ones, they skip when the server cannot start here, and fail under ``CI=true``.
+
 * ``demo_state_copy``: ``demo_state_copy(dest, hours=12, crashes=2, seed=7)`` puts a copy of the
   simulated demo run's state directory (``supervisor.sim.demo.run_demo``) at ``dest`` and returns
   it. Each distinct demo is simulated once per session (a 12 h demo takes seconds) and copied per
@@ -38,16 +45,17 @@ from supervisor.testing import LocalSlurm, LocalSlurmError, unavailable_reason
 
 SLURM_FIXTURES = frozenset({"slurm_cluster", "fresh_slurm", "make_slurm"})
 PROMETHEUS_FIXTURES = frozenset({"prometheus_installed", "start_prometheus"})  # tests/prometheus/
+POSTGRES_FIXTURES = frozenset({"postgres"})
 
 
 def _under_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
 
 
-def _cannot_run(reason: str) -> None:
+def _cannot_run(reason: str, what: str = "real Slurm") -> None:
     if _under_ci():
-        pytest.fail(f"real Slurm is required under CI=true but cannot run: {reason}", pytrace=False)
-    pytest.skip(f"real Slurm not available: {reason}")
+        pytest.fail(f"{what} is required under CI=true but cannot run: {reason}", pytrace=False)
+    pytest.skip(f"{what} not available: {reason}")
 
 
 def _keep() -> bool:
@@ -72,6 +80,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slurm)
         if PROMETHEUS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.prometheus)
+        if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.postgres)
 
 
 @pytest.fixture(scope="session")
@@ -124,6 +134,39 @@ def make_slurm() -> Iterator[Callable[..., LocalSlurm]]:
     finally:
         for cluster in started:
             cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def _postgres_session() -> Iterator[Any]:
+    """The session's private PostgreSQL server, or the reason it could not start."""
+    from supervisor.testing.postgres import LocalPostgres, LocalPostgresError, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        yield reason
+        return
+    try:
+        server = LocalPostgres(keep_dir=_keep()).start()
+    except LocalPostgresError as exc:
+        yield f"LocalPostgres failed to start: {exc}"
+        return
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres(_postgres_session: Any) -> Iterator[Any]:
+    from supervisor.testing.postgres import Databases
+
+    if isinstance(_postgres_session, str):
+        _cannot_run(_postgres_session, "PostgreSQL")
+    databases = Databases(_postgres_session)
+    try:
+        yield databases
+    finally:
+        databases.drop_all()
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """One contract for the store port (``supervisor.ports.Store``), run against every store.
 
-Every case runs once per implementation through the ``world`` fixture: today ``sqlite``
-(``SqliteStore`` on a temporary state directory); the PostgreSQL store adds its world here and runs
-the same cases. A case speaks to the port only; what differs between stores — where one lives, how
+Every case runs once per implementation through the ``world`` fixture: ``sqlite`` (``SqliteStore``
+on a temporary state directory) and ``postgres`` (``PostgresStore`` on a fresh database of the
+private server the harness starts, ``supervisor.testing.postgres``; marker ``postgres``). A case
+speaks to the port only; what differs between stores — where one lives, how
 an older schema is planted — is each world's (``StoreWorld``).
 
 Pinned: idempotent keys (what the daemon may write again after a crash changes nothing), nested
@@ -12,6 +13,7 @@ migrations, and the intent journal's open/close semantics (``ports.Intent``).
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import replace
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.adapters.postgres import PostgresStore
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.api.testing import single_user_store
 from supervisor.domain.alloc_step import StepGoal
@@ -32,6 +35,7 @@ from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import TRANSITIONS, IllegalTransition, RunState
 from supervisor.domain.spikes.rollback import RollbackRecord, RollbackStatus, SkipRange
 from supervisor.ports import Intent, PermanentError, Store
+from supervisor.testing.postgres import Databases
 from supervisor.testing.specs import spec
 
 RUN = "llm"
@@ -85,8 +89,44 @@ class SqliteWorld(StoreWorld):
         return SqliteWorld(self.state_dir.with_name(self.state_dir.name + "-elsewhere"))
 
 
-@pytest.fixture(params=[pytest.param("sqlite", id="sqlite")])
+class PostgresWorld(StoreWorld):
+    """A database of its own on the session's server; ``elsewhere`` is another database there."""
+
+    kind = "postgres"
+
+    def __init__(self, databases: Databases, url: str) -> None:
+        self.databases, self.url = databases, url
+
+    def open(self) -> Store:
+        return PostgresStore(self.url, password=self.databases.password)
+
+    def close(self, store: Store) -> None:
+        assert isinstance(store, PostgresStore)
+        store.close()
+
+    def plant_previous_schema(self, run: str, state: RunState) -> None:
+        import psycopg
+
+        from supervisor.adapters.postgres.schema import SCHEMA_VERSION, migrate
+        from supervisor.adapters.store_rows import spec_to_json
+
+        with psycopg.connect(self.url, password=self.databases.password, autocommit=True) as db:
+            migrate(db, target=SCHEMA_VERSION - 1)
+            db.execute(
+                "INSERT INTO runs(name, spec, state, restarts_spent, created_at, updated_at)"
+                " VALUES (%s, %s, %s, 1, 1.0, 2.0)",
+                (run, json.dumps(spec_to_json(spec(name=run))), state.value),
+            )
+
+    def elsewhere(self) -> StoreWorld:
+        return PostgresWorld(self.databases, self.databases.new())
+
+
+@pytest.fixture(params=[pytest.param("sqlite", id="sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)])
 def world(request: pytest.FixtureRequest, tmp_path: Path) -> StoreWorld:
+    if request.param == "postgres":
+        databases = request.getfixturevalue("postgres")
+        return PostgresWorld(databases, databases.url)
     return SqliteWorld(tmp_path / "state")
 
 

@@ -1,0 +1,142 @@
+"""The connection every table of the PostgreSQL store shares: one per store object, short transactions.
+
+The transaction semantics are SQLite's (``adapters.sqlite.base``), so the engine cannot tell the
+stores apart: a statement outside a ``transaction()`` block is its own transaction (autocommit);
+a block is one transaction, all of its writes or none; a block opened inside an open one joins it
+(no savepoint: the inner block commits nothing by itself, and its failure undoes the whole).
+Every block begins by taking the store's writer lock (a transaction-level advisory lock), as
+SQLite's ``BEGIN IMMEDIATE`` takes its write lock: the daemon's connections (the engine's, the
+API's, the ingest's) write one block at a time, so a read-then-write block (the next attempt's
+number, a run registered once) sees no other block's half.
+
+Every write of the store's families goes through ``_write`` (a block of its own, or the open
+one), and every block begins in ``_begin``: the one place where a fencing check joins each write
+(the leader lease of issue 33's item 2), inside the same transaction as the write it guards.
+
+The password is handed to libpq as a connection parameter, never in the URL, on argv or in a
+log line; errors name the URL without it (``safe_url``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import structlog
+from psycopg.rows import DictRow, dict_row
+
+from supervisor.adapters.postgres.schema import WRITER_LOCK, migrate, require_current
+from supervisor.ports import TransientError
+
+log = structlog.get_logger(__name__)
+
+Connection = psycopg.Connection[DictRow]
+
+
+class StoreUnreachable(TransientError):
+    """The database did not answer or refused the connection (the message names no secret)."""
+
+
+class PostgresBase:
+    """The store's connection: the daemon's (``read_only=False``: migrated to this code's schema
+    on open) or a reader's (``read_only=True``: every transaction
+    read-only, never migrated; a schema other than this code's raises ``SchemaMismatch``)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        password: str | None = None,
+        read_only: bool = False,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self.url = safe_url(url)
+        self._db = connect(url, password, connect_timeout_s)
+        self._in_block = False
+        try:
+            self._prepare(read_only)
+        except BaseException:
+            self._db.close()
+            raise
+        row = self._one("SELECT value FROM meta WHERE key = 'instance'", ())
+        assert row is not None, "migration 1 writes the instance id"
+        self.instance_id: str = str(row["value"])
+
+    def _prepare(self, read_only: bool) -> None:
+        if read_only:
+            self._db.execute("SET default_transaction_read_only = on")
+            require_current(self._db)
+        else:
+            migrate(self._db)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        if self._in_block:
+            yield self._db
+            return
+        with self._db.transaction():
+            self._begin()
+            self._in_block = True
+            try:
+                yield self._db
+            finally:
+                self._in_block = False
+
+    def _begin(self) -> None:
+        """The first statement of every transaction this store opens: the writer lock."""
+        self._db.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
+
+    # ------------------------------------------------------------------ statements
+
+    def _one(self, sql: Any, args: Sequence[Any]) -> DictRow | None:
+        return self._db.execute(sql, args).fetchone()
+
+    def _all(self, sql: Any, args: Sequence[Any]) -> list[DictRow]:
+        return self._db.execute(sql, args).fetchall()
+
+    def _write(self, sql: Any, args: Sequence[Any]) -> int:
+        """One writing statement, in a transaction (its own or the open one); the rows it changed."""
+        with self.transaction() as db:
+            return db.execute(sql, args).rowcount
+
+    def _write_many(self, sql: Any, rows: Sequence[Sequence[Any]]) -> None:
+        with self.transaction() as db, db.cursor() as cur:
+            cur.executemany(sql, rows)
+
+
+def migrate_database(url: str, password: str | None, timeout_s: float = 10.0) -> int:
+    """Bring the database to this code's schema (``schema.migrate``); the version it had before."""
+    with connect(url, password, timeout_s) as db:
+        return migrate(db)
+
+
+def connect(url: str, password: str | None, timeout_s: float) -> Connection:
+    """A connection in autocommit (blocks open transactions explicitly), rows as dicts."""
+    params: dict[str, Any] = {"connect_timeout": max(1, round(timeout_s)), "application_name": "slurm-supervisor"}
+    if password is not None:
+        params["password"] = password
+    try:
+        return psycopg.connect(url, autocommit=True, row_factory=dict_row, **params)
+    except psycopg.Error as exc:
+        raise StoreUnreachable(f"cannot connect to the store {safe_url(url)}: {_first_line(exc)}", delay=5.0) from None
+
+
+def safe_url(url: str) -> str:
+    """The URL with any password in it replaced by ``***`` (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,35 @@
+"""The supervisor's memory in PostgreSQL: one class over the tables, each family in its module,
+as ``adapters.sqlite.store`` composes SQLite's.
+
+Runs and attempts (``runs``), the intent journal (``journal``), the logbook for people
+(``logbook``), node memory (``nodes``), the checkpoint ledger (``checkpoints``), rollbacks
+(``rollbacks``), the progress series (``progress``), in-allocation steps (``alloc_steps``).
+"""
+
+from __future__ import annotations
+
+from supervisor.adapters.postgres.alloc_steps import PostgresAllocSteps
+from supervisor.adapters.postgres.base import PostgresBase
+from supervisor.adapters.postgres.checkpoints import PostgresCheckpoints
+from supervisor.adapters.postgres.journal import PostgresJournal
+from supervisor.adapters.postgres.logbook import PostgresLogbook
+from supervisor.adapters.postgres.nodes import PostgresNodes
+from supervisor.adapters.postgres.progress import PostgresProgress
+from supervisor.adapters.postgres.rollbacks import PostgresRollbacks
+from supervisor.adapters.postgres.runs import PostgresRuns
+
+__all__ = ["PostgresStore"]
+
+
+class PostgresStore(
+    PostgresRuns,
+    PostgresJournal,
+    PostgresLogbook,
+    PostgresNodes,
+    PostgresCheckpoints,
+    PostgresRollbacks,
+    PostgresProgress,
+    PostgresAllocSteps,
+    PostgresBase,
+):
+    """Implements every store port (supervisor.ports) on one PostgreSQL database."""
