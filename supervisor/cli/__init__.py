@@ -30,6 +30,7 @@ COMMANDS = {
     "simulate": "supervisor.cli.simulate:simulate",
     "analyze": "supervisor.cli.analyze:analyze",
     "doctor": "supervisor.cli.doctor:doctor",
+    "store": "supervisor.cli.store:store",
 }
 
 

@@ -19,9 +19,9 @@ from supervisor.config import DaemonConfig
 if TYPE_CHECKING:
     from supervisor.adapters.clock import SystemClock
     from supervisor.adapters.paging.webhook import WebhookNotifier
-    from supervisor.adapters.sqlite import SqliteStore
     from supervisor.adapters.web.ingest import IngestServer, ReportIngest
     from supervisor.api.server import ApiServer
+    from supervisor.cli.wiring import DaemonStore
     from supervisor.engine.daemon import Heartbeat
     from supervisor.engine.reconcile import Engine, EngineSettings
 
@@ -132,7 +132,7 @@ def _start_ingest(cfg: DaemonConfig, ingest: Ingest, settings: EngineSettings) -
 
 def _engine(
     cfg: DaemonConfig,
-    store: SqliteStore,
+    store: DaemonStore,
     clock: SystemClock,
     settings: EngineSettings,
     heartbeat: Heartbeat,
@@ -160,7 +160,7 @@ def _engine(
     )
 
 
-def _start_paging(cfg: DaemonConfig, store: SqliteStore, clock: SystemClock) -> Paging:
+def _start_paging(cfg: DaemonConfig, store: DaemonStore, clock: SystemClock) -> Paging:
     """The webhook pager, started, if ``[notify]`` names one."""
     try:
         paging = wiring.pager(cfg, store, clock)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,8 +45,12 @@ from supervisor.engine.reconcile import EngineSettings
 from supervisor.ports import CheckpointStore, PortError, ProgressLedger
 
 if TYPE_CHECKING:
+    from supervisor.adapters.postgres import PostgresStore
+    from supervisor.adapters.web.renderer import Renderer
     from supervisor.api.client import Reader
     from supervisor.api.server import ApiServer
+
+    DaemonStore = SqliteStore | PostgresStore
 
 log = structlog.get_logger(__name__)
 
@@ -88,8 +93,71 @@ def accounting(scheduler: SlurmCli) -> SacctCli | None:
     return SacctCli(bin_dir=scheduler.bin_dir, slurm_conf=scheduler.slurm_conf, timeout=scheduler.timeout)
 
 
-def store(cfg: DaemonConfig) -> SqliteStore:
-    return SqliteStore(Path(cfg.daemon.state_dir))
+def store(cfg: DaemonConfig, *, read_only: bool = False) -> DaemonStore:
+    """A connection to the instance's store, as ``[store]`` chooses: SQLite in the state directory
+    (no url, the default), or the PostgreSQL database of ``url``, with the password from
+    ``password_file`` or the systemd credential — handed to libpq, never logged. Each caller
+    (the engine, the API, the ingest, the launcher channel) gets a connection of its own."""
+    if not cfg.store.postgres:
+        return SqliteStore(Path(cfg.daemon.state_dir), read_only=read_only)
+    from supervisor.adapters.postgres import PostgresStore, StoreUnreachable, safe_url
+
+    url = cfg.store.url
+    assert url is not None
+    try:
+        opened = PostgresStore(
+            url, password=store_password(cfg), read_only=read_only, connect_timeout_s=cfg.store.connect_timeout_s
+        )
+    except StoreUnreachable as exc:
+        raise click.ClickException(str(exc)) from None
+    log.debug("store_opened", kind="postgres", url=safe_url(url), read_only=read_only)
+    return opened
+
+
+def migrate_store(cfg: DaemonConfig) -> tuple[str, int, int]:
+    """Bring the instance's store to this code's schema: (where, version before, version now)."""
+    if not cfg.store.postgres:
+        from supervisor.adapters.sqlite.schema import SCHEMA_VERSION
+
+        path = Path(cfg.daemon.state_dir) / DB_NAME
+        before = _sqlite_version(path)
+        SqliteStore(Path(cfg.daemon.state_dir)).close()  # opening migrates
+        return str(path), before, SCHEMA_VERSION
+    from supervisor.adapters.postgres import StoreUnreachable, migrate_database, safe_url
+    from supervisor.adapters.postgres.schema import SCHEMA_VERSION as PG_VERSION
+
+    url = cfg.store.url
+    assert url is not None
+    try:
+        before = migrate_database(url, store_password(cfg), cfg.store.connect_timeout_s)
+    except StoreUnreachable as exc:
+        raise click.ClickException(str(exc)) from None
+    return safe_url(url), before, PG_VERSION
+
+
+def _sqlite_version(path: Path) -> int:
+    """The schema version of the SQLite file (0: none yet)."""
+    if not path.is_file():
+        return 0
+    db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
+    try:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        db.close()
+
+
+def store_password(cfg: DaemonConfig, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The store's password from ``[store] password_file`` or ``password_credential`` (its owner and
+    mode checked like every secret); None when neither is set."""
+    s = cfg.store
+    try:
+        path = s.credential_path(environ)
+        if path is None:
+            return None
+        what = "password_file" if s.password_file is not None else "password_credential"
+        return read_secret_file(path, what, "store")
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def existing_store(state_dir: Path) -> Reader | None:
@@ -198,7 +266,7 @@ def ingest(cfg: DaemonConfig, clock: SystemClock) -> tuple[ReportIngest, IngestS
     i = cfg.ingest
     if not i.enabled:
         return None
-    tokens_store = SqliteStore(Path(cfg.daemon.state_dir))  # the ingest thread's own connection
+    tokens_store = store(cfg)  # the ingest thread's own connection
     try:  # the hook token file is a secret: its owner and mode are checked (ValueError says the fix)
         book = TokenBook(
             tokens_store.active_tokens,
@@ -210,16 +278,26 @@ def ingest(cfg: DaemonConfig, clock: SystemClock) -> tuple[ReportIngest, IngestS
     server = IngestServer(feed, cfg.ingest.bind, cfg.ingest.port, cfg.ingest.max_body_bytes)
     # in-allocation launchers poll here (docs/in-allocation.md); a store connection of its own, off the event loop
     wake = clock.wake if isinstance(clock, WakeableClock) else None  # a dead step: tick now, not at the next poll
-    channel = LauncherChannel(book, SqliteStore(Path(cfg.daemon.state_dir)), clock, wake)
+    channel = LauncherChannel(book, store(cfg), clock, wake)
     server.mount(LAUNCHER_PREFIX, channel.handle, blocking=True)
     http_options(server, cfg)
     try:  # the read token is a secret like the hook token
         read_token = read_secret_file(i.read_token_file, "read_token_file", "ingest") if i.read_token_file else None
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    renderer = ProcessRenderer(cfg.daemon.state_dir)  # a child process with its own store connection
-    mount_pages(server, renderer, read_token, PageSettings(ttl_s=cfg.daemon.poll_interval_s))
+    mount_pages(server, page_renderer(cfg), read_token, PageSettings(ttl_s=cfg.daemon.poll_interval_s))
     return feed, server
+
+
+def page_renderer(cfg: DaemonConfig) -> Renderer:
+    """SQLite: a child process with a read-only connection of its own (``ProcessRenderer``).
+    PostgreSQL: a read-only connection of its own in the server's worker thread (every transaction
+    read-only on the server's side)."""
+    if not cfg.store.postgres:
+        return ProcessRenderer(cfg.daemon.state_dir)
+    from supervisor.adapters.web.renderer import ThreadRenderer
+
+    return ThreadRenderer(store(cfg, read_only=True))
 
 
 def http_options(server: HttpServer, cfg: DaemonConfig) -> None:
@@ -250,7 +328,7 @@ def advertised_url(cfg: DaemonConfig, server: IngestServer) -> str:
 
 
 def pager(
-    cfg: DaemonConfig, store: SqliteStore, clock: SystemClock
+    cfg: DaemonConfig, store: DaemonStore, clock: SystemClock
 ) -> tuple[WebhookNotifier, Callable[[], None]] | None:
     """The webhook notifier and the after-tick call that feeds it new logbook events (``[notify]``)."""
     n = cfg.notify

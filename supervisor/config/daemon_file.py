@@ -11,6 +11,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, fi
 from supervisor.config._shared import FloatField, Section, absolute, not_empty
 from supervisor.config.errors import fail, fix_hint
 from supervisor.config.ingest_section import IngestSection
+from supervisor.config.store_section import StoreSection
 from supervisor.domain.health.findings import Severity
 from supervisor.domain.health.gpu_table import GpuHealthSettings
 
@@ -334,6 +335,7 @@ class DaemonConfig(Section):
     logging: LoggingSection = Field(default_factory=LoggingSection)
     guard: GuardSection = Field(default_factory=GuardSection)
     api: ApiSection = Field(default_factory=ApiSection)
+    store: StoreSection = Field(default_factory=StoreSection)
 
     @property
     def may_change_nodes(self) -> bool:
