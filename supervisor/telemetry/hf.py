@@ -4,14 +4,18 @@
 
     ssv = SupervisorCallback(run="run42")
     trainer = SupervisedTrainer(model=model, args=args, train_dataset=data, callbacks=[ssv])
-    sys.exit(train(trainer, ssv))      # 0 trained, 3 no offered checkpoint loads; a crash raises (exit 1)
+    sys.exit(train(trainer, ssv))      # 0 trained, 3 no offered checkpoint loads, 75 saved before the
+                                       # time limit (SSV_CONTINUE_*); a crash raises (exit 1)
 
 The callback writes the ``ssv`` JSONL lines (docs/telemetry-jsonl.md) at the Trainer's log interval,
 ``checkpoint_start`` / ``checkpoint_end`` around each save, and commits every ``checkpoint-N`` folder
 with the supervisor's manifest (docs/checkpoint-layouts.md). ``train()`` resumes from
 ``SSV_RESUME_CHECKPOINT`` (or an older verified fallback) and never from an unverified folder;
 ``SkipIterations`` (a Trainer mixin, in ``SupervisedTrainer``) consumes the batches of
-``SSV_SKIP_ITERATIONS`` without training on them; ``SSV_LR_SCALE`` scales the schedule. The
+``SSV_SKIP_ITERATIONS`` without training on them; ``SSV_LR_SCALE`` scales the schedule; a pre-queued
+job (``SSV_RESUME_FROM_FILE=1``) takes all of them from the resume file. ``SSV_CONTINUE_SIGNAL``
+(held) or ``SSV_DEADLINE`` less ``SSV_CONTINUE_LEAD_S`` makes the Trainer save at the step's end and
+stop, and ``train()`` return ``SSV_CONTINUE_EXIT_CODE`` (``supervisor.telemetry.planned_end``). The
 framework-independent part (the orders, the timer, the telemetry, the commit) is
 ``supervisor.telemetry.torch.Supervision``; this module only maps the Trainer's events onto it.
 Needs ``transformers`` and ``accelerate`` (the ``hf`` extra). docs/recipes.md has the recipe.
@@ -28,7 +32,9 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 
-from supervisor.telemetry.torch import MANIFEST, Committer, ResumeOrders, SkipRanges, Supervision
+from supervisor.telemetry.orders import ResumeOrders, SkipRanges
+from supervisor.telemetry.planned_end import EndOrders, SignalLatch
+from supervisor.telemetry.torch import MANIFEST, Committer, Supervision
 
 EXIT_DONE, EXIT_NO_CHECKPOINT = 0, 3  # the codes of docs/trainer-integration.md (a crash exits 1)
 LOAD_FUNCTIONS = frozenset(  # the Trainer's (and TrainerState's) functions that read a checkpoint
@@ -56,8 +62,12 @@ class SupervisorCallback(TrainerCallback):
         orders: ResumeOrders | None = None,
         peer_groups: Sequence[int] | None = None,
         stream: TextIO | None = None,
+        end: EndOrders | None = None,
     ) -> None:
         self.orders = ResumeOrders.from_env() if orders is None else orders
+        self.end = EndOrders.from_env() if end is None else end
+        self.latch = SignalLatch(self.end.signal)  # installed when training begins
+        self.ended_at: int | None = None  # the step the job ended on purpose after (its save)
         self.loading = False  # a checkpoint load announced and not yet finished (see train())
         self._run, self._commit, self._peer_groups, self._stream = run, commit, peer_groups, stream
         self._ssv: Supervision | None = None
@@ -84,6 +94,7 @@ class SupervisorCallback(TrainerCallback):
     # ------------------------------------------------------------------ Trainer events
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.latch.install()
         ssv = self.supervision(args.output_dir)
         if self.loading:  # the Trainer loads model, optimizer and scheduler before this event
             ssv.event("checkpoint_load_end")
@@ -92,6 +103,9 @@ class SupervisorCallback(TrainerCallback):
         self._restart_clock(state.global_step)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.ended_at is None and _any_rank(self.latch.caught or self.end.due_by_clock(time.time())):
+            control.should_save = control.should_training_stop = True  # the Trainer saves this step, then stops
+            self.ended_at = state.global_step
         if not control.should_log:  # else after the step's line: a step line ends a pause
             self._announce_pause(args, state, control)
 
@@ -119,6 +133,9 @@ class SupervisorCallback(TrainerCallback):
         )
         self._since = (now, step)
         self._announce_pause(args, state, control)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.latch.restore()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._evaluating:
@@ -201,7 +218,7 @@ def train(trainer: Any, callback: SupervisorCallback) -> int:
     candidates = callback.orders.candidates
     if not candidates:
         trainer.train()  # never resume_from_checkpoint=True: the newest folder may be torn
-        return EXIT_DONE
+        return _ended(callback)
     ssv = callback.supervision(trainer.args.output_dir)
     for location in candidates:
         ssv.event("checkpoint_load_start")
@@ -214,8 +231,13 @@ def train(trainer: Any, callback: SupervisorCallback) -> int:
             callback.loading = False
             ssv.event("checkpoint_load_failed", error=f"{location}: {type(exc).__name__}: {exc}"[:400])
             continue
-        return EXIT_DONE
+        return _ended(callback)
     return EXIT_NO_CHECKPOINT
+
+
+def _ended(callback: SupervisorCallback) -> int:
+    """0 when training ran to its end; the continue code when it ended on purpose after a save."""
+    return EXIT_DONE if callback.ended_at is None else callback.end.exit_code
 
 
 def failed_loading(exc: BaseException) -> bool:
@@ -281,3 +303,12 @@ def _uncommit(args: Any, state: Any) -> None:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def _any_rank(mine: bool) -> bool:
+    """Whether any rank says so (every rank saves the same step): one MAX all-reduce."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return mine
+    flag = torch.tensor([1 if mine else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())

@@ -5,8 +5,8 @@ to skip, the learning-rate scale.
 
 rewrites the command's Megatron arguments from ``SSV_RESUME_CHECKPOINT``, ``SSV_SKIP_ITERATIONS``
 and ``SSV_LR_SCALE`` and executes it (``--dry-run`` prints it instead). The rewriting is the pure
-``megatron_argv``; the orders are read by ``supervisor.telemetry.torch.ResumeOrders``, after the
-bounds below. docs/recipes.md has the recipe, and what of Megatron's output the supervisor reads.
+``megatron_argv``; the orders are read by ``supervisor.telemetry.orders.ResumeOrders`` (for a
+pre-queued job, ``SSV_RESUME_FROM_FILE=1``, from the resume file), after the bounds below. docs/recipes.md has the recipe, and what of Megatron's output the supervisor reads.
 
 * **Resume.** The chosen ``.../iter_NNNNNNN`` becomes ``--load PARENT --ckpt-step N`` (Megatron-LM
   loads that iteration, whatever ``latest_checkpointed_iteration.txt`` says). Megatron-DeepSpeed
@@ -30,7 +30,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from supervisor.telemetry.torch import ResumeOrders
+from supervisor.telemetry.orders import ResumeOrders
 
 FLAVORS = ("megatron-lm", "megatron-deepspeed")
 EXIT_BAD_INPUT = 93  # the orders or the command are wrong: a restart would not help
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             raise MegatronArgsError("no command after --")
         orders = read_orders(env)
         tracker = _tracker(orders.candidates[0]) if orders.candidates and ns.flavor != "megatron-lm" else None
-        managed = "SSV_RESUME_CHECKPOINT" in env
+        managed = "SSV_RESUME_CHECKPOINT" in env or env.get("SSV_RESUME_FROM_FILE") == "1"
         final = megatron_argv(command, orders, resume_managed=managed, flavor=ns.flavor, tracker=tracker)
     except ValueError as exc:  # MegatronArgsError, or ResumeOrders' own (a bad SSV_LR_SCALE)
         print(f"supervisor.telemetry.megatron: {exc}", file=sys.stderr)

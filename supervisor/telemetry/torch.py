@@ -34,8 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -45,6 +44,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
 
 from supervisor.telemetry.jsonl import report
+from supervisor.telemetry.orders import ResumeOrders
+from supervisor.telemetry.orders import SkipRanges as SkipRanges  # part of this module's API
 from supervisor.telemetry.shard_check import check_shards
 
 Committer = Callable[[str, str, int], None]  # (root, checkpoint name, step)
@@ -53,71 +54,6 @@ MANIFEST = "ssv-manifest.json"
 
 class ResumeFailed(RuntimeError):
     """No checkpoint the supervisor offered could be loaded (each failure was reported)."""
-
-
-@dataclass(frozen=True)
-class SkipRanges:
-    """Iterations not to train on: Megatron's ``--skip-train-iteration-range`` text, ``"251-380,551-600"``
-    (commas or spaces between ranges, both ends included, a single number for one iteration)."""
-
-    ranges: tuple[tuple[int, int], ...] = ()
-
-    @classmethod
-    def parse(cls, text: str | None) -> SkipRanges:
-        ranges = []
-        for part in (text or "").replace(",", " ").split():
-            first, sep, last = part.partition("-")
-            try:
-                lo, hi = int(first), int(last if sep else first)
-            except ValueError:
-                raise ValueError(f"skip range {part!r} is not FIRST-LAST (e.g. 251-380)") from None
-            if lo < 0 or hi < lo:
-                raise ValueError(f"skip range {part!r}: FIRST must be >= 0 and <= LAST")
-            ranges.append((lo, hi))
-        return cls(tuple(ranges))
-
-    def __contains__(self, step: object) -> bool:
-        return isinstance(step, int) and any(lo <= step <= hi for lo, hi in self.ranges)
-
-
-@dataclass(frozen=True)
-class ResumeOrders:
-    """What the supervisor handed this job (docs/checkpoint-layouts.md, *Handing a restarted job
-    its checkpoint*): the checkpoint to load, in order of preference, the iterations to skip and the
-    learning-rate factor. No candidates: start from scratch."""
-
-    candidates: tuple[str, ...] = ()
-    step: int | None = None
-    skip: SkipRanges = field(default_factory=SkipRanges)
-    lr_scale: float = 1.0
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> ResumeOrders:
-        env = os.environ if env is None else env
-        first = env.get("SSV_RESUME_CHECKPOINT", "")
-        candidates = [first] if first else []
-        if first and env.get("SSV_RESUME_FILE"):
-            candidates += _fallbacks(env["SSV_RESUME_FILE"])
-        step_text = env.get("SSV_RESUME_STEP", "")
-        scale = float(env.get("SSV_LR_SCALE") or 1.0)
-        if not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"SSV_LR_SCALE={env['SSV_LR_SCALE']!r}: expected a number above 0")
-        return cls(
-            candidates=tuple(dict.fromkeys(candidates)),
-            step=int(step_text) if step_text.isdigit() else None,
-            skip=SkipRanges.parse(env.get("SSV_SKIP_ITERATIONS")),
-            lr_scale=scale,
-        )
-
-
-def _fallbacks(path: str) -> list[str]:
-    """The older verified checkpoints of the resume file; none when it cannot be read (the
-    environment's checkpoint is still tried)."""
-    try:
-        plan = json.loads(Path(path).read_text())
-        return [str(f["location"]) for f in plan.get("fallbacks", []) if f.get("location")]
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return []
 
 
 class ComputeTimer:

@@ -1,0 +1,196 @@
+"""What the supervisor handed this job: the checkpoint to resume from, the iterations to skip, the
+learning-rate scale (docs/checkpoint-layouts.md, *Handing a restarted job its checkpoint*).
+
+From the environment (``SSV_RESUME_CHECKPOINT``, ``SSV_RESUME_STEP``, ``SSV_SKIP_ITERATIONS``,
+``SSV_LR_SCALE``), or, for a job the supervisor pre-queued before its predecessor's last save
+(``SSV_RESUME_FROM_FILE=1``), from the resume file ``SSV_RESUME_FILE`` alone: the supervisor rewrites
+it with the newest verified checkpoint just before it releases the job. The file is read bounded
+(``MAX_RESUME_FILE_BYTES``) and checked whole before any of it is used: a torn or hostile file is
+``ResumeFileError``, never half a plan. No torch here: the Megatron wrapper reads orders too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_RESUME_FILE_BYTES = 1 << 20  # the supervisor's plans are a few KiB
+MAX_LOCATION_CHARS = 4096
+MAX_FALLBACKS = 256
+MAX_SKIP_CHARS = 65_536
+
+
+class ResumeFileError(ValueError):
+    """The resume file cannot be used as a whole: the message names it and what is wrong."""
+
+
+@dataclass(frozen=True)
+class SkipRanges:
+    """Iterations not to train on: Megatron's ``--skip-train-iteration-range`` text, ``"251-380,551-600"``
+    (commas or spaces between ranges, both ends included, a single number for one iteration)."""
+
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str | None) -> SkipRanges:
+        ranges = []
+        for part in (text or "").replace(",", " ").split():
+            first, sep, last = part.partition("-")
+            try:
+                lo, hi = int(first), int(last if sep else first)
+            except ValueError:
+                raise ValueError(f"skip range {part!r} is not FIRST-LAST (e.g. 251-380)") from None
+            if lo < 0 or hi < lo:
+                raise ValueError(f"skip range {part!r}: FIRST must be >= 0 and <= LAST")
+            ranges.append((lo, hi))
+        return cls(tuple(ranges))
+
+    def __contains__(self, step: object) -> bool:
+        return isinstance(step, int) and any(lo <= step <= hi for lo, hi in self.ranges)
+
+
+@dataclass(frozen=True)
+class ResumeOrders:
+    """The checkpoint to load, in order of preference, the step it holds, the iterations to skip
+    and the learning-rate factor. No candidates: start from scratch."""
+
+    candidates: tuple[str, ...] = ()
+    step: int | None = None
+    skip: SkipRanges = field(default_factory=SkipRanges)
+    lr_scale: float = 1.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ResumeOrders:
+        env = os.environ if env is None else env
+        if _from_file(env):
+            path = env.get("SSV_RESUME_FILE", "")
+            if not path:
+                raise ResumeFileError("SSV_RESUME_FROM_FILE=1 but SSV_RESUME_FILE is not set")
+            return read_resume_file(path)
+        first = env.get("SSV_RESUME_CHECKPOINT", "")
+        candidates = [first] if first else []
+        if first and env.get("SSV_RESUME_FILE"):
+            candidates += _fallbacks(env["SSV_RESUME_FILE"])
+        step_text = env.get("SSV_RESUME_STEP", "")
+        return cls(
+            candidates=tuple(dict.fromkeys(candidates)),
+            step=int(step_text) if step_text.isdigit() else None,
+            skip=SkipRanges.parse(env.get("SSV_SKIP_ITERATIONS")),
+            lr_scale=_scale(env.get("SSV_LR_SCALE") or 1.0, "SSV_LR_SCALE"),
+        )
+
+
+def _from_file(env: Mapping[str, str]) -> bool:
+    flag = env.get("SSV_RESUME_FROM_FILE", "")
+    if flag not in ("", "0", "1"):
+        raise ValueError(f"SSV_RESUME_FROM_FILE={flag[:20]!r}: expected 1 (read the resume file) or 0")
+    return flag == "1"
+
+
+def _scale(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{name}={value!r}: expected a number above 0")
+    try:
+        scale = float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected a number above 0") from None
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"{name}={value!r}: expected a number above 0")
+    return scale
+
+
+def _fallbacks(path: str) -> list[str]:
+    """The older verified checkpoints of the resume file beside SSV_RESUME_CHECKPOINT; none when it
+    cannot be read (the environment's checkpoint is still tried)."""
+    try:
+        with open(path, "rb") as f:
+            plan = json.loads(f.read(MAX_RESUME_FILE_BYTES))
+        return [str(f["location"]) for f in plan.get("fallbacks", []) if f.get("location")]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []
+
+
+# ---------------------------------------------------------------------- the resume file
+
+
+def read_resume_file(path: str) -> ResumeOrders:
+    """The orders of the resume file at ``path`` (``{"checkpoint": {"location", "step"} | null,
+    "fallbacks": [...], "skip_iterations"?, "lr_scale"?}``), checked whole; ``ResumeFileError``."""
+    try:
+        return _orders_of(_load(path))
+    except ResumeFileError as exc:
+        raise ResumeFileError(f"resume file {path}: {exc}; refusing to resume from part of it") from None
+    except ValueError as exc:  # SkipRanges' own words
+        raise ResumeFileError(f"resume file {path}: {exc}; refusing to resume from part of it") from None
+
+
+def _load(path: str) -> Mapping[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_RESUME_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ResumeFileError(f"cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
+    if len(data) > MAX_RESUME_FILE_BYTES:
+        raise ResumeFileError(f"larger than {MAX_RESUME_FILE_BYTES} bytes")
+    try:
+        doc = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ResumeFileError("not whole JSON (torn, or not a resume file)") from None
+    if not isinstance(doc, dict):
+        raise ResumeFileError(f"not an object but {type(doc).__name__}")
+    if "checkpoint" not in doc:
+        raise ResumeFileError("no 'checkpoint' key (null: start from scratch)")
+    return doc
+
+
+def _no_constant(name: str) -> float:
+    raise ResumeFileError(f"lr_scale or another value is {name}, not a number")
+
+
+def _orders_of(doc: Mapping[str, Any]) -> ResumeOrders:
+    chosen = doc["checkpoint"]
+    skip, scale = doc.get("skip_iterations"), doc.get("lr_scale")
+    if skip is not None and (not isinstance(skip, str) or len(skip) > MAX_SKIP_CHARS):
+        raise ResumeFileError(f"skip_iterations is not text of at most {MAX_SKIP_CHARS} characters")
+    orders = ResumeOrders(
+        skip=SkipRanges.parse(skip),
+        lr_scale=1.0 if scale is None else _file_scale(scale),
+    )
+    if chosen is None:
+        return orders  # no verified checkpoint: from scratch, the fallbacks unused
+    location, step = _pick(chosen, "checkpoint")
+    fallbacks = doc.get("fallbacks") or []
+    if not isinstance(fallbacks, list) or len(fallbacks) > MAX_FALLBACKS:
+        raise ResumeFileError(f"fallbacks is not a list of at most {MAX_FALLBACKS}")
+    older = [_pick(f, "fallbacks")[0] for f in fallbacks]
+    return ResumeOrders(tuple(dict.fromkeys([location, *older])), step, orders.skip, orders.lr_scale)
+
+
+def _file_scale(value: object) -> float:
+    if isinstance(value, str):
+        raise ResumeFileError(f"lr_scale {value[:20]!r} is text, not a number")
+    try:
+        return _scale(value, "lr_scale")
+    except ValueError as exc:
+        raise ResumeFileError(str(exc)) from None
+
+
+def _pick(doc: object, where: str) -> tuple[str, int | None]:
+    if not isinstance(doc, dict):
+        raise ResumeFileError(f"{where} is not an object with a location")
+    location, step = doc.get("location"), doc.get("step")
+    if not isinstance(location, str) or not _sane_location(location):
+        raise ResumeFileError(f"{where}: location {str(location)[:80]!r} is not a checkpoint path or URL")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ResumeFileError(f"{where}: step {str(step)[:20]!r} is not a whole number >= 0")
+    return location, step
+
+
+def _sane_location(location: str) -> bool:
+    """Non-empty, bounded, no control characters, not an option (a path or URL as the supervisor
+    writes them)."""
+    return 0 < len(location) <= MAX_LOCATION_CHARS and not location.startswith("-") and location.isprintable()
