@@ -3,7 +3,9 @@
 Launched by train.sbatch (one torchrun per node, gloo: CPUs are enough). What it shows, in the
 few lines of ``train()``: resuming from the checkpoint the supervisor chose, skipping the
 iterations it names, scaling the LR, timing each rank's compute without the collective wait,
-telemetry lines, DCP checkpoints committed with the supervisor's manifest. See README.md.
+telemetry lines, DCP checkpoints committed with the supervisor's manifest, and ending on purpose
+before the time limit (the continuation signal or the job's own deadline: save, commit, exit
+SSV_CONTINUE_EXIT_CODE). See README.md.
 
 The data is a byte-level corpus (``--data``; generated when the file does not exist). Batch ``s``
 (1-based) is samples ``(s-1)*G .. s*G-1`` (``G`` = per-rank batch x world size, rank ``r`` takes
@@ -32,6 +34,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from supervisor.telemetry.torch import Committer, ResumeFailed, Supervision
+from supervisor.telemetry.torch_planned_end import EndedOnPurpose, EndOnPurpose
 from supervisor.telemetry.torch_survivors import SavedOnFailure, SaveOnFailure
 
 EXIT_DONE, EXIT_CRASHED, EXIT_NO_CHECKPOINT, EXIT_BAD_INPUT = 0, 1, 3, 93
@@ -247,7 +250,8 @@ def train(args: argparse.Namespace) -> None:
     if step:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     job.guard = SaveOnFailure(ssv, state) if args.save_on_failure else None
-    with job.guard or contextlib.nullcontext():  # a peer's death: one survivor saves `step`, then out
+    # a peer's death: one survivor saves `step`, then out; the continuation signal: every rank saves
+    with job.guard or contextlib.nullcontext(), EndOnPurpose(ssv, state) as end:
         while step < args.steps:
             step += 1
             if ssv.skip(step):  # SSV_SKIP_ITERATIONS: the batch is consumed, never trained on
@@ -257,6 +261,7 @@ def train(args: argparse.Namespace) -> None:
             train_step(job, step)
             if step % args.ckpt_every == 0:
                 ssv.save(state, step)
+            end.boundary(step)  # SSV_CONTINUE_SIGNAL caught, or SSV_DEADLINE near: save, EndedOnPurpose
 
 
 def train_step(job: Job, step: int) -> None:
@@ -348,9 +353,13 @@ def main(argv: list[str] | None = None) -> int:
         return code
     dist.init_process_group("gloo")
     code = EXIT_CRASHED  # what rank 0 leaves in the exit file if an exception escapes
+    ended = False  # ended on purpose: every rank saved, the process group is whole
     try:
         train(args)
         code = EXIT_DONE
+    except EndedOnPurpose as exc:  # saved and committed before the time limit: continue me
+        print(f"train.py: ended on purpose at step {exc.step}: {exc.why}", file=sys.stderr, flush=True)
+        code, ended = exc.exit_code, True
     except SavedOnFailure as exc:  # a peer died; this rank saved (or left it to another): restartable
         done = exc.outcome
         print(f"train.py: stopped: {done.why}: {done.location} ({done.seconds:.3f} s)", file=sys.stderr, flush=True)
@@ -364,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if dist.get_rank() == 0 and args.exit_file:
             args.exit_file.write_text(f"{code}\n")
-        if code == EXIT_DONE:
+        if code == EXIT_DONE or ended:
             dist.destroy_process_group()
     return code
 
