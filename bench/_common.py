@@ -29,6 +29,48 @@ SUPERVISOR = str(VENV_BIN / "slurm-supervisor")
 TAG_PREFIX = "slurm-supervisor"  # jobs carry --comment=slurm-supervisor:RUN:INTENT
 
 
+# ---------------------------------------------------------------------------- Slurm releases
+
+RELEASE_VENV_PYTHON = "/opt/ssv-venv/bin/python"  # the venv in each release's root (scripts/slurm-release)
+
+
+def run_on_release(release: str | None) -> None:
+    """``--slurm-release R``: run this benchmark again inside the root of release R of the matrix
+    (scripts/slurm-release: built once, cached), with the same arguments but this one, unless R is
+    the host's own Slurm or this process already runs inside that root. Returns only then."""
+    if not release or os.environ.get("SSV_SLURM_RELEASE") == release:
+        return
+    tool = str(REPO / "scripts" / "slurm-release")
+    host = subprocess.run([tool, "host"], capture_output=True, text=True, check=True).stdout.strip()
+    if host == release:
+        return
+    args = _without_release(sys.argv[1:])
+    script = str(Path(sys.argv[0]).resolve())
+    # PYTHONPATH: the root's venv may last have been installed from another checkout
+    env = [f"SSV_SLURM_RELEASE={release}", f"PYTHONPATH={REPO}"]
+    argv = [tool, "shell", release, "env", *env, RELEASE_VENV_PYTHON, script, *args]
+    sys.stdout.flush()
+    os.execv(tool, argv)
+
+
+def _without_release(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--slurm-release":
+            skip = True
+        elif not arg.startswith("--slurm-release="):
+            out.append(arg)
+    return out
+
+
+def slurm_version(cluster: LocalSlurm) -> str:
+    """The cluster's Slurm release, as ``squeue --version`` prints it (e.g. "24.11.5")."""
+    out = subprocess.run(["squeue", "--version"], env=client_env(cluster), capture_output=True, text=True).stdout
+    return out.split()[-1] if out.split() else "unknown"
+
+
 def client_env(cluster: LocalSlurm) -> dict[str, str]:
     """This process's environment without inherited SLURM_* variables, plus the cluster's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SQUEUE_"))}

@@ -43,6 +43,8 @@ from _common import (  # noqa: E402
     DaemonProc,
     jobs,
     quiet_logs,
+    run_on_release,
+    slurm_version,
     start_daemon,
     supervisor_cli,
     table,
@@ -235,7 +237,9 @@ def main() -> int:
     parser.add_argument("--runs", default="1,20", help="comma-separated run counts (default 1,20)")
     parser.add_argument("--user", default="ssvbench", help="Unix user the daemon runs as (created if missing)")
     parser.add_argument("--keep", action="store_true", help="keep the work and cluster directories")
+    parser.add_argument("--slurm-release", help="run on this release of the matrix (22.05, 24.11, 26.05)")
     args = parser.parse_args()
+    run_on_release(args.slurm_release)
     counts = [int(x) for x in args.runs.split(",")]
     if max(counts) > NODES:
         parser.error(f"at most {NODES} runs (one node each)")
@@ -245,9 +249,11 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ssv-ctlload-"))
     work.chmod(0o755)
     results: list[Measurement] = []
+    release_seen = "unknown"
     started = time.monotonic()
     try:
         with LocalSlurm(NODES, keep_dir=args.keep) as cluster:
+            release_seen = slurm_version(cluster)
             print(
                 f"# cluster: {NODES} nodes, conf {cluster.slurm_conf}; daemon as {user.pw_name} "
                 f"(uid {user.pw_uid}), poll_interval_s={POLL_S}, window {args.window:.0f} s",
@@ -330,6 +336,7 @@ def main() -> int:
             },
             "types_account_for_user": {str(m.runs): m.types_account_for_user for m in results},
             "window_s": args.window,
+            "slurm": release_seen,
             "poll_interval_s": POLL_S,
             "user": user.pw_name,
             "goal_met": all(m.rpcs_per_tick is not None and m.rpcs_per_tick <= 2.0 for m in results)

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import table  # type: ignore[import-not-found]
+from _common import run_on_release, slurm_version, table  # type: ignore[import-not-found]
 
 from supervisor.testing import LocalSlurm, unavailable_reason
 from supervisor.testing.daemon import SupervisorProcess, write_run
@@ -88,7 +88,9 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--agent-interval", type=float, default=5.0, help="the agents' sample interval (s)")
     ap.add_argument("--poll-interval", type=float, default=5.0, help="the daemon's poll interval (s)")
+    ap.add_argument("--slurm-release", help="run on this release of the matrix (22.05, 24.11, 26.05)")
     args = ap.parse_args()
+    run_on_release(args.slurm_release)
     reason = unavailable_reason()
     if reason:
         sys.exit(f"bench/detect.py needs a private Slurm: {reason}")
@@ -97,8 +99,10 @@ def main() -> None:
         (work / "nvml").mkdir()
         library = build_standin(work / "lib")
         results = []
+        release_seen = "unknown"
         for n in range(args.trials):
             cluster = LocalSlurm(4).start()  # a fresh cluster per trial (~0.2 s): no state carried over
+            release_seen = slurm_version(cluster)
             try:
                 r = trial(cluster, work, library, n, args.agent_interval, args.poll_interval)
             finally:
@@ -138,6 +142,7 @@ def main() -> None:
                 "drain_p50_s": round(quantile(drains, 0.5), 2),
                 "drain_p99_s": round(quantile(drains, 0.99), 2),
                 "trials": len(results),
+                "slurm": release_seen,
                 "mean_s": round(statistics.fmean(restarts), 2),
                 "within_budget": all(r <= budget for r in restarts),
             }

@@ -32,6 +32,7 @@ The last line of stdout is one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import shutil
@@ -53,6 +54,8 @@ from _common import (  # noqa: E402
     jobs,
     median,
     quiet_logs,
+    run_on_release,
+    slurm_version,
     start_daemon,
     steps_running,
     supervisor_cli,
@@ -63,6 +66,7 @@ from _common import (  # noqa: E402
     write_script,
 )
 
+from supervisor.adapters.slurm.release import SlurmRelease, parse_version  # noqa: E402
 from supervisor.testing import LocalSlurm  # noqa: E402
 
 RUN_NODES = 2
@@ -256,6 +260,17 @@ def supervisor_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interva
             )
 
 
+SLURM_SEEN: dict[str, str] = {}  # the release measured and the baseline's requeue option, for the JSON line
+
+
+@functools.cache
+def requeue_option(cluster: LocalSlurm) -> str:
+    """Slurm alone at its best: --requeue=expedite where the release has it (25.11+: the requeued job
+    starts at once, first in the queue, its other nodes kept for it), plain --requeue before."""
+    release = SlurmRelease(parse_version(slurm_version(cluster)))
+    return "--requeue=expedite" if release.expedited_requeue else "--requeue"
+
+
 def slurm_alone_trial(cluster: LocalSlurm, work: Path, trial: Trial) -> None:
     d = work / f"alone-{trial.scheduler}-{trial.n}"
     (d / "out").mkdir(parents=True)
@@ -268,7 +283,7 @@ def slurm_alone_trial(cluster: LocalSlurm, work: Path, trial: Trial) -> None:
             f"--job-name={name}",
             f"--partition={cluster.partition}",
             f"--nodes={RUN_NODES}",
-            "--requeue",
+            requeue_option(cluster),
             f"--output={d / 'out' / '%x-%j.out'}",
             "--open-mode=append",
             f"--chdir={d}",
@@ -334,7 +349,9 @@ def main() -> int:
         help="in-allocation: also run in-allocation trials (a hot spare swapped into the same job)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work and cluster directories")
+    parser.add_argument("--slurm-release", help="run on this release of the matrix (22.05, 24.11, 26.05)")
     args = parser.parse_args()
+    run_on_release(args.slurm_release)
     quiet_logs()
 
     schedulers = list(SCHEDULERS) if args.scheduler == "both" else [args.scheduler]
@@ -347,6 +364,7 @@ def main() -> int:
     try:
         for sched in schedulers:
             with LocalSlurm(4, extra_conf=SCHEDULERS[sched], keep_dir=args.keep) as cluster:
+                SLURM_SEEN.update(version=slurm_version(cluster), requeue=requeue_option(cluster))
                 print(
                     f"# cluster ({sched}): {len(cluster.nodes)} nodes, SlurmdTimeout=10, cred_expire=10, "
                     f"SchedulerParameters={_sched_params(cluster)}; conf {cluster.slurm_conf}",
@@ -461,6 +479,8 @@ def main() -> int:
         "ratio": headline["ratio"],
         **{k: headline[k] for k in ("in_allocation_s", "in_allocation_ratio") if k in headline},
         "mode": args.mode,
+        "slurm": SLURM_SEEN.get("version"),
+        "slurm_alone_requeue": SLURM_SEEN.get("requeue"),
         "trials": args.trials,
         "scheduler": schedulers[0],
         "poll_interval_s": args.poll_interval,
