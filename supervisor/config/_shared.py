@@ -27,9 +27,21 @@ def base_dir(info: ValidationInfo) -> Path:
     return Path(context.get("base_dir") or Path.cwd())
 
 
+# Linux's limits: a longer name or path makes every check of it raise ENAMETOOLONG.
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
 def absolute(value: str, info: ValidationInfo) -> Path:
-    """``value`` taken from the file's folder when relative; normalised, symlinks kept."""
-    return Path(os.path.normpath(base_dir(info) / value))
+    """``value`` taken from the file's folder when relative; normalised, symlinks kept. A path the
+    system cannot take (a name over NAME_MAX, the whole over PATH_MAX) is refused here."""
+    path = Path(os.path.normpath(base_dir(info) / value))
+    if len(os.fsencode(path)) >= PATH_MAX or any(len(os.fsencode(part)) > NAME_MAX for part in path.parts):
+        raise fail(
+            f"the path is longer than the system takes ({NAME_MAX} bytes a name, {PATH_MAX} in all)",
+            "shorten it",
+        )
+    return path
 
 
 def not_empty(value: Any) -> Any:

@@ -219,3 +219,15 @@ def test_the_fuzzer_reaches_valid_files(folder):
     doc = {"run": {"name": "r1", "script": "t.sh", "partition": "gpu", "nodes": 2, "env": {"A": "a,b"}}}
     (folder / "ok.toml").write_text(toml_document(doc))
     assert load_run_file(folder / "ok.toml").run.env == {"A": "a,b"}
+
+
+@pytest.mark.parametrize("key", ["workdir", "script", "output"])
+@pytest.mark.parametrize("path", ["x" * 300, "/".join(["y" * 200] * 25)])
+def test_a_path_longer_than_the_system_takes_is_a_config_error(folder, key, path):
+    """A name over NAME_MAX (255) or a path over PATH_MAX (4096) made the folder checks raise
+    ENAMETOOLONG out of the loader (found by the fuzzer above)."""
+    run = {"name": "r1", "script": "t.sh", "partition": "gpu", "nodes": 2, key: path}
+    data = toml_document({"run": run}).encode()
+    (folder / "long.toml").write_bytes(data)
+    with pytest.raises(ConfigError, match="longer than"):
+        load_run_file(folder / "long.toml")
