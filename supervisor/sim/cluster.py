@@ -189,6 +189,16 @@ class SimCluster:
         self._state.finish(job, JobState.TIMEOUT, reason="TimeLimit", everywhere=True)
         self._state.schedule()
 
+    def preempt(self, job_id: int, exit_code: int | None = None) -> None:
+        """A higher-priority job takes the running job's nodes now (PreemptMode=CANCEL, after its
+        GraceTime): Slurm ends it PREEMPTED, with the trainer's ``exit_code`` when it exited within
+        the grace time."""
+        job = self._job(job_id)
+        if job.state is not JobState.RUNNING or job.execution is None:
+            raise ValueError(f"job {job_id} is not running ({job.state})")
+        self._state.finish(job, JobState.PREEMPTED, exit_code=exit_code, reason="Preempted", everywhere=True)
+        self._state.schedule()
+
     def job_request(self, job_id: int) -> SubmitRequest:
         """What the job was submitted with (its environment reaches the simulated trainer)."""
         return self._job(job_id).request

@@ -1,6 +1,7 @@
 """A planned end of a job: a week-long run on a partition with a time limit is a chain of jobs. Pure.
 
-A job ends on purpose when it reaches its time limit (TIMEOUT), exits with the continue code
+A job ends on purpose when it reaches its time limit (TIMEOUT), is preempted (PREEMPTED: after the
+partition's GraceTime, whose SIGTERM the trainer saves on), exits with the continue code
 (``exit_codes``: "saved, continue me"), or exits 0 below the run's target step (Megatron's
 ``--exit-duration-in-mins``). Such an end after a verified save — the newest verified checkpoint at
 or past the last step the job's log showed — is **continued**: the next job resumes from that
@@ -35,6 +36,7 @@ DEFAULT = ContinuationPolicy()
 # How long a planned end waits on a save storage will not let be checked. Below Slurm's default
 # MinJobAge (300 s), so the ended job is still in squeue when the wait ends, even without slurmdbd.
 SAVE_CHECK_WAIT_S = 180.0
+PREEMPTED = "was preempted (a higher-priority job took its nodes)"
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,10 @@ class Continued:
 
 
 def planned_end(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) -> str | None:
-    """How the job ended on purpose, for the logbook; None when it did not."""
+    """How the job ended on purpose, for the logbook; None when it did not. A preemption counts:
+    with the partition's GraceTime the trainer had SIGTERM to save on, like a time limit's signal."""
+    if job.state is JobState.PREEMPTED:
+        return PREEMPTED
     if job.state is JobState.TIMEOUT:
         return "reached its time limit"
     if job.state is JobState.CANCELLED:
@@ -169,6 +174,12 @@ def unsaved_hint(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observatio
     missing = f"{how} without a verified save at or past step {a.last_step} ({newest})"
     if run.spec.checkpoints is None:
         return f"{missing}; to continue such ends instead, give the run [checkpoints] and [continuation] (docs/configuration.md)"
+    if job.state is JobState.PREEMPTED:
+        return (
+            f"{missing}; a preemption is continued when the trainer saves on the grace signal: the partition's "
+            "GraceTime makes Slurm send SIGTERM that long before it kills the job, and the trainer must save, commit "
+            "and exit on it (docs/trainer-integration.md)"
+        )
     policy = run.spec.continuation
     if policy is None or policy.signal is None:
         return (

@@ -306,6 +306,7 @@ def _claims(
 
 
 CONTINUATION = "continuation"  # the cause of a planned end's gap: a line of its own, not an interruption
+PREEMPTED = "preempted"  # a preemption's gap, continued after the grace save: its own line too
 
 
 def _continuation_claims(attempts: Sequence[AttemptRecord], run_end: float, known: Known) -> list[Claim]:
@@ -313,20 +314,21 @@ def _continuation_claims(attempts: Sequence[AttemptRecord], run_end: float, know
     its cost on a line of its own — the gap from the job's end to its successor's submission
     ("restart"), the successor's wait in the queue after that end, and its start-up (checkpoint
     load). A successor queued before the end waits only from the end. (The save before the end is
-    running time: with the progress series it is overhead.)"""
+    running time: with the progress series it is overhead.) A preempted job's gap is 'preempted'."""
     claims: list[Claim] = []
     for i, a in enumerate(attempts):
         nxt = attempts[i + 1] if i + 1 < len(attempts) else None
         if a.continued_with is None or a.ended_at is None:
             continue
+        cause = PREEMPTED if a.end_state == "PREEMPTED" else CONTINUATION
         if nxt is None:
-            claims.append((a.ended_at, run_end, "restart", CONTINUATION))
+            claims.append((a.ended_at, run_end, "restart", cause))
             continue
         submitted = max(a.ended_at, nxt.submitted_at)
         began = nxt.started_at if nxt.started_at is not None else run_end
-        claims.append((a.ended_at, submitted, "restart", CONTINUATION))
-        claims.append((submitted, began, "queue", CONTINUATION))
-        claims.append((began, began + (known.startup_s(nxt) or 0.0), "restart", CONTINUATION))
+        claims.append((a.ended_at, submitted, "restart", cause))
+        claims.append((submitted, began, "queue", cause))
+        claims.append((began, began + (known.startup_s(nxt) or 0.0), "restart", cause))
     return claims
 
 

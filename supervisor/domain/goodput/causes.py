@@ -26,6 +26,8 @@ class Cause:
     basis: str  # the words in the evidence that decided it, or why nothing did
 
 
+PREEMPTED = Cause("Preempted", None, False, "Slurm preempted the job for a higher-priority one; not in Table 5")
+
 # (pattern over the fault's message and evidence, category, Table 5 component); first match wins.
 _RULES: tuple[tuple[str, str, str | None], ...] = (
     (r"\bsilent data corruption\b|\bsdc\b", "GPU", "Silent Data Corruption"),
@@ -49,6 +51,8 @@ _RULES: tuple[tuple[str, str, str | None], ...] = (
 def classify(events: Sequence[Event]) -> Cause:
     """The cause of an interruption from its opening events (faults first)."""
     ordered = sorted(events, key=lambda e: (e.kind is not EventKind.FAULT, e.at))
+    if ordered[0].kind is EventKind.FAULT and ordered[0].evidence.get("state") == "PREEMPTED":
+        return PREEMPTED  # not a failure: Slurm gave the nodes to a higher-priority job
     text = " ".join(_words(e) for e in ordered).lower()
     for pattern, category, component in _RULES:
         m = re.search(pattern, text)
