@@ -137,3 +137,42 @@ def test_a_prequeued_job_resumes_from_the_checkpoint_its_resume_file_names(proce
     successor = Supervision(str(tmp_path / "ckpt"), stream=io.StringIO(), commit=commit)  # orders from the environment
     assert successor.resume(state, step_of=lambda s: s["progress"]["step"]) == 6
     assert torch.equal(state["model"]["weight"], model.state_dict()["weight"])
+
+
+def _rank(rank: int, store: str, root: str, results: str) -> None:
+    """One of two ranks; only rank 1 is signalled, in step 3."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        ssv = Supervision(root, stream=io.StringIO(), orders=ResumeOrders(), commit=commit)
+        model = torch.nn.Linear(3, 2)
+        end = EndOnPurpose(
+            ssv,
+            {"model": model.state_dict(), "progress": {"step": 0}},
+            orders=EndOrders.from_env({"SSV_CONTINUE_SIGNAL": "USR1"}),
+        )
+        with end:
+            try:
+                train(ssv, end, model, steps=50, signal_in=3 if rank == 1 else None)
+            except EndedOnPurpose as done:
+                with open(f"{results}.{rank}", "w") as f:
+                    json.dump({"step": done.step, "location": done.location, "why": done.why}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_signal_to_one_rank_ends_every_rank_at_the_same_step(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    args = (str(tmp_path / "store"), str(tmp_path / "ckpt"), str(tmp_path / "result"))
+    ranks = [ctx.Process(target=_rank, args=(r, *args)) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(60)
+        assert p.exitcode == 0, p.exitcode
+    done = [json.loads((tmp_path / f"result.{r}").read_text()) for r in (0, 1)]
+    assert done[0]["step"] == done[1]["step"] == 3 and done[0]["location"] == done[1]["location"]
+    assert "another rank" in done[0]["why"] and "SIGUSR1" in done[1]["why"]
+    (ref,) = BackendCheckpointStore(PosixBackend(str(tmp_path / "ckpt"))).discover()
+    assert ref.step == 3 and ref.committed
