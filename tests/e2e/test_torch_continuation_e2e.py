@@ -1,0 +1,44 @@
+"""Issue 31, item 6 on a real Slurm with real PyTorch: the example ends its job on purpose.
+
+examples/torch on two nodes with [continuation] signal = "USR1": once the trainer is past step 10
+the test sends SIGUSR1 to the batch shell (``scancel --signal=USR1 --batch``, what Slurm's
+``--signal=B:USR1@lead`` does before the limit; the partition has none, so Slurm sends nothing
+itself). train.sbatch hands it to the step, both ranks save the step they completed and exit 75;
+the supervisor continues the run: 0 restarts, no fault, and the next job trains from the step
+after the save (no step lost), its samples continuing. ~40 s here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.testing.daemon import SupervisorProcess
+from supervisor.testing.torch_scenarios import completed, last_step, wait_for
+from supervisor.testing.torchrun import TorchRun
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+
+def test_the_continuation_signal_saves_the_step_and_the_next_job_goes_on_from_it(torch_ready, slurm_cluster, tmp_path):
+    args = ["--steps", "40", "--ckpt-every", "1000", "--min-step-s", "0.1"]  # no periodic save: only the signal's
+    run = TorchRun(tmp_path, slurm_cluster.partition, str(tmp_path / "ckpt"), train_args=args)
+    spec = run.spec(checkpoints="full_verify = false\n")
+    spec.write_text(spec.read_text() + '[continuation]\nsignal = "USR1"\nlead_s = 60\n')
+    sup = SupervisorProcess(slurm_cluster, tmp_path)
+    sup.start()
+    try:
+        sup.cli("submit", str(spec))
+        wait_for("step 10", lambda: last_step(run, 0) >= 10, 90, sup)
+        job = sup.status("gpt")["attempts"][0]["job_id"]
+        slurm_cluster.run(["scancel", "--signal=USR1", "--batch", str(job)], check=True)
+        wait_for("the run completed", lambda: completed(sup), 120, sup)
+    finally:
+        sup.stop()
+    status = sup.status("gpt")
+    assert status["restarts"]["spent"] == 0 and status["attempts"][0]["exit_code"] == 75, status
+    kinds = [e["kind"] for e in sup.logbook("gpt")]
+    assert "continued" in kinds and "fault" not in kinds and "restarted" not in kinds, kinds
+    saved = last_step(run, 0)
+    second = run.trained(1)
+    assert 10 <= saved < 40 and second[0]["step"] == saved + 1, (saved, second[:2])  # no step lost
+    assert second[-1]["step"] == 40 and second[0]["consumed_samples"] == (saved + 1) * 16
