@@ -34,8 +34,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -260,6 +262,19 @@ def supervisor_trial(cluster: LocalSlurm, work: Path, trial: Trial, poll_interva
             )
 
 
+def cluster_conf(sched: str) -> dict[str, str]:
+    """The scheduler's settings; where the release has expedited requeue, switched on as a site that
+    wants it would (SlurmctldParameters=enable_expedited_requeue: without it sbatch refuses
+    --requeue=expedite, "Expedited requeue requested but not enabled")."""
+    conf = dict(SCHEDULERS[sched] or {})
+    # slurmctld -V needs no slurm.conf (squeue --version does on 24.11+, and there is none yet)
+    slurmctld = shutil.which("slurmctld", path="/usr/sbin:/usr/bin:" + os.environ.get("PATH", "")) or "slurmctld"
+    out = subprocess.run([slurmctld, "-V"], capture_output=True, text=True, check=False).stdout
+    if SlurmRelease(parse_version(out)).expedited_requeue:
+        conf["SlurmctldParameters"] = "enable_expedited_requeue"
+    return conf
+
+
 SLURM_SEEN: dict[str, str] = {}  # the release measured and the baseline's requeue option, for the JSON line
 
 
@@ -363,7 +378,7 @@ def main() -> int:
     started = time.monotonic()
     try:
         for sched in schedulers:
-            with LocalSlurm(4, extra_conf=SCHEDULERS[sched], keep_dir=args.keep) as cluster:
+            with LocalSlurm(4, extra_conf=cluster_conf(sched), keep_dir=args.keep) as cluster:
                 SLURM_SEEN.update(version=slurm_version(cluster), requeue=requeue_option(cluster))
                 print(
                     f"# cluster ({sched}): {len(cluster.nodes)} nodes, SlurmdTimeout=10, cred_expire=10, "
