@@ -16,27 +16,12 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
+
+from capture import HERE, sbatch, wait_state  # the job helpers of the squeue/sinfo capture beside this file
 
 from supervisor.adapters.slurm.release import parse_version
 from supervisor.adapters.slurm.sacct import SACCT_ENV, sacct_argv
 from supervisor.testing import LocalSlurm
-
-HERE = Path(__file__).resolve().parent
-
-
-def sbatch(cluster: LocalSlurm, name: str, *args: str) -> int:
-    argv = ["sbatch", "--parsable", f"--job-name={name}", "--output=/dev/null", *args]
-    return int(cluster.run(argv, check=True).stdout.strip().split(";")[0])
-
-
-def state(cluster: LocalSlurm, job: int) -> str:
-    out = cluster.run(["squeue", "-h", "-t", "all", "-j", str(job), "-o", "%T"]).stdout
-    return out.strip()
-
-
-def wait_state(cluster: LocalSlurm, job: int, *states: str, timeout: float = 30.0) -> None:
-    cluster.wait_for(lambda: state(cluster, job) in states, timeout, message=f"job {job} {states}")
 
 
 def jobs(cluster: LocalSlurm) -> list[int]:
