@@ -205,8 +205,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load_corpus(path: Path) -> torch.Tensor:
-    if not path.exists():
-        path.write_bytes(make_text(1 << 20))
+    if not path.exists():  # every rank may get here at once: each writes its own file, then renames it
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_bytes(make_text(1 << 20))
+        os.replace(partial, path)
     data = path.read_bytes()
     if len(data) < 2:
         raise BadInput(f"{path}: the corpus is empty")

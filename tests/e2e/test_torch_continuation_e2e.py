@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 def test_the_continuation_signal_saves_the_step_and_the_next_job_goes_on_from_it(torch_ready, slurm_cluster, tmp_path):
     args = ["--steps", "40", "--ckpt-every", "1000", "--min-step-s", "0.1"]  # no periodic save: only the signal's
     run = TorchRun(tmp_path, slurm_cluster.partition, str(tmp_path / "ckpt"), train_args=args)
+    run.write_corpus()  # as every scenario does: the ranks then read one whole file
     spec = run.spec(checkpoints="full_verify = false\n")
     spec.write_text(spec.read_text() + '[continuation]\nsignal = "USR1"\nlead_s = 60\n')
     sup = SupervisorProcess(slurm_cluster, tmp_path)
