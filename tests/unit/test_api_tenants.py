@@ -32,7 +32,8 @@ from supervisor.testing.users import python_for_others
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a caller of another UID needs root")
 
-# Keeps ``count`` connections, each asking whoami every 0.5 s; reopens one the daemon closes.
+# Keeps ``count`` connections, each asking whoami every 0.5 s; reopens one the daemon closes. Says
+# "holding" once it has opened them all, so the test waits on that, not on the clock.
 HOLDER = """
 import socket, sys, time
 path, count, end = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
@@ -44,6 +45,7 @@ def opened():
         pass
     return s
 held = [opened() for _ in range(count)]
+print("holding", flush=True)
 while time.monotonic() < end:
     for i, s in enumerate(held):
         try:
@@ -74,9 +76,12 @@ def test_a_stranger_holding_connections_does_not_lock_the_account_out(tmp_path, 
             user=NOBODY,
             group=NOBODY,
             extra_groups=[],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
-            time.sleep(1.5)  # the stranger holds what it can get
+            assert holder.stdout is not None
+            assert holder.stdout.readline() == "holding\n"  # the stranger holds what it can get
             answers = []
             for _ in range(10):
                 try:
