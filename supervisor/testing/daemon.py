@@ -134,6 +134,17 @@ class SupervisorProcess:
                     lines.append({"event": "raw", "text": raw})
         return lines
 
+    def wait_ended(self, run: str, timeout: float) -> dict[str, Any]:
+        """Wait until ``run`` ends (completed, failed or cancelled); its last status."""
+        deadline = time.monotonic() + timeout
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            status = self.status(run)
+            if status["state"] in ("completed", "failed", "cancelled"):
+                return status
+            time.sleep(0.2)
+        raise AssertionError(f"run {run} did not end within {timeout} s; last status {status}")
+
     def wait_running(
         self, run: str, *, attempt: int = 0, avoid: Sequence[str] = (), timeout: float = 60.0, interval: float = 0.1
     ) -> dict[str, Any]:

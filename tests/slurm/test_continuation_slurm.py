@@ -9,8 +9,6 @@ decision, covered on the simulator in tests/unit/test_continuation.py)."""
 from __future__ import annotations
 
 import sys
-import time
-from typing import Any
 
 import pytest
 
@@ -35,17 +33,6 @@ exit "$SSV_CONTINUE_EXIT_CODE"
 """
 
 
-def wait_ended(sup: SupervisorProcess, run: str, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        status = sup.status(run)
-        if status["state"] in ("completed", "failed", "cancelled"):
-            return status
-        time.sleep(0.2)
-    raise AssertionError(f"run {run} did not end within {timeout} s; last status {status}")
-
-
 def test_the_continue_code_after_a_verified_save_continues_the_run(slurm_cluster, tmp_path):
     marks, ckpt = tmp_path / "marks.txt", tmp_path / "ckpt"
     marks.touch()
@@ -63,7 +50,7 @@ def test_the_continue_code_after_a_verified_save_continues_the_run(slurm_cluster
     sup.start()
     try:
         sup.cli("submit", str(spec))
-        ended = wait_ended(sup, "chain", timeout=60)
+        ended = sup.wait_ended("chain", timeout=60)
     finally:
         sup.stop()
     assert ended["state"] == "completed" and ended["restarts"]["spent"] == 0, ended
@@ -97,7 +84,7 @@ def test_megatron_exit_16_is_restarted_once_on_other_nodes(slurm_cluster, tmp_pa
     sup.start()
     try:
         sup.cli("submit", str(spec))
-        ended = wait_ended(sup, "validate", timeout=60)
+        ended = sup.wait_ended("validate", timeout=60)
     finally:
         sup.stop()
     assert ended["state"] == "completed" and ended["restarts"]["spent"] == 1, ended

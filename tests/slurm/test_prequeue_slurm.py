@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -55,17 +53,6 @@ exit "$SSV_CONTINUE_EXIT_CODE"
 """
 
 
-def wait_ended(sup: SupervisorProcess, run: str, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        status = sup.status(run)
-        if status["state"] in ("completed", "failed", "cancelled"):
-            return status
-        time.sleep(0.2)
-    raise AssertionError(f"run {run} did not end within {timeout} s; last status {status}")
-
-
 def prequeued_run(cluster, tmp_path: Path, prequeue_s: int) -> tuple[Path, Path]:
     marks, ckpt = tmp_path / "marks.txt", tmp_path / "ckpt"
     marks.touch()
@@ -96,7 +83,7 @@ def test_the_successor_is_queued_held_before_the_end_and_released_from_the_later
             sup.start(f"--crash-at={crash_at}")
             assert sup.wait_exit(timeout=30) == 137
             sup.start()
-        ended = wait_ended(sup, "prechain", timeout=60)
+        ended = sup.wait_ended("prechain", timeout=60)
     finally:
         sup.stop()
     assert ended["state"] == "completed" and ended["restarts"]["spent"] == 0, ended

@@ -27,7 +27,7 @@ def submit(cluster, *script: str) -> int:
     return int(done.stdout.strip().split(";")[0])
 
 
-def wait_ended(cli: SlurmCli, job_id: int, timeout: float = 30.0):
+def wait_job_ended(cli: SlurmCli, job_id: int, timeout: float = 30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = cli.snapshot_of(frozenset({job_id}), False).jobs.get(job_id)
@@ -40,8 +40,8 @@ def wait_ended(cli: SlurmCli, job_id: int, timeout: float = 30.0):
 def test_a_job_read_by_id_keeps_its_exit_code_and_signal(slurm_cluster):
     """One job by id, as a daemon with one run (and any daemon running as root) reads it."""
     cli = SlurmCli(slurm_conf=str(slurm_cluster.slurm_conf), env=slurm_cluster.env, user=own_user())
-    exited = wait_ended(cli, submit(slurm_cluster, "exit 93"))
-    killed = wait_ended(cli, submit(slurm_cluster, "kill -9 $$"))
+    exited = wait_job_ended(cli, submit(slurm_cluster, "exit 93"))
+    killed = wait_job_ended(cli, submit(slurm_cluster, "kill -9 $$"))
     assert (exited.state, exited.exit_code, exited.term_signal) == (JobState.FAILED, 93, None)
     assert killed.state is JobState.FAILED and killed.term_signal == 9 and killed.exit_code is None
 
@@ -54,9 +54,7 @@ def test_a_run_whose_job_exits_93_is_given_up_not_restarted(slurm_cluster, tmp_p
     sup.start()
     try:
         sup.cli("submit", str(spec))
-        deadline = time.monotonic() + 45
-        while (status := sup.status("llm"))["state"] != "failed" and time.monotonic() < deadline:
-            time.sleep(0.3)
+        status = sup.wait_ended("llm", 45)
     finally:
         assert sup.stop() == 0
     assert status["state"] == "failed", status
