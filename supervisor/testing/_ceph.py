@@ -1,6 +1,6 @@
 """A private Ceph cluster with a RADOS Gateway on loopback: one mon, one OSD (memstore), radosgw.
 
-Debian's Ceph 16 packages (``ceph-mon ceph-osd radosgw ceph-common``); nothing in /etc is read or
+Debian's Ceph packages (``ceph-mon ceph-osd radosgw ceph-common``: 16 on Debian 12, 18 on 13); nothing in /etc is read or
 written: every daemon and client gets ``-c DIR/ceph.conf`` and keyrings under the instance's own
 directory. cephx auth is on (with ``auth none`` radosgw loops on ``get_initial_auth_request
 returned -13``); messenger v2 only, with the ports pinned to a free range (``ms bind port
@@ -13,6 +13,7 @@ radosgw: the gateway's stored ETag and checksums stay those of the original obje
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -45,6 +46,19 @@ def ceph_unavailable_reason() -> str | None:
     if missing:
         return f"Ceph binaries not found: {', '.join(missing)} (apt-get install --no-install-recommends {PACKAGES})"
     return None
+
+
+# Where the OSD finds its object classes (cls_rgw, cls_version…), which radosgw calls. Debian 13's Ceph 18
+# is built with a relative default (``lib/x86_64-linux-gnu/rados-classes``, looked up from the OSD's working
+# directory): without the absolute path every class call fails with EOPNOTSUPP and radosgw exits at start
+# ("could not initialize zone policy handler").
+_CLASS_DIRS = ("/usr/lib/*/rados-classes", "/usr/lib64/rados-classes", "/usr/lib/rados-classes")
+
+
+def rados_class_dir() -> str | None:
+    """The installed directory of the RADOS object classes, or None where none is found."""
+    found = (d for pattern in _CLASS_DIRS for d in sorted(glob.glob(pattern)) if glob.glob(f"{d}/libcls_rgw.so*"))
+    return next(found, None)
 
 
 def _port_range(span: int) -> int:
@@ -186,6 +200,7 @@ class CephCluster:
             "mon data": f"{r}/mon/$name",
             "osd data": f"{r}/osd/$name",
             "osd objectstore": "memstore",
+            **({"osd class dir": classes} if (classes := rados_class_dir()) else {}),
             "memstore device bytes": str(self.memstore_bytes),
             "osd pool default size": "1",
             "osd pool default min size": "1",
