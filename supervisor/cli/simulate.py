@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 
 from supervisor.cli import render
+from supervisor.cli.simulate_chain import chain_lines, chain_options, pop_chain
 
 if TYPE_CHECKING:  # the simulator is imported when the command runs, not with the CLI
     from supervisor.sim.fault_trace import FaultTrace
@@ -116,6 +117,7 @@ def _fmt_s(value: object) -> str:
     show_default=True,
     help="The engine reads simulated node agents' findings (XID, ECC, IB port) through HealthFeed.",
 )
+@chain_options
 @click.option("--demo", is_flag=True, help="The README demo: 16 nodes, 1 day, four faults of different causes.")
 @click.option(
     "--state-dir",
@@ -146,7 +148,8 @@ def simulate(**options: Any) -> None:
     from supervisor.adapters.logging import configure_logging
 
     configure_logging("warning", "auto")
-    o = _Options(**options)
+    chain = pop_chain(options)
+    o = _Options(**options, chain=chain)
     trace = _trace(o)
     plan = _plan(o, trace)
     root = Path(o.state_dir) if o.state_dir else Path(tempfile.mkdtemp(prefix="ssv-sim-"))
@@ -193,6 +196,7 @@ class _Options:
     show_logbook: bool | None
     as_json: bool
     show_progress: bool | None
+    chain: Any  # sim.chain.ChainSettings: the time limit, the queue, preemption
 
     @property
     def modes(self) -> list[Mode]:
@@ -281,6 +285,7 @@ def _settings(o: _Options) -> SimSettings:
         nccl_timeout_s=o.nccl_timeout,
         slurmd_timeout_s=o.slurmd_timeout,
         node_agents=o.node_agents,
+        chain=o.chain,
     )
 
 
@@ -317,8 +322,12 @@ def _report(
 ) -> None:
     """The figures, as one JSON object or as a table with the assumptions and where the logbook is."""
     from supervisor.sim import plan as planning
+    from supervisor.sim.time_limits import chain_summary
 
     figures = {m.value: planning.summary(rs) for m, rs in results.items()}
+    for m, rs in results.items():
+        if any("chain" in r.extra for r in rs):
+            figures[m.value]["chain"] = chain_summary([r.extra.get("chain") for r in rs])
     replay = None if trace is None else planning.trace_report(trace, plan.settings)
     if o.as_json:
         doc = {
@@ -331,6 +340,8 @@ def _report(
         click.echo(json.dumps(doc, default=str))
         return
     _print(plan, figures, planning.assumptions(plan))
+    for line in chain_lines(figures):
+        click.echo(line)
     for line in planning.trace_lines(replay) if replay is not None else ():
         click.echo(line)
     if supervised is not None:

@@ -168,6 +168,11 @@ class Engine:
         times = [t for t in (hang, self._recheck_at) if t is not None]
         return min(times) if times else None
 
+    @property
+    def recheck_at(self) -> float | None:
+        """When a decision asked to be looked at again (a pre-queue due, an evidence wait), None: none."""
+        return self._recheck_at
+
     def adopt(self) -> list[RunRecord]:
         """At daemon start: note in each active run's logbook that this daemon took it over."""
         now = self.clock.now()

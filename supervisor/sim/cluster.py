@@ -14,7 +14,7 @@ Error choices follow slurmctld: requeue of a pending job or of a job submitted w
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import MappingProxyType
 
@@ -49,6 +49,8 @@ class SimCluster:
         node_rights: bool = True,
         prefix: str = "n",
         first_job_id: int = 1000,
+        queue_wait: Callable[[], float] | None = None,
+        accrue_always: bool = True,
     ) -> None:
         names = node_names(nodes, prefix) if isinstance(nodes, int) else tuple(nodes)
         if len(set(names)) != len(names) or not names:
@@ -67,6 +69,8 @@ class SimCluster:
             cred_expire=cred_expire,
             min_job_age=min_job_age,
             first_job_id=first_job_id,
+            queue_wait=queue_wait,
+            accrue_always=accrue_always,
         )
         self._controller_down = False
         self._nodes_cache: Mapping[str, NodeInfo] | None = None

@@ -169,7 +169,13 @@ def trace_report(trace: FaultTrace, settings: SimSettings) -> dict[str, object]:
 
 def assumptions(plan: Plan) -> list[tuple[str, str]]:
     s, t = plan.settings, plan.settings.trainer
+    chain = (
+        [("chain of jobs", s.chain.describe())]
+        if s.chain.max_job_s or s.chain.queues or s.chain.preempt_per_day
+        else []
+    )
     return [
+        *chain,
         ("failure model", s.failures.source),
         ("MTBF of the job", f"{s.failures.mtbf_s(s.gpus) / 3600:.2f} h ({s.gpus} GPUs)"),
         *_save_on_failure(plan),

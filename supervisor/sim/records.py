@@ -152,6 +152,9 @@ class SimJob:
     held: bool = False
     hold_reason: str = HELD_USER
     begin_time: float = 0.0
+    queue_wait: float = 0.0  # its wait to reach the head of the queue (sim.chain)
+    queued_at: float | None = None  # when that wait began (None: held since its submission)
+    eligible_at: float = 0.0  # queued_at + queue_wait
     start_time: float | None = None
     end_time: float | None = None
     exit_code: int | None = None

@@ -29,11 +29,12 @@ from supervisor.domain.cluster import SubmitRequest
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.records import Event, EventKind
-from supervisor.domain.run import CheckpointPolicy, RestartMode, RunSpec, SparePolicy
+from supervisor.domain.run import CheckpointPolicy, ContinuationPolicy, RestartMode, RunSpec, SparePolicy
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.pacing import Pacing, PacingState, next_delay
 from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.reconcile import Engine, EngineSettings
+from supervisor.sim.chain import chain_report
 from supervisor.sim.clock import VirtualClock
 from supervisor.sim.failures import Failure
 from supervisor.sim.probe import SimProbe
@@ -43,6 +44,7 @@ from supervisor.sim.survivors import daemon_grace_s
 from supervisor.sim.world import World
 
 RUN = "llama3-405b"
+RESUME_FILE = "/sim/resume.json"  # a pre-queued job reads its checkpoint there (World.resume_files)
 Progress = Callable[[float], None]  # fraction of simulated time done
 
 
@@ -57,8 +59,21 @@ def checkpoint_policy(settings: SimSettings, root: str) -> CheckpointPolicy:
     """The run spec's ``[checkpoints]``: the simulated store's root, scanned every 10 minutes, and
     for a trainer that saves on failure the daemon's grace for it (``survivors.daemon_grace_s``)."""
     return CheckpointPolicy(
-        root=root, full_verify=False, scan_interval_s=600.0, save_on_failure_s=daemon_grace_s(settings)
+        root=root,
+        full_verify=False,
+        scan_interval_s=600.0,
+        save_on_failure_s=daemon_grace_s(settings),
+        resume_file=RESUME_FILE if settings.chain.max_job_s is not None else None,
     )
+
+
+def continuation_policy(settings: SimSettings) -> ContinuationPolicy | None:
+    """The run spec's ``[continuation]`` on a partition with a time limit (sim.chain): the signal
+    ``lead_s`` before the limit, the continue code, the next job pre-queued ``prequeue_s`` ahead."""
+    chain = settings.chain
+    if chain.max_job_s is None:
+        return None
+    return ContinuationPolicy(lead_s=chain.lead_s, prequeue_s=chain.prequeue_s, time_limit_s=int(chain.max_job_s))
 
 
 @dataclass
@@ -110,6 +125,7 @@ class Simulation:
                 "loss_s": loss_breakdown(world.strikes, world.attempts(), s.trainer.step_s),
                 "survivor_saves": len(world.survivor_saves),
                 "survivor_saves_torn": world.survivor_saves_torn(),
+                **({"chain": chain_report(world.limits.log)} if s.chain.max_job_s or s.chain.preempt_per_day else {}),
             },
         )
         if store is not None:
@@ -130,6 +146,7 @@ class Simulation:
             spare_policy=SparePolicy.NAMED if spares else SparePolicy.PARTITION_IDLE,
             spare_nodes=spares,
             max_restarts=1_000_000,
+            continuation=continuation_policy(s),
         )
         if self.mode is Mode.IN_ALLOCATION:  # the job holds nodes + hot_spares; the rest idle
             return replace(spec, restart_mode=RestartMode.IN_ALLOCATION, hot_spares=s.hot_spares)
@@ -145,7 +162,7 @@ class Simulation:
             partition=spec.partition,
             nodes=spec.nodes,
             comment="baseline",
-            extra_args=spec.sbatch_args,
+            extra_args=_handmade_signal(self.settings) + spec.sbatch_args,
             output=spec.output,
             requeue=True,
         )
@@ -181,7 +198,7 @@ class Simulation:
         progress = ProgressWatch(world.trainer.opener, HangSettings(multiple=s.hang_multiple), ledger=store)
         # The real checkpoint watch: every restart is handed the newest *verified* save (a torn
         # one is never resumed from), checked through the CheckpointStore port like S3 or Lustre.
-        watch = CheckpointWatch(lambda _spec: world.checkpoints, clock, inline=True)
+        watch = CheckpointWatch(lambda _spec: world.checkpoints, clock, inline=True, write_resume=world.write_resume)
         engine = Engine(
             scheduler=world.cluster,
             store=store,
@@ -239,6 +256,8 @@ class Simulation:
             # Only a silence can run the hang detector's deadline out: a tick after a new line
             # reads it before it checks.
             candidates.append(deadline)
+        if engine.recheck_at is not None:  # a decision's own time (a pre-queue due): new lines do not move it
+            candidates.append(engine.recheck_at)
         if a is not None and a.last_read is None:
             # Its first line read on the real grid: when it began training after its resume (the
             # restart's cost) is on record as a real daemon would have it.
@@ -266,3 +285,9 @@ class Simulation:
     def _report(self, now: float, start: float, end: float) -> None:
         if self.on_progress is not None:
             self.on_progress(min(1.0, (now - start) / (end - start)))
+
+
+def _handmade_signal(settings: SimSettings) -> tuple[str, ...]:
+    """The hand-made chain's ``#SBATCH --signal=B:USR1@LEAD`` (baseline mode, with a time limit)."""
+    chain = settings.chain
+    return () if chain.max_job_s is None else (f"--signal=B:USR1@{chain.lead_s}",)

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from supervisor.sim.chain import ChainSettings
 from supervisor.sim.failures import FailureModel, RepairTimes
 from supervisor.sim.trainer import TrainerSettings
 
@@ -60,6 +61,9 @@ class SimSettings:
     launcher_poll_s: float = 1.0  # the launcher reports and reads its goal this often
     launcher_wait_s: float = 30.0  # a step that died waits this long for a new generation (launcher)
     straggler_slowdown: float = 1.3
+    # The partition's time limit, the queue and preemption: a run of weeks as a chain of jobs
+    # (sim.chain; off by default: no limit, no queue wait, no preemption).
+    chain: ChainSettings = field(default_factory=ChainSettings)
 
     def __post_init__(self) -> None:
         problems = []

@@ -38,6 +38,8 @@ class ClusterState:
         cred_expire: float,
         min_job_age: float,
         first_job_id: int,
+        queue_wait: Callable[[], float] | None = None,
+        accrue_always: bool = True,
     ) -> None:
         self.clock = clock
         self.slurmd_timeout = slurmd_timeout
@@ -51,6 +53,10 @@ class ClusterState:
         self.executions: list[Execution] = []
         self.listeners: list[IncarnationListener] = []
         self._ids = itertools.count(first_job_id)
+        # Each job entering the queue waits this long before it may start (sim.chain); a held
+        # job's wait counts from its submission only with PriorityFlags=ACCRUE_ALWAYS.
+        self.queue_wait = queue_wait
+        self.accrue_always = accrue_always
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -59,9 +65,19 @@ class ClusterState:
         excluded = tuple(sorted(set(request.exclude), key=lambda n: order.get(n, len(order))))
         job = SimJob(next(self._ids), request, self.clock.now(), excluded)
         job.held = "--hold" in request.extra_args  # sbatch --hold: a user hold until released
+        job.queue_wait = self.queue_wait() if self.queue_wait is not None else 0.0
+        if not job.held or self.accrue_always:
+            self._wait_in_queue(job)
         self.jobs[job.job_id] = job
         self.pending[job.job_id] = job
         return job
+
+    def _wait_in_queue(self, job: SimJob) -> None:
+        """From now, the job needs its queue wait to reach the head of the queue."""
+        job.queued_at = self.clock.now()
+        job.eligible_at = job.queued_at + job.queue_wait
+        if job.queue_wait > 0:
+            self.clock.call_at(job.eligible_at, self.schedule)
 
     def schedule(self) -> None:
         """FIFO by job id per partition: a job that does not fit blocks later ones (builtin)."""
@@ -79,6 +95,8 @@ class ClusterState:
                 job.reason = "Dependency"
             elif job.begin_time > now:
                 job.reason = "BeginTime"
+            elif job.eligible_at > now:
+                job.reason = "Priority"  # other jobs are ahead of it in the queue
             elif job.request.partition in blocked:
                 job.reason = "Priority"
             else:
@@ -196,6 +214,9 @@ class ClusterState:
         job.start_time = job.end_time = None
         job.exit_code = job.term_signal = None
         job.begin_time = self.clock.now() + self.cred_expire
+        if self.queue_wait is not None:  # back in the queue: behind the jobs there
+            job.queue_wait = self.queue_wait()
+            self._wait_in_queue(job)
         if hold:
             self.set_held(job, True, hold_reason)
         job.reason = job.hold_reason if job.held else "BeginTime"
@@ -203,6 +224,8 @@ class ClusterState:
         self.clock.call_at(job.begin_time, self.schedule)
 
     def set_held(self, job: SimJob, held: bool, hold_reason: str = HELD_USER) -> None:
+        if not held and job.queued_at is None and job.state is JobState.PENDING:
+            self._wait_in_queue(job)  # held since its submission, without ACCRUE_ALWAYS: its wait starts now
         job.held = held
         job.hold_reason = hold_reason if held else HELD_USER
         if job.state is JobState.PENDING and held:

@@ -22,9 +22,11 @@ computing — the figures ETTR is computed from.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from supervisor.sim.checkpoints import SimCheckpointStore, SimSave
@@ -143,12 +145,14 @@ class SimTrainer:
         seed: int = 0,
         *,
         resume_uncommitted: bool = False,
+        resume_files: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.store = store
         self.seed = seed
         self.resume_uncommitted = resume_uncommitted  # the baseline: the last save, whatever its state
+        self.resume_files = resume_files if resume_files is not None else {}  # a pre-queued job's checkpoint
         self.attempts: list[Attempt] = []
         self._by_path: dict[str, Attempt] = {}
         self._diverging: dict[int, int] = {}  # divergence onset step -> the attempt (id) living it
@@ -217,6 +221,8 @@ class SimTrainer:
         """The supervisor's choice (``SSV_RESUME_STEP``) when it gave one, else the trainer's own:
         the newest committed save (the baseline: the newest save, whatever its state)."""
         text = env.get(ENV_RESUME_STEP)
+        if env.get("SSV_RESUME_FROM_FILE") == "1":  # a pre-queued job: the file as of its start
+            text = _step_in_file(self.resume_files.get(env.get("SSV_RESUME_FILE", "")))
         if text is not None and text.strip().isdigit():
             return self.store.get(int(text))
         return self.store.newest(committed_only=not self.resume_uncommitted)
@@ -246,6 +252,44 @@ class SimTrainer:
         a.frozen_at = at
         self._truncate(a, at)
         self.store.attempt_ended(at)
+
+    def end_on_purpose(self, a: Attempt, at: float, deadline: float) -> float | None:
+        """A signal at ``at`` (a time limit's, a preemption's grace): the trainer saves at its next
+        log-line boundary (the periodic save there, if one is due, is that save) and exits once the
+        save is committed; that moment, or None when it cannot commit by ``deadline`` (it is killed
+        then, with the work since its last save). Signalled before it computes, it exits at once:
+        it has trained nothing since the checkpoint it resumed from."""
+        if not a.active or a.frozen_at is not None or (a.exit_at is not None and a.exit_at <= at):
+            return None
+        if at < a.computing_at:
+            done = at
+        else:
+            boundary, step = self._boundary(a, at)
+            save = self.store.get(step)
+            if save is not None and save.started_at == boundary:  # the periodic save of that line
+                done = save.committed_at if save.committed_at is not None else boundary + self.settings.save_s
+            else:
+                done = boundary + self.settings.save_s
+                if done <= deadline:
+                    self.store.begin_save(step, boundary, done)
+            if done <= deadline:
+                self._truncate(a, boundary)  # lines generated ahead of it were never written
+                a.step = step
+        if done > deadline:
+            return None
+        a.exit_at = done
+        return done
+
+    def _boundary(self, a: Attempt, at: float) -> tuple[float, int]:
+        """The first log line at or after ``at`` (written now if it was not yet), or the last one
+        before it when its save is still being written: (its time, its step)."""
+        self._generate(a, at)
+        for start, step, duration in a.intervals:
+            if start + duration >= at:
+                self._generate(a, start + duration)
+                return start + duration, step + self.settings.log_every
+        start, step, duration = a.intervals[-1]  # at lies in the save after the newest line
+        return start + duration, step + self.settings.log_every
 
     def set_slow(self, a: Attempt, factor: float) -> None:
         self._generate(a, self.clock.now())
@@ -382,6 +426,14 @@ class SimTrainer:
             f" grad norm: {0.8 + 0.4 * a.rng.random():.3f} | number of skipped iterations:   0 |"
             " number of nan iterations:   0 |"
         )
+
+
+def _step_in_file(text: str | None) -> str | None:
+    """The checkpoint step a resume file names (None: no file, or no checkpoint in it)."""
+    if text is None:
+        return None
+    step = (json.loads(text).get("checkpoint") or {}).get("step")
+    return str(step) if isinstance(step, int) else None
 
 
 class InMemoryLog:

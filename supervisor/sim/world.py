@@ -38,6 +38,7 @@ from supervisor.sim.records import Incarnation
 from supervisor.sim.results import Strike
 from supervisor.sim.settings import Mode, SimSettings
 from supervisor.sim.survivors import save_on_failure, step_at
+from supervisor.sim.time_limits import TimeLimits
 from supervisor.sim.trainer import Attempt, SimTrainer
 
 NHC_REASON = "NHC: {what} failed"
@@ -66,10 +67,18 @@ class World:
             down_after=settings.slurmd_timeout_s,
             cred_expire=settings.cred_expire_s,
             min_job_age=300.0,
+            queue_wait=settings.chain.queue_wait(settings.seed),
+            accrue_always=settings.chain.accrue_always,
         )
         self.checkpoints = SimCheckpointStore(clock)
+        self.resume_files: dict[str, str] = {}  # the resume files the engine wrote (path -> JSON)
         self.trainer = SimTrainer(
-            settings.trainer, clock, self.checkpoints, settings.seed, resume_uncommitted=mode is Mode.BASELINE
+            settings.trainer,
+            clock,
+            self.checkpoints,
+            settings.seed,
+            resume_uncommitted=mode is Mode.BASELINE,
+            resume_files=self.resume_files,
         )
         self.health = SimHealthFeed(clock, self.cluster.node_names, settings.agent_sample_s)
         self.broken: dict[str, Category] = {}  # nodes with a lasting fault, until repaired
@@ -83,6 +92,9 @@ class World:
         self._attempts: dict[tuple[int, ...], Attempt] = {}  # per job incarnation: its newest attempt
         self._timers: dict[tuple[int, ...], list[Timer]] = {}  # an attempt's pending exits
         self.launcher = SimLauncher(self) if mode is Mode.IN_ALLOCATION else None
+        if self.launcher is not None and settings.chain.max_job_s is not None:
+            raise ValueError("the simulator models time limits for resubmitted jobs only, not in-allocation mode")
+        self.limits = TimeLimits(self)
         self._last_nodes: tuple[str, ...] = self.cluster.node_names[: settings.nodes_per_job]
         self._path_of = path_of
         self.cluster.on_incarnation(self._incarnation)
@@ -97,6 +109,7 @@ class World:
             if f.category.shows.interrupts:
                 self.interrupt_times.append(when)
             self.clock.call_at(when, self._strike, f)
+        self.limits.schedule()
 
     def log_path(self, job_id: int) -> str:
         if callable(self._path_of):
@@ -117,8 +130,13 @@ class World:
         env = dict(self.cluster.job_request(inc.job_id).env)
         if self.launcher is not None:  # the batch script runs the launcher, which starts the step
             self.launcher.job_started(inc, env)
+            self.limits.started(inc, None)
         else:
-            self.run_attempt(key, inc.nodes, env)
+            self.limits.started(inc, self.run_attempt(key, inc.nodes, env))
+
+    def write_resume(self, path: str, text: str) -> None:
+        """The engine's resume file (``CheckpointWatch``'s writer): kept for the trainer to read."""
+        self.resume_files[path] = text
 
     def run_attempt(
         self, key: tuple[int, ...], nodes: tuple[str, ...], env: dict[str, str], startup_s: float | None = None
@@ -131,12 +149,12 @@ class World:
         bad = sorted(n for n in nodes if n in self.broken)
         if bad:
             self.crash_restarts += 1
-            self._later(a, a.started_at + self.settings.trainer.crash_at_start_s, self._exit)
+            self.later(a, a.started_at + self.settings.trainer.crash_at_start_s, self._exit)
         elif a.resume_torn:
             self.torn_restarts += 1
-            self._later(a, a.computing_at, self._exit)
+            self.later(a, a.computing_at, self._exit)
         if a.exit_at is not None:  # doomed, or resuming from an unloadable save (TrainerSettings)
-            self._later(a, a.exit_at, self._exit)
+            self.later(a, a.exit_at, self._exit)
         return a
 
     def stop_attempt(self, a: Attempt, at: float | None = None) -> None:
@@ -145,8 +163,9 @@ class World:
         for timer in self._timers.pop(a.key, []):
             timer.cancel()  # a watchdog or crash of an attempt that is gone is no event
 
-    def _later(self, a: Attempt, when: float, fn: Callable[[Attempt], None]) -> None:
-        self._timers.setdefault(a.key, []).append(self.clock.call_at(when, fn, a))
+    def later(self, a: Attempt, when: float, fn: Callable[..., None], *args: object) -> None:
+        """``fn(a, *args)`` at ``when``, unless the attempt's processes are gone by then."""
+        self._timers.setdefault(a.key, []).append(self.clock.call_at(when, fn, a, *args))
 
     def _exit(self, a: Attempt) -> None:
         """The attempt's processes exit with an error (crash, watchdog, failed load)."""
@@ -207,7 +226,7 @@ class World:
                 self._crash(a, shows, now)
             elif shows in (Manifestation.HANG, Manifestation.HOST_DOWN):
                 self.trainer.freeze(a, now)
-                self._later(a, now + self.settings.nccl_timeout_s, self._watchdog)
+                self.later(a, now + self.settings.nccl_timeout_s, self._watchdog)
         if repair_s > 0 and shows not in (
             Manifestation.NCCL_ERROR,
             Manifestation.SOFTWARE,
@@ -226,7 +245,7 @@ class World:
         if exit_at is None or exit_at <= now:
             self._exit(a)
         else:
-            self._later(a, exit_at, self._exit)
+            self.later(a, exit_at, self._exit)
 
     def _health_check(self, node: str, cat: Category) -> None:
         if self.broken.get(node) is cat:
