@@ -8,8 +8,11 @@ goal: a newer generation stops the step (SIGTERM to srun, which signals the task
 ``stop_grace_s``) and starts it on the goal's nodes with the goal's resume variables. A goal whose
 nodes are not ``nodes`` names of this job's allocation is refused. A step that ends by itself with
 success ends the launcher; after a failure it waits ``decision_wait_s`` for a new generation (the
-daemon may be about to swap a node that killed it), then exits with the step's code. SIGTERM (the
-job cancelled) stops the step and ends the launcher. Argv lists only.
+daemon may be about to swap a node that killed it), then exits with the step's code; a step that
+exits with the continue code (``[continuation]``) ends it at once with that code, and the
+continuation signal sent to the batch shell (``--signal=B:SIG``) is handed to the step's srun,
+which forwards it to the tasks. SIGTERM (the job cancelled) stops the step and ends the launcher.
+Argv lists only.
 
 Beside generation 0 it starts the pre-flight check of the hot spares (``spare_check``: one
 overlapping step over the allocation's other nodes, bounded by ``spare_check_timeout_s``;
@@ -56,6 +59,9 @@ class LaunchSettings:
     # The trainer's survivors save when a rank fails ([checkpoints] save_on_failure_s): srun leaves
     # the other tasks this long after the first one ends (0: ends them at once, --kill-on-bad-exit).
     save_on_failure_s: float = 0.0
+    # [continuation]: the trainer's "saved, continue me" (SSV_CONTINUE_EXIT_CODE). A step that
+    # exits with it ends the job at once with it (a planned end: no swap to wait for).
+    continue_code: int | None = None
 
 
 # Which of the step's nodes do not answer (their slurmd): srun notices a dead node only once
@@ -110,6 +116,14 @@ class Launcher:
         self.nodes = settings.allocation[: settings.nodes]
         self._env: dict[str, str] = {}
         self._refused = -1  # the generation last refused
+        self._step: Step | None = None
+
+    def pass_on(self, signum: int) -> None:
+        """The continuation signal reached the batch shell (``--signal=B:SIG``): hand it to the
+        step's srun, which forwards it to the tasks (called from the signal handler)."""
+        step = self._step
+        if step is not None and step.proc.poll() is None:
+            step.proc.send_signal(signum)
 
     def run(self) -> int:
         step = self._start()
@@ -131,8 +145,8 @@ class Launcher:
                 self._adopt(goal)
                 step, ended_at = self._start(), None
                 continue
-            if code == 0:
-                return 0
+            if code == 0 or (code is not None and code == self.s.continue_code):
+                return code  # done, or a planned end (the trainer saved): nothing to wait for
             if code is not None:
                 ended_at = ended_at if ended_at is not None else time.monotonic()
                 if time.monotonic() - ended_at >= self.s.decision_wait_s:
@@ -169,7 +183,8 @@ class Launcher:
     def _start(self) -> Step:
         env = {**os.environ, **self._env, "SSV_STEP_GENERATION": str(self.generation)}
         log.info("launcher_step_start", generation=self.generation, nodes=list(self.nodes))
-        return Step(self.argv(), env, self._nudge.set)
+        self._step = Step(self.argv(), env, self._nudge.set)
+        return self._step
 
     def _check_spares(self) -> SpareCheck | None:
         """The pre-flight check of the hot spares (the allocation's nodes outside generation 0), started."""

@@ -108,6 +108,7 @@ def launch(
         spare_check=() if no_spare_check else _spare_check(spare_check, daemon_url, run_name, token_file),
         spare_check_timeout_s=spare_check_timeout_s,
         save_on_failure_s=save_on_failure_s,
+        continue_code=_continue_code(),
     )
     # the step's nodes' slurmd, looked at each poll: the daemon hears of a dead node at once (a hint)
     reach = SlurmdReach(SlurmCli(), settings.job_id) if client is not None else None
@@ -117,4 +118,25 @@ def launch(
         launcher.stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
+    passed_on = _continue_signal()
+    if passed_on is not None:  # [continuation] --signal=B:SIG: the trainer in the step saves on it
+        signal.signal(passed_on, lambda signum, frame: launcher.pass_on(signum))
     sys.exit(launcher.run())
+
+
+def _continue_signal() -> signal.Signals | None:
+    """The continuation signal (SSV_CONTINUE_SIGNAL: a name without SIG, or a number), passed on to
+    the step; not SIGTERM, which stays the job's cancel. None: none asked, or not a signal."""
+    name = os.environ.get("SSV_CONTINUE_SIGNAL", "").strip().upper().removeprefix("SIG")
+    if not name:
+        return None
+    try:
+        sig = signal.Signals(int(name)) if name.isdigit() else signal.Signals[f"SIG{name}"]
+    except (KeyError, ValueError):
+        return None
+    return None if sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGSTOP) else sig
+
+
+def _continue_code() -> int | None:
+    text = os.environ.get("SSV_CONTINUE_EXIT_CODE", "")
+    return int(text) if text.isdigit() and 1 <= int(text) <= 255 else None

@@ -3,6 +3,10 @@ stand-in ``srun`` (a script that logs its argv and environment) and a scripted c
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -114,3 +118,50 @@ def test_a_run_that_saves_on_failure_lets_the_survivors_finish_their_save() -> N
     saving = Launcher(settings(Path("srun"), save_on_failure_s=90.5), None).argv()
     assert "--kill-on-bad-exit=0" in saving and "--wait=91" in saving and "--kill-on-bad-exit=1" not in saving
     assert saving[-2:] == ["train", "--x"]
+
+
+# -- [continuation]: the planned end in in-allocation mode (issue 31) ----------------------------
+
+TRAINER_ON_USR1 = (
+    'trap \'echo got-usr1 >> "$(dirname "$0")/srun.log"; exit 75\' USR1\n'
+    'echo ready >> "$(dirname "$0")/srun.log"\n'
+    "while :; do sleep 0.05; done"
+)
+
+
+def test_the_continuation_signal_is_handed_to_the_step_and_its_continue_code_ends_the_job_at_once(
+    tmp_path: Path,
+) -> None:
+    # Before: the launcher had no way to pass the batch shell's signal on, and a step that exited
+    # 75 was held for decision_wait_s like a failure (here an hour) before the job ended.
+    srun, log = fake_srun(tmp_path, TRAINER_ON_USR1)
+    launcher = Launcher(settings(srun, decision_wait_s=3600.0, continue_code=75), Channel())  # type: ignore[arg-type]
+    thread, result = run_in_thread(launcher)
+    wait(lambda: log.exists() and "ready" in log.read_text())
+    launcher.pass_on(signal.SIGUSR1)
+    thread.join(10)
+    assert result == [75] and "got-usr1" in log.read_text()
+
+
+def test_slurm_supervisor_launch_passes_the_continuation_signal_on_and_exits_with_the_continue_code(
+    tmp_path: Path,
+) -> None:
+    srun, log = fake_srun(tmp_path, TRAINER_ON_USR1)
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_JOB_ID": "7",
+        "SLURMD_NODENAME": "n1",
+        "SSV_CONTINUE_SIGNAL": "USR1",
+        "SSV_CONTINUE_EXIT_CODE": "75",
+    }
+    argv = [sys.executable, "-m", "supervisor", "launch", "--no-spare-check", "--decision-wait", "3600", "--", "train"]
+    proc = subprocess.Popen(argv, env=env)
+    try:
+        wait(lambda: log.exists() and "ready" in log.read_text(), timeout=30)
+        proc.send_signal(signal.SIGUSR1)  # what Slurm's --signal=B:USR1@LEAD does to the batch shell
+        assert proc.wait(30) == 75
+    finally:
+        proc.kill()
+    assert "got-usr1" in log.read_text()
