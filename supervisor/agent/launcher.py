@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import secrets
 import signal
 import subprocess
 import threading
@@ -181,7 +182,10 @@ class Launcher:
         return ["--kill-on-bad-exit=0", f"--wait={math.ceil(self.s.save_on_failure_s)}"]
 
     def _start(self) -> Step:
-        env = {**os.environ, **self._env, "SSV_STEP_GENERATION": str(self.generation)}
+        # SSV_WORLD_NONCE: one random value per world, shared by its ranks only: the survivors' claim
+        # file is named after it, so nobody who can write the checkpoint root can pre-create it
+        nonce = secrets.token_hex(16)
+        env = {**os.environ, **self._env, "SSV_STEP_GENERATION": str(self.generation), "SSV_WORLD_NONCE": nonce}
         log.info("launcher_step_start", generation=self.generation, nodes=list(self.nodes))
         self._step = Step(self.argv(), env, self._nudge.set)
         return self._step

@@ -153,7 +153,7 @@ def _engine(
         fencer=wiring.fencer(cfg),
         crash_hook=_crash_hook(crash_at),
         progress=wiring.progress(cfg, store),
-        checkpoints=wiring.checkpoints(clock, cfg),
+        checkpoints=wiring.checkpoints(clock, cfg, store),
         health=ingest[0] if ingest else None,
         accounting=wiring.accounting(scheduler),
         guard=wiring.guard(cfg),

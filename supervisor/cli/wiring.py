@@ -33,6 +33,7 @@ from supervisor.adapters.web.renderer import ProcessRenderer
 from supervisor.adapters.web.server import HttpServer, server_tls
 from supervisor.adapters.web.tokens import TokenBook
 from supervisor.config import DaemonConfig
+from supervisor.domain.checkpoints.signing import manifest_key
 from supervisor.domain.health.findings import HeartbeatSettings
 from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.domain.health.gpu_table import GpuHealthSettings
@@ -42,7 +43,7 @@ from supervisor.domain.run import RunSpec
 from supervisor.engine.checkpoints import CheckpointWatch
 from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.reconcile import EngineSettings
-from supervisor.ports import CheckpointStore, PortError, ProgressLedger
+from supervisor.ports import CheckpointStore, PortError, ProgressLedger, Store
 
 if TYPE_CHECKING:
     from supervisor.adapters.postgres import PostgresStore
@@ -236,8 +237,9 @@ def daemon_dirs(cfg: DaemonConfig) -> tuple[str, ...]:
     return default_daemon_dirs([state, cfg.api.socket_path(state).parent, *secret_files])
 
 
-def checkpoint_store(spec: RunSpec) -> CheckpointStore:
-    """The run's checkpoint store, from its ``[checkpoints]`` section (S3 or a directory)."""
+def checkpoint_store(spec: RunSpec, key: bytes | None = None) -> CheckpointStore:
+    """The run's checkpoint store, from its ``[checkpoints]`` section (S3 or a directory); ``key``:
+    the run's manifest key (domain.checkpoints.signing), with which its manifests are checked."""
     from supervisor.adapters.checkpoints.store import open_store
 
     policy = spec.checkpoints
@@ -246,15 +248,27 @@ def checkpoint_store(spec: RunSpec) -> CheckpointStore:
     s3: dict[str, Any] = {}
     if policy.root.startswith("s3://"):
         s3 = {k: v for k, v in (("endpoint_url", policy.endpoint_url), ("region", policy.region)) if v is not None}
-    return open_store(policy.root, bandwidth_bytes_s=bandwidth, uncommitted_grace_s=policy.upload_grace_s, **s3)
+    return open_store(
+        policy.root,
+        bandwidth_bytes_s=bandwidth,
+        uncommitted_grace_s=policy.upload_grace_s,
+        key=key,
+        trust=policy.trust,
+        **s3,
+    )
 
 
-def checkpoints(clock: SystemClock, cfg: DaemonConfig | None = None) -> CheckpointWatch:
-    """Verification of each run's checkpoints and the resume choice at every submission."""
+def checkpoints(clock: SystemClock, cfg: DaemonConfig | None = None, tokens: Store | None = None) -> CheckpointWatch:
+    """Verification of each run's checkpoints and the resume choice at every submission; each
+    run's manifests checked with the key derived from its token in ``tokens`` (the daemon's store)."""
     from supervisor.adapters.checkpoints.resume_file import write_resume_file
 
     dirs = daemon_dirs(cfg) if cfg is not None else None
-    return CheckpointWatch(checkpoint_store, clock, write_resume=lambda path, text: write_resume_file(path, text, dirs))
+
+    def factory(spec: RunSpec) -> CheckpointStore:
+        return checkpoint_store(spec, manifest_key(tokens.run_token(spec.name)) if tokens is not None else None)
+
+    return CheckpointWatch(factory, clock, write_resume=lambda path, text: write_resume_file(path, text, dirs))
 
 
 def gpu_health(cfg: DaemonConfig) -> GpuHealthSettings:

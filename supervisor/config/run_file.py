@@ -16,7 +16,7 @@ from supervisor.config.continuation_section import ContinuationSection, check_pr
 from supervisor.config.errors import fail, fix_hint
 from supervisor.config.restart_section import RestartSection
 from supervisor.config.sbatch_options import check_sbatch_args, check_script_directives
-from supervisor.domain.run import CheckpointPolicy, RunSpec, SparePolicy, SpikePolicy
+from supervisor.domain.run import CheckpointPolicy, RunSpec, SparePolicy, SpikePolicy, Trust
 
 # --------------------------------------------------------------------------- sections
 # [restart] (restart mode, in-allocation hot spares, pacing) is in ``restart_section``.
@@ -228,6 +228,7 @@ class CheckpointsSection(Section):
         ),
     )
     allow_adopted: bool = True
+    trust: Trust = Trust.OWNER
     resume_file: StrictStr | None = None
     save_on_failure_s: FloatField = Field(
         default=0.0,

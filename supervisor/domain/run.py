@@ -70,6 +70,15 @@ class RestartMode(StrEnum):
     IN_ALLOCATION = "in-allocation"  # keep the job (--no-kill): swap a hot spare into the step (docs/in-allocation.md)
 
 
+class Trust(StrEnum):
+    """``[checkpoints] trust``: which checkpoints a run resumes from, by who vouches for them
+    (domain.checkpoints.signing and .origin)."""
+
+    ANY = "any"  # no origin checks: a whole checkpoint is enough, whoever wrote it
+    OWNER = "owner"  # default: files the account owns (POSIX); a manifest's signature, when present, must match
+    STRICT = "strict"  # the account's files, not writable by group or others, and a manifest signed by the run
+
+
 DEFAULT_DO_NOT_RESTART = (93,)  # nvidia-resiliency-ext: "do not requeue"
 
 
@@ -119,11 +128,15 @@ class CheckpointPolicy:
     expected_interval_s: float | None = None  # the run's checkpoint interval, for the staleness alarm
     alarm_intervals: float = 3.0  # alarm when no verified checkpoint for this many expected intervals
     allow_adopted: bool = True  # resume from adopted layouts (DCP, Megatron, NeMo) without our manifest
+    trust: Trust = Trust.OWNER  # whose checkpoints are resumed from (domain.checkpoints.origin)
     resume_file: str | None = None  # where the chosen checkpoint is written for the job (shared FS)
     # The trainer's surviving ranks save a checkpoint when a rank fails (docs/checkpoints.md): a
     # step or job that still runs when a node of it faults is given this long, from the fault's
     # onset, to save and exit by itself before it is stopped. 0: the trainer does not.
     save_on_failure_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "trust", Trust(self.trust))  # a stored spec's JSON holds the text
 
 
 @dataclass(frozen=True)

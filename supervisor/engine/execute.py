@@ -30,6 +30,7 @@ from supervisor.domain.actions import (
     SwapStep,
 )
 from supervisor.domain.checkpoints.resume import ResumePlan, describe_plan
+from supervisor.domain.checkpoints.signing import manifest_key
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange
 from supervisor.domain.decide.blast import NodeChangeRecord
 from supervisor.domain.records import Event, EventKind, RunRecord, Successor
@@ -164,7 +165,9 @@ class Executor:
             tag = submit_tag(run.name, self.store.instance_id, intent, action.nonce)
             url = self.ingest_url
             token = self.store.run_token(run.name) if url else None
-            return {"job_id": sched.submit(submit_request(run.spec, action, tag, seq, token=token, ingest_url=url))}
+            key = manifest_key(self.store.run_token(run.name)) if run.spec.checkpoints is not None else None
+            request = submit_request(run.spec, action, tag, seq, token=token, ingest_url=url, manifest_key=key)
+            return {"job_id": sched.submit(request)}
         if isinstance(action, StartSuccessor):  # the resume file was rewritten (resume_for) before this
             sched.set_excluded(action.job_id, action.exclude)
             sched.release(action.job_id)

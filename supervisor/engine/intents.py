@@ -32,6 +32,7 @@ from supervisor.domain.actions import (
     SwapStep,
 )
 from supervisor.domain.checkpoints.resume import ResumePlan, resume_env
+from supervisor.domain.checkpoints.signing import KEY_ENV
 from supervisor.domain.cluster import ClusterSnapshot, JobState, NodeChange, SubmitRequest
 from supervisor.domain.decide.exit_codes import continue_code
 from supervisor.domain.observation import REASON_PREFIX
@@ -94,7 +95,14 @@ def intent_tag(run: str, store_id: str, intent_id: int, params: Mapping[str, Any
 
 
 def submit_request(
-    spec: RunSpec, action: Submit, tag: str, seq_hint: int, *, token: str | None = None, ingest_url: str | None = None
+    spec: RunSpec,
+    action: Submit,
+    tag: str,
+    seq_hint: int,
+    *,
+    token: str | None = None,
+    ingest_url: str | None = None,
+    manifest_key: bytes | None = None,
 ) -> SubmitRequest:
     env = dict(spec.env)
     env["SLURM_SUPERVISOR_RUN"] = spec.name
@@ -102,6 +110,8 @@ def submit_request(
     if token and ingest_url:  # for the node agents: `slurm-supervisor agent` reads both
         env["SLURM_SUPERVISOR_URL"] = ingest_url
         env["SLURM_SUPERVISOR_TOKEN"] = token
+    if manifest_key is not None:  # the trainer's commit signs its manifests (domain.checkpoints.signing)
+        env[KEY_ENV] = manifest_key.hex()
     if action.resume is not None:
         env.update(resume_env(action.resume) if action.after_job is None else _resume_at_start(action.resume))
     if spec.save_on_failure_s > 0:  # the launcher's srun, or the batch script's, leaves the survivors this long

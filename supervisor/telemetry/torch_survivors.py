@@ -30,12 +30,13 @@ between ``optimizer.step()`` and ``completed()``. Survivors may disagree by one 
 all-reduce that some ranks finished before the peer died): each one's state is a consistent,
 replicated state of its own completed step; the one that wins the claim writes its own.
 
-**Who writes.** The first to claim on the c10d store (its ``add`` counter, with a short timeout),
-and then on the checkpoint storage: a create-if-absent claim file (``O_EXCL``, S3
-``If-None-Match``) named for this world (Slurm job and step, torchrun restart, step generation,
-master address). When the store is unreachable (its host died: torchrun keeps it with node 0's
-agent) every survivor goes to the storage claim; the storage decides, so there is one writer even
-when one survivor won on the store and another lost the store just after. The losers write
+**Who writes.** The one survivor that creates the claim file on the checkpoint storage, a
+create-if-absent file (``O_EXCL``, S3 ``If-None-Match``) named for this world (Slurm job and step,
+torchrun restart, step generation, master address) and keyed by secrets only the job holds (the
+run's ``SSV_MANIFEST_KEY``, the launcher's ``SSV_WORLD_NONCE``), so that nobody else who may write
+the root can pre-create it. Every survivor tries; the storage decides. The c10d store's ``add``
+counter (with a short timeout) is asked first, but only as evidence of who came first: the store
+has no authentication, and a stranger who bumps it must not silence the save. The losers write
 nothing. The name is the first free one of ``step_NNNNNN``, ``-b``.. as ``Supervision.save`` picks
 it; a committed checkpoint is never touched.
 
@@ -48,6 +49,7 @@ boundary (never mid ``optimizer.step()``), where the state is saved as on a fail
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -203,24 +205,22 @@ class SaveOnFailure:
         return FailureSave(step, location, True, f"{reason}; saved step {step} ({how})", time.monotonic() - began)
 
     def _claim(self, step: int, reason: str) -> tuple[bool, str]:
-        """(whether this rank writes, how it was decided). The store's counter first: its losers
-        touch nothing. Its winner — or, when the store is unreachable, every survivor — then
-        creates the claim file: the storage is the arbiter, so a survivor that fell back to it
-        while another won on the store (it lost the store just after) still makes one writer."""
+        """(whether this rank writes, how it was decided). The storage alone decides: every
+        survivor creates the claim file, and one creation succeeds. The c10d store's counter is
+        evidence only (who came first): the store has no authentication, and a count bumped by a
+        stranger must not silence the save (security review 2026-12-02, finding 16)."""
         try:
             store = self.store if self.store is not None else dist.distributed_c10d._get_default_store()
             store.set_timeout(timedelta(seconds=self.claim_timeout_s))
-            if int(store.add(CLAIM_KEY, 1)) != 1:
-                return False, "another survivor claimed it on the store"
-            how = "claimed on the store"
-            done = f"{how} and the storage"
+            first = int(store.add(CLAIM_KEY, 1)) == 1
+            how = "claimed on the store" if first else "another survivor claimed it on the store"
         except (RuntimeError, ValueError) as exc:  # DistStoreError / DistNetworkError are RuntimeErrors
-            how = f"store unreachable ({type(exc).__name__})"
-            done = f"{how}; claimed on the storage"
+            first, how = False, f"store unreachable ({type(exc).__name__})"
         evidence = {"rank": self.ssv.rank, "host": socket.gethostname(), "step": step, "reason": reason[:200]}
-        if not _claim_file(self.ssv, claim_name(), json.dumps(evidence).encode()):
-            return False, f"{how}; another survivor claimed it on the storage"
-        return True, done
+        won = _claim_file(self.ssv, claim_name(), json.dumps(evidence).encode())
+        if won:
+            return True, f"{how} and the storage" if first else f"{how}; claimed on the storage"
+        return False, f"{how}; another survivor claimed it on the storage" if first else f"{how} and on the storage"
 
     def _write(self, step: int) -> str:
         """DCP save of this rank's whole state as a one-process checkpoint, then the manifest."""
@@ -249,11 +249,15 @@ def _names(ssv: Supervision, step: int) -> list[str]:
 
 def claim_name(env: dict[str, str] | None = None) -> str:
     """The claim file's name: the same on every rank of this world, another for the next world
-    (a relaunched step, a torchrun restart, a new job)."""
+    (a relaunched step, a torchrun restart, a new job), and unguessable by anyone who cannot read
+    the job's environment: keyed by the run's manifest key the daemon hands the job
+    (``SSV_MANIFEST_KEY``) and the world's nonce the in-allocation launcher hands its step
+    (``SSV_WORLD_NONCE``). Without either (a job the supervisor did not submit) it is guessable."""
     env = dict(os.environ) if env is None else env
     world = [env.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RESTART_COUNT")]
     world += [env.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "SSV_STEP_GENERATION")]
-    return CLAIM_PREFIX + hashlib.sha256("\0".join(world).encode()).hexdigest()[:16]
+    secret = "\0".join(env.get(k, "") for k in ("SSV_MANIFEST_KEY", "SSV_WORLD_NONCE")).encode()
+    return CLAIM_PREFIX + hmac.new(secret, "\0".join(world).encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def _claim_file(ssv: Supervision, name: str, body: bytes) -> bool:

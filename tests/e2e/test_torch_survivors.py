@@ -55,6 +55,30 @@ def test_the_claim_file_is_one_per_world():
     assert claim_name(env).startswith(CLAIM_PREFIX) and "/" not in claim_name(env)
 
 
+def test_the_claim_file_cannot_be_named_by_someone_without_the_jobs_secrets():
+    """Issue 32, finding 7 (and 16): another account that may write the checkpoint root knows the job's
+    id, step and master address; it cannot know the run's manifest key or the launcher's nonce."""
+    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
+    keyed = {**env, "SSV_MANIFEST_KEY": "ab" * 32}
+    assert claim_name(keyed) != claim_name(env) != claim_name({**keyed, "SSV_WORLD_NONCE": "cd" * 16})
+    assert claim_name(keyed) == claim_name(dict(keyed))
+
+
+def test_a_stranger_who_bumps_the_stores_counter_does_not_silence_the_save(tmp_path: Path):
+    """The c10d store has no authentication: a count taken before the survivors ask is a stranger's.
+    The storage alone decides, so the survivor still saves."""
+    from supervisor.telemetry.torch import Supervision
+    from supervisor.telemetry.torch_survivors import CLAIM_KEY, SaveOnFailure
+
+    store = torch.distributed.HashStore()
+    store.add(CLAIM_KEY, 1)  # the stranger's
+    ssv = Supervision(str(tmp_path / "ckpt"))
+    claimed, how = SaveOnFailure(ssv, {}, store=store, handle_sigterm=False)._claim(5, "a peer failed")
+    assert claimed and "claimed on the storage" in how, how
+    again, how = SaveOnFailure(ssv, {}, store=store, handle_sigterm=False)._claim(5, "a peer failed")
+    assert not again and "on the storage" in how
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -480,6 +480,19 @@ save_on_failure_s = 90
     assert load_run_spec(spec_in(tmp_path, MINIMAL_RUN)).checkpoints is None
 
 
+def test_checkpoint_trust_is_the_owners_by_default_and_survives_the_store(tmp_path: Path) -> None:
+    import json
+
+    from supervisor.adapters.store_rows import spec_from_json, spec_to_json
+    from supervisor.domain.run import Trust
+
+    spec = load_run_spec(spec_in(tmp_path, MINIMAL_RUN + '[checkpoints]\nroot = "ckpt"\n'))
+    assert spec.checkpoints is not None and spec.checkpoints.trust is Trust.OWNER
+    strict = load_run_spec(spec_in(tmp_path, MINIMAL_RUN + '[checkpoints]\nroot = "ckpt"\ntrust = "strict"\n'))
+    stored = spec_from_json(json.loads(json.dumps(spec_to_json(strict))))
+    assert stored.checkpoints is not None and stored.checkpoints.trust is Trust.STRICT
+
+
 def test_a_posix_checkpoint_root_is_taken_from_the_spec_files_folder(tmp_path: Path) -> None:
     spec = load_run_spec(spec_in(tmp_path, MINIMAL_RUN + '[checkpoints]\nroot = "ckpt"\n'))
     assert spec.checkpoints is not None and spec.checkpoints.root == str(tmp_path / "ckpt")
@@ -494,6 +507,7 @@ def test_a_posix_checkpoint_root_is_taken_from_the_spec_files_folder(tmp_path: P
         ('root = "s3://b/"\nbandwidth_mb_s = 0', "checkpoints.bandwidth_mb_s", "must be > 0"),
         ('root = "s3://b/"\nalarm_intervals = 0.5', "checkpoints.alarm_intervals", "must be >= 1"),
         ('root = "s3://b/"\nsave_on_failure_s = -1', "checkpoints.save_on_failure_s", "must be >= 0"),
+        ('root = "s3://b/"\ntrust = "anyone"', "checkpoints.trust", 'must be one of "any", "owner" or "strict"'),
         ('endpoint_url = "http://x"', "checkpoints.root", "is missing"),
     ],
 )

@@ -372,3 +372,15 @@ def test_a_load_that_finished_is_no_evidence(tmp_path):
         _die(w, seq, lines, 20.0)
     assert w.submitted_env()["SSV_RESUME_STEP"] == "400"
     assert len(_passed_over(w)) == 1
+
+
+def test_the_job_is_handed_the_runs_manifest_key_and_a_run_without_checkpoints_none(tmp_path) -> None:
+    """Issue 32, finding 7: the trainer's commit signs with the key the daemon checks manifests with."""
+    from supervisor.domain.checkpoints.signing import KEY_ENV, manifest_key
+
+    plain = replace(SPEC, name="plain", checkpoints=None)
+    w = SimWorld(tmp_path, SPEC, plain, nodes=8)
+    w.tick()
+    envs = {env["SLURM_SUPERVISOR_RUN"]: env for env in (w.submitted_env(0), w.submitted_env(1))}
+    assert envs[SPEC.name][KEY_ENV] == manifest_key(w.store.run_token(SPEC.name)).hex()
+    assert KEY_ENV not in envs["plain"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import structlog
@@ -44,6 +44,7 @@ from supervisor.domain.checkpoints.manifest import (
     ObjectInfo,
     ShardEntry,
 )
+from supervisor.domain.checkpoints.signing import KEY_ENV, parse_key
 
 log = structlog.get_logger(__name__)
 
@@ -161,11 +162,14 @@ def _named_file(base: PosixBackend, top: str, path: str) -> ObjectInfo:
     return info
 
 
-def commit_checkpoint(backend: ObjectBackend, name: str, manifest: Manifest) -> str:
+def commit_checkpoint(backend: ObjectBackend, name: str, manifest: Manifest, *, key: bytes | None = None) -> str:
     """Write ``manifest`` as ``NAME/ssv-manifest.json`` with a write that never replaces an existing
     one; return the checkpoint's location. Raises AlreadyCommitted when a manifest is already there,
     ValueError when the manifest's step disagrees with the step in the name (verification would call
-    it stale forever), StorageError when the storage fails."""
+    it stale forever), StorageError when the storage fails.
+
+    The manifest is signed with ``key``, or when that is None with the run's key the daemon hands
+    the job in ``SSV_MANIFEST_KEY`` (domain.checkpoints.signing); unsigned when neither is there."""
     name = checkpoint_name(name)
     named = step_from_name(name)
     if named is not None and named != manifest.step:
@@ -174,12 +178,24 @@ def commit_checkpoint(backend: ObjectBackend, name: str, manifest: Manifest) -> 
             f"{named}: commit it under the right name or with --step {named}"
         )
     location = backend.location(f"{name}/")
-    if not backend.put(f"{name}/{MANIFEST_NAME}", manifest.to_json().encode(), if_absent=True):
+    key = key if key is not None else key_from_env()
+    if not backend.put(f"{name}/{MANIFEST_NAME}", manifest.to_json(key).encode(), if_absent=True):
         raise AlreadyCommitted(location)
     log.info(
-        "ckpt_committed", location=location, step=manifest.step, shards=len(manifest.shards), bytes=manifest.total_bytes
+        "ckpt_committed",
+        location=location,
+        step=manifest.step,
+        shards=len(manifest.shards),
+        bytes=manifest.total_bytes,
+        signed=key is not None,
     )
     return location
+
+
+def key_from_env(env: Mapping[str, str] | None = None) -> bytes | None:
+    """The run's manifest key from ``SSV_MANIFEST_KEY`` (None when unset); ValueError when malformed."""
+    text = (os.environ if env is None else env).get(KEY_ENV)
+    return parse_key(text) if text else None
 
 
 # --------------------------------------------------------------------------- checksums

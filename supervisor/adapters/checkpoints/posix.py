@@ -68,6 +68,7 @@ _PERMANENT = frozenset(
 )
 
 
+_Infos = list[ObjectInfo]
 _Entries = list[os.DirEntry[str]]  # (the class's own ``list`` method shadows the builtin inside it)
 
 
@@ -148,12 +149,13 @@ class PosixBackend:
             if entry.is_symlink() and not self._contained(entry.path):
                 return
             st = entry.stat(follow_symlinks=True)
+            link = entry.stat(follow_symlinks=False)
         except FileNotFoundError:
             return  # removed (or a dangling symlink) while we listed
         except OSError as exc:
             raise storage_error(exc, f"listing {entry.path}") from exc
         if stat.S_ISREG(st.st_mode):
-            yield ObjectInfo(key, st.st_size, {}, None, st.st_mtime)
+            yield _info(key, st, link)
 
     def _stat(self, key: str) -> os.stat_result | None:
         path = self._path(key)
@@ -171,7 +173,28 @@ class PosixBackend:
 
     def head(self, key: str, algorithm: ChecksumAlgorithm | None = None) -> ObjectInfo | None:
         st = self._stat(key)
-        return None if st is None else ObjectInfo(key, st.st_size, {}, None, st.st_mtime)
+        if st is None:
+            return None
+        try:
+            link = os.lstat(self._path(key))
+        except OSError:
+            link = st
+        return _info(key, st, link)
+
+    def folders(self, prefix: str) -> tuple[_Infos, _Infos]:
+        """The folders a checkpoint at ``prefix`` lies in, for origin checks: (the root and every
+        folder down to the checkpoint's, the checkpoint's folder and every folder under it), with
+        owner and mode, links not followed. Absent ones are left out."""
+        parts = [p for p in prefix.split("/") if p]
+        above = [
+            _folder("/".join(parts[:i]), self._path("/".join(parts[:i]) + "/" if i else "")) for i in range(len(parts))
+        ]
+        top = self._path(prefix) if parts else self.root
+        within = [_folder(prefix, top)]
+        for base, dirs, _ in os.walk(top, followlinks=False):
+            rel = os.path.relpath(base, self.root)
+            within += [_folder(f"{rel}/{d}/", os.path.join(base, d)) for d in sorted(dirs)]
+        return [f for f in above if f is not None], [f for f in within if f is not None]
 
     def read(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         if self._stat(key) is None:
@@ -254,6 +277,21 @@ class PosixBackend:
                 pass  # renamed into place
             except OSError:
                 pass  # a leftover ".NAME.*.tmp" is harmless: never listed as a shard by the manifest
+
+
+def _info(key: str, st: os.stat_result, link: os.stat_result) -> ObjectInfo:
+    """A listed file: its owner is the link's own when someone other than the target's owner (or
+    root) made the link, so a link planted by another account is seen as theirs."""
+    owner = st.st_uid if link.st_uid in (0, st.st_uid) else link.st_uid
+    return ObjectInfo(key, st.st_size, {}, None, st.st_mtime, owner, stat.S_IMODE(st.st_mode))
+
+
+def _folder(key: str, path: str) -> ObjectInfo | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None  # gone, or not ours to see: the listing and the reads say what that means
+    return ObjectInfo(key, 0, {}, None, st.st_mtime, st.st_uid, stat.S_IMODE(st.st_mode))
 
 
 def _link_new(tmp: str, path: str) -> bool:

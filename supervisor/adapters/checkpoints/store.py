@@ -17,6 +17,7 @@ from supervisor.adapters.checkpoints.verify import DEFAULT_GRACE_S, Verifier
 from supervisor.adapters.clock import SystemClock
 from supervisor.domain.checkpoints.layouts import discover, wanted_texts
 from supervisor.domain.checkpoints.manifest import CheckpointRef, Level, Manifest, VerifyResult
+from supervisor.domain.run import Trust
 from supervisor.ports import Clock, PermanentError, PortError, TransientError
 
 S3_OPTIONS = frozenset(
@@ -54,6 +55,8 @@ class BackendCheckpointStore:
         chunk_size: int = 4 << 20,
         clock: Clock | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        key: bytes | None = None,
+        trust: Trust = Trust.OWNER,
     ) -> None:
         self.backend = backend
         self.root = backend.root
@@ -67,7 +70,10 @@ class BackendCheckpointStore:
             deadline_s=deadline_s,
             uncommitted_grace_s=uncommitted_grace_s,
             monotonic=monotonic,
+            key=key,
+            trust=trust,
         )
+        self.key = key
 
     def discover(self) -> list[CheckpointRef]:
         try:
@@ -88,7 +94,7 @@ class BackendCheckpointStore:
 
     def commit(self, name: str, manifest: Manifest) -> str:
         try:
-            return commit_checkpoint(self.backend, name, manifest)
+            return commit_checkpoint(self.backend, name, manifest, key=self.key)
         except AlreadyCommitted as exc:
             raise PermanentError(str(exc)) from exc
         except StorageError as exc:
@@ -103,10 +109,14 @@ def open_store(
     deadline_s: float | None = 6 * 3600.0,
     uncommitted_grace_s: float = DEFAULT_GRACE_S,
     clock: Clock | None = None,
+    key: bytes | None = None,
+    trust: Trust = Trust.OWNER,
     **s3_options: Any,
 ) -> BackendCheckpointStore:
     """The store for ``root``: ``s3://BUCKET/PREFIX/`` (S3Backend; ``s3_options`` are its keyword
-    arguments: endpoint_url, region, timeouts, retries) or a filesystem path (PosixBackend)."""
+    arguments: endpoint_url, region, timeouts, retries) or a filesystem path (PosixBackend).
+    ``key``: the run's manifest key (its manifests are signed and checked with it); ``trust``: the
+    run's ``[checkpoints] trust`` (domain.checkpoints.signing)."""
     return BackendCheckpointStore(
         _backend(root, s3_options),
         workers=workers,
@@ -114,6 +124,8 @@ def open_store(
         deadline_s=deadline_s,
         uncommitted_grace_s=uncommitted_grace_s,
         clock=clock,
+        key=key,
+        trust=trust,
     )
 
 

@@ -28,6 +28,7 @@ listing. The result carries the weaker ``guarantee``.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,7 +51,11 @@ from supervisor.domain.checkpoints.manifest import (
     Outcome,
     ShardProblem,
     VerifyResult,
+    manifest_origin,
 )
+from supervisor.domain.checkpoints.origin import UNVOUCHED, adopted_problems, ownership_problems, signature_problems
+from supervisor.domain.checkpoints.signing import Origin
+from supervisor.domain.run import Trust
 from supervisor.ports import Clock
 
 log = structlog.get_logger(__name__)
@@ -94,6 +99,9 @@ class Verifier:
         uncommitted_grace_s: float = DEFAULT_GRACE_S,
         read_attempts: int = 2,
         monotonic: Callable[[], float] = time.monotonic,
+        key: bytes | None = None,
+        trust: Trust = Trust.OWNER,
+        uid: int | None = None,
     ) -> None:
         if workers < 1 or chunk_size < 1 or read_attempts < 1:
             raise ValueError("verification workers, chunk_size and read_attempts must be >= 1")
@@ -107,6 +115,9 @@ class Verifier:
         self.deadline_s = deadline_s
         self.uncommitted_grace_s = uncommitted_grace_s
         self.monotonic = monotonic
+        self.key = key  # the run's manifest key (domain.checkpoints.signing); None: signatures are not checked
+        self.trust = trust
+        self.uid = os.geteuid() if uid is None else uid  # the run's account: the daemon runs as it
         self.reads = ParallelReads(backend, workers, chunk_size, bandwidth_bytes_s, read_attempts, monotonic)
 
     # ----------------------------------------------------------------- entry point
@@ -164,38 +175,48 @@ class Verifier:
     # ----------------------------------------------------------------- our manifest layout
 
     def _verify_manifest(self, run: VerifyRun) -> _Found:
-        manifest, listing = self._manifest(run)
+        manifest, listing, raw = self._manifest(run)
         if isinstance(manifest, _Found):
             return manifest
         run.check()
-        problems, failure = self._manifest_problems(run, manifest, listing)
+        found, why = manifest_origin(raw, self.key)
+        problems = signature_problems(self.trust, found, why) + self._ownership(run, listing.values())
+        more, failure = self._manifest_problems(run, manifest, listing)
         return _judge(
-            problems,
+            problems + more,
             failure,
             len(manifest.shards),
             manifest.total_bytes,
             f"{len(manifest.shards)} shards, {manifest.total_bytes} bytes match the manifest "
-            f"(step {manifest.step}, {manifest.algorithm.value})",
+            f"(step {manifest.step}, {manifest.algorithm.value}); {why if found is not Origin.SIGNED else 'signed'}",
         )
 
-    def _manifest(self, run: VerifyRun) -> tuple[Manifest | _Found, dict[str, ObjectInfo]]:
+    def _ownership(self, run: VerifyRun, objects: Iterable[ObjectInfo]) -> list[ShardProblem]:
+        """Files and folders of the checkpoint another account owns (POSIX; under ``strict`` also the
+        root and the folders above the checkpoint, and anything group or others may write)."""
+        folders = getattr(self.backend, "folders", None)
+        above, within = folders(run.prefix) if folders is not None else ([], [])
+        checked = [*within, *objects, *(above if self.trust is Trust.STRICT else [])]
+        return ownership_problems(checked, self.uid, self.trust)
+
+    def _manifest(self, run: VerifyRun) -> tuple[Manifest | _Found, dict[str, ObjectInfo], bytes]:
         """The checkpoint's manifest and its listing; or, when there is no manifest to read, what
         that makes the checkpoint (torn, in progress, or a committed one that lost its marker)."""
         try:
             raw = self.backend.get_small(run.prefix + MANIFEST_NAME)
         except ValueError as exc:
-            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", f"unreadable: {exc}")), {}
+            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", f"unreadable: {exc}")), {}, b""
         run.check()
         listing = {o.key[len(run.prefix) :]: o for o in self.backend.list(run.prefix)}
         if raw is None:
             if not run.ref.committed:
-                return self._uncommitted(run, listing.values()), listing
+                return self._uncommitted(run, listing.values()), listing, b""
             gone = "missing: the commit marker of a committed checkpoint is gone"
-            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", gone)), listing
+            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", gone)), listing, b""
         try:
-            return Manifest.from_json(raw), listing
+            return Manifest.from_json(raw), listing, raw
         except ManifestError as exc:
-            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", str(exc))), listing
+            return _corrupt(ShardProblem(MANIFEST_NAME, "manifest", str(exc))), listing, raw
 
     def _manifest_problems(
         self, run: VerifyRun, manifest: Manifest, listing: dict[str, ObjectInfo]
@@ -264,7 +285,8 @@ class Verifier:
             return self._uncommitted(run, objects)
         context = objects + (self._beside(prefix) if ref.guarantee is Guarantee.NEMO else [])
         run.check()
-        problems = list(check_adopted(ref, context, prefix=prefix.rstrip("/")))
+        problems = adopted_problems(self.trust, ref.name) + self._ownership(run, objects)
+        problems += check_adopted(ref, context, prefix=prefix.rstrip("/"))
         failure = None
         if run.level is Level.FULL and objects:
             read_problems, failure = self._read_all(run, objects)
@@ -275,7 +297,7 @@ class Verifier:
             failure,
             len(objects),
             total,
-            f"{len(objects)} objects, {total} bytes present; weak guarantee: {ref.guarantee.describe}",
+            f"{len(objects)} objects, {total} bytes present; weak guarantee: {ref.guarantee.describe}; {UNVOUCHED}",
         )
 
     def _adopted_objects(self, prefix: str) -> list[ObjectInfo]:

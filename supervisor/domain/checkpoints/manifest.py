@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from supervisor.domain.checkpoints.signing import Origin, origin, signed_json
+
 MANIFEST_NAME = "ssv-manifest.json"
 MANIFEST_FORMAT = 1
 
@@ -100,7 +102,8 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(s.size for s in self.shards)
 
-    def to_json(self) -> str:
+    def to_json(self, key: bytes | None = None) -> str:
+        """The manifest's text; signed (``domain.checkpoints.signing``) when ``key`` is given."""
         doc: dict[str, Any] = {
             "format": MANIFEST_FORMAT,
             "step": self.step,
@@ -111,7 +114,7 @@ class Manifest:
         }
         if self.extra:
             doc["extra"] = dict(self.extra)
-        return json.dumps(doc, indent=1, sort_keys=True)
+        return signed_json(doc, key) if key is not None else json.dumps(doc, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
@@ -132,6 +135,11 @@ class Manifest:
             doc.get("run"),
             extra if isinstance(extra, dict) else {},
         )
+
+
+def manifest_origin(text: str | bytes, key: bytes | None) -> tuple[Origin, str]:
+    """Who vouches for the manifest ``text`` (already read by ``Manifest.from_json``) under ``key``."""
+    return origin(_document(text), key)
 
 
 def _shard_json(s: ShardEntry) -> dict[str, Any]:
@@ -213,12 +221,14 @@ class ObjectInfo:
     checksums: Mapping[str, str] = field(default_factory=dict)  # algorithm value -> base64, as stored
     version_id: str | None = None
     modified_at: float | None = None
+    owner: int | None = None  # POSIX: the file's UID (a symlink's own when another made it); None on S3
+    mode: int | None = None  # POSIX: its permission bits
 
 
 @dataclass(frozen=True)
 class ShardProblem:
     key: str
-    problem: str  # "missing", "size", "checksum", "unreadable", "manifest", "stale", "uncommitted"
+    problem: str  # "missing", "size", "checksum", "unreadable", "manifest", "stale", "uncommitted", "origin"
     detail: str
 
 
