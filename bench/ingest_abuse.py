@@ -11,6 +11,9 @@ three attackers (``--attacks``), each a child process connecting from addresses 
 
 * ``idle``: 1,000 connections from 100 addresses that say nothing, reopened as they are closed;
 * ``bigline``: 100 MiB request lines and 100 MiB header values, one after the other;
+* ``loopback``: the login-node tenant (issue 32, finding 5): 48 loopback addresses x 32
+  connections, each trickling a byte of a valid report every 4 s (the honest agents' 127.1.x.y are
+  the server's ``node_networks``; every other loopback address counts as one peer);
 * ``pages``: 20 connections each pipelining 50 unauthenticated ``GET /runs/R/logbook``, and 4 with
   the read token pipelining 20 logbook and ``/metrics`` requests: 2 reading the answers, 2 never.
 
@@ -36,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +149,39 @@ def idle(port: int, duration: float, out: str) -> None:
                     held.pop(i, None)
                 else:
                     held[i], opened = fresh, opened + 1
+        time.sleep(0.2)
+    Path(out).write_text(json.dumps({"opened": opened, "held_at_end": len(held)}))
+
+
+def loopback(port: int, duration: float, out: str) -> None:
+    """The login-node tenant (issue 32, finding 5): 48 loopback addresses x 32 connections, each
+    trickling the next byte of a valid report every 4 s, reopened as they are closed."""
+    request = b"POST /v1/reports HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    held: dict[int, tuple[socket.socket, int]] = {}
+    opened, end, next_byte = 0, time.time() + duration, 0.0
+    while time.time() < end:
+        trickle = time.time() >= next_byte
+        next_byte = next_byte if not trickle else time.time() + 4
+        for i in range(48 * 32):
+            s, sent = held.get(i, (None, 0))
+            if s is not None and trickle:
+                try:
+                    s.send(request[sent : sent + 1])
+                    held[i] = (s, min(sent + 1, len(request) - 1))
+                except OSError:
+                    s.close()
+                    s = None
+            if s is None:
+                fresh = attacker_socket(port, f"127.0.{i % 48}.77", 0.2)
+                if fresh is None:
+                    held.pop(i, None)
+                    continue
+                try:
+                    fresh.send(request[:1])
+                except OSError:
+                    fresh.close()
+                    continue
+                held[i], opened = (fresh, 1), opened + 1
         time.sleep(0.2)
     Path(out).write_text(json.dumps({"opened": opened, "held_at_end": len(held)}))
 
@@ -270,6 +307,8 @@ def start_server(kind: str, store_dir: Path, agents_n: int):  # noqa: ANN201
     feed = ReportIngest({RUN: TOKEN}, HealthRules(), SystemClock())
     feed.publish_job_nodes({RUN: frozenset(f"gpu{n:04d}" for n in range(agents_n))})
     server = IngestServer(feed, port=0)
+    # the honest agents' "nodes" (127.1.x.y) are the compute subnet; the attackers' loopback addresses count as one peer
+    server.limits = replace(server.limits, node_networks=("127.1.0.0/16",))
     mount_pages(server, ProcessRenderer(store_dir), READ_TOKEN)  # as the daemon's wiring does
     if kind != "hand":
         from bench._servers import SERVERS
@@ -291,7 +330,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=30.0, help="seconds under attack")
     ap.add_argument("--events", type=int, default=20000, help="logbook events of the paged run")
     ap.add_argument("--server", choices=("hand", "uvicorn", "aiohttp"), default="hand")
-    ap.add_argument("--attacks", default="idle,bigline,pages", help="which attackers (comma-separated)")
+    ap.add_argument("--attacks", default="idle,bigline,pages,loopback", help="which attackers (comma-separated)")
     ap.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.role:
@@ -345,6 +384,9 @@ def report(args, tmp, started, errors, rss_peaks, rss_calm, counters) -> None:  
         "rss_mb_peak": round(rss_peaks[0], 1),
         "engine_errors": len(errors),
         "baseline_p99_ms": round(float(np.percentile(calm, 99)), 1) if len(calm) else None,
+        "p99_vs_baseline": round(float(np.percentile(attack, 99) / np.percentile(calm, 99)), 2)
+        if len(attack) and len(calm)
+        else None,
         "honest_p50_ms": round(float(np.percentile(attack, 50)), 1) if len(attack) else None,
         "honest_delivered": int(len(lat)),
         "rss_mb_peak_server": round(rss_peaks[1], 1),
@@ -372,10 +414,10 @@ def _read(path: Path) -> object:
     return json.loads(path.read_text()) if path.exists() else "(the attacker failed: see stderr)"
 
 
-ROLE_MAIN = {"agents": agents, "idle": idle, "bigline": bigline, "pages": pages}
+ROLE_MAIN = {"agents": agents, "idle": idle, "bigline": bigline, "pages": pages, "loopback": loopback}
 ROLES = {
     "agents": (int, int, float, float, float, str),
-    **dict.fromkeys(("idle", "bigline", "pages"), (int, float, str)),
+    **dict.fromkeys(("idle", "bigline", "pages", "loopback"), (int, float, str)),
 }
 
 

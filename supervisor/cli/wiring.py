@@ -323,6 +323,7 @@ def http_options(server: HttpServer, cfg: DaemonConfig) -> None:
         max_connections_per_peer=i.max_connections_per_peer,
         request_deadline_s=i.request_deadline_s,
         idle_timeout_s=i.idle_timeout_s,
+        node_networks=tuple(i.node_networks),
     )
     if i.tls_cert_file is None or i.tls_key_file is None:
         return

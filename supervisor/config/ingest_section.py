@@ -3,6 +3,7 @@ read-only pages (docs/configuration.md). Split from ``daemon_file`` to keep modu
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,19 @@ class IngestSection(Section):
     idle_timeout_s: FloatField = Field(
         default=30.0, gt=0, le=3600, json_schema_extra=fix_hint("set seconds, at least the agents' interval, e.g. 30")
     )
+    node_networks: tuple[StrictStr, ...] = Field(default=(), max_length=256)
+
+    @field_validator("node_networks")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for text in value:
+            try:
+                ipaddress.ip_network(text, strict=False)
+            except ValueError:
+                raise fail(
+                    f"{text!r} is not a network", 'write subnets like "10.12.0.0/16" or "fd00:12::/64"'
+                ) from None
+        return value
 
     @field_validator("hook_token_file", "read_token_file", "tls_cert_file", "tls_key_file", mode="before")
     @classmethod

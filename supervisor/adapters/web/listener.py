@@ -74,14 +74,14 @@ class Registry:
 
     def admit(self, conn: Connection) -> bool:
         """Count ``conn`` in, making room by closing an idle connection; False: no room."""
-        mine = self.peers.setdefault(conn.ip, {})
-        if len(mine) >= self.per_peer and not self._close_idle(self._oldest_of(conn.ip)):
+        mine = self.peers.setdefault(conn.key, {})
+        if len(mine) >= self.per_peer and not self._close_idle(self._oldest_of(conn.key)):
             return False
         if self.count >= self.total and not self._close_idle(self._victim()):
             return False
         mine[conn] = None
         if len(mine) > 1:
-            self.crowded[conn.ip] = None
+            self.crowded[conn.key] = None
         self.count += 1
         return True
 
@@ -114,18 +114,18 @@ class Registry:
         return True
 
     def went_idle(self, conn: Connection) -> None:
-        self.idle.setdefault(conn.ip, OrderedDict())[conn] = None
+        self.idle.setdefault(conn.key, OrderedDict())[conn] = None
         (self.kept if conn in self.served else self.fresh)[conn] = None
 
     def went_busy(self, conn: Connection) -> None:
         self.served.add(conn)
         self.kept.pop(conn, None)
         self.fresh.pop(conn, None)
-        idle = self.idle.get(conn.ip)
+        idle = self.idle.get(conn.key)
         if idle is not None:
             idle.pop(conn, None)
             if not idle:
-                del self.idle[conn.ip]
+                del self.idle[conn.key]
 
     def close(self, conn: Connection) -> None:
         """Out of the count now; the descriptor goes on the loop's next turn."""
@@ -134,14 +134,14 @@ class Registry:
             conn.transport.abort()
 
     def forget(self, conn: Connection) -> None:
-        mine = self.peers.get(conn.ip)
+        mine = self.peers.get(conn.key)
         if mine is not None and conn in mine:
             del mine[conn]
             self.count -= 1
             if len(mine) <= 1:
-                self.crowded.pop(conn.ip, None)
+                self.crowded.pop(conn.key, None)
             if not mine:
-                del self.peers[conn.ip]
+                del self.peers[conn.key]
         self.went_busy(conn)
         self.served.discard(conn)
 

@@ -55,6 +55,7 @@ class Limits:
     idle_timeout_s: float = 30.0
     write_buffer_bytes: int = 256 * 1024
     max_pending_pages: int = 32
+    node_networks: tuple[str, ...] = ()  # the compute nodes' subnets: each address its own peer (web.peers)
 
 
 _REASONS = {

@@ -30,6 +30,7 @@ import httptools
 import structlog
 
 from supervisor.adapters.web.messages import Limits, Request, Response, Route, answer, error, head
+from supervisor.adapters.web.peers import peer_key
 
 log = structlog.get_logger(__name__)
 
@@ -80,6 +81,7 @@ class Connection(asyncio.Protocol):
         self.transport: Any = None  # set once connected (after the TLS handshake, with TLS)
         peer = address if isinstance(address, tuple) else (str(address), 0)
         self.ip, self.peer = str(peer[0]), f"{peer[0]}:{peer[1]}"
+        self.key = peer_key(self.ip, self.limits.node_networks)  # what the per-peer cap counts (web.peers)
         self.queue: deque[tuple[Request | Response, bool]] = deque()  # parsed, not yet answered
         self.in_flight = self.write_paused = self.read_paused = self.done = False
         self.idle, self.since = False, 0.0  # the reaper's view; ``since``: the last progress
