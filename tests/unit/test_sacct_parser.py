@@ -87,6 +87,19 @@ def test_unexpected_lines_are_parse_errors(line):
         parse_record(line)
 
 
+DELIMITER = 'for a in "$@"; do case "$a" in --delimiter=*) d="${a#--delimiter=}";; esac; done\n'
+
+
+def test_a_pipe_in_a_job_name_does_not_shift_the_fields(tmp_path):
+    """Issue 32, finding 13: a job that renames itself ``x|CANCELLED by 0|0:0`` read, with sacct's
+    default ``|``, as CANCELLED by root with exit 0; the separator is random per call now."""
+    fields = ["5", "x|CANCELLED by 0|0:0", "FAILED", "3:0", "None", "n[1-2]", "gpu", "100", "110", "120", "1000", "tag"]
+    printf = " ".join(f'"{f}"' for f in fields)
+    sacct = fake_sacct(tmp_path, DELIMITER + f'printf \'%s\'"$d" {printf} | sed "s/$d\\$//"; echo')
+    job = sacct.job_records([5])[5]
+    assert (job.state, job.exit_code, job.nodes, job.name) == (JobState.FAILED, 3, ("n1", "n2"), fields[1])
+
+
 def fake_sacct(tmp_path: Path, body: str) -> SacctCli:
     path = tmp_path / "sacct"
     path.write_text("#!/bin/sh\n" + body + "\n")
@@ -95,7 +108,7 @@ def fake_sacct(tmp_path: Path, body: str) -> SacctCli:
 
 
 def test_runner_passes_epoch_times_and_keeps_only_the_jobs_asked_for(tmp_path):
-    sacct = fake_sacct(tmp_path, f'[ "$SLURM_TIME_FORMAT" = "%s" ] || exit 9\ncat {CAPTURE}')
+    sacct = fake_sacct(tmp_path, f'[ "$SLURM_TIME_FORMAT" = "%s" ] || exit 9\n{DELIMITER}sed "s/|/$d/g" {CAPTURE}')
     found = sacct.job_records([1, 2, 999])
     assert sorted(found) == [1, 2] and found[2].exit_code == 3
     assert sacct.job_records([]) == {}

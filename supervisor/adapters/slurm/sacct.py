@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import secrets
 import shutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -60,9 +61,16 @@ UID_MAX = 2**32 - 2  # (uid_t)-1 means "no user"
 _ACCOUNT_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.$-]{0,31}")
 
 
-def sacct_argv(job_ids: Iterable[int]) -> list[str]:
+def new_separator() -> str:
+    """A field separator no job can put in its name or comment: random per call, as the squeue
+    reads do (``--parsable2`` does not escape ``|``; a job may rename itself; issue 32, finding 13)."""
+    return f"#{secrets.token_hex(8)}#"
+
+
+def sacct_argv(job_ids: Iterable[int], separator: str = "|") -> list[str]:
     """One ``sacct`` call for ``job_ids``: their allocations only (no steps), every user's (the
-    daemon's own jobs whatever PrivateData says), every incarnation of a requeued job."""
+    daemon's own jobs whatever PrivateData says), every incarnation of a requeued job; fields
+    separated by ``separator``."""
     ids = ",".join(str(j) for j in sorted(set(job_ids)))
     return [
         "sacct",
@@ -72,6 +80,7 @@ def sacct_argv(job_ids: Iterable[int]) -> list[str]:
         "--allusers",
         "--parsable2",
         "--noheader",
+        f"--delimiter={separator}",
         f"--format={','.join(FIELDS)}",
     ]
 
@@ -115,8 +124,8 @@ def account_name(uid: int, lookup: Callable[[int], Any] = pwd.getpwuid) -> str:
     return name if isinstance(name, str) and _ACCOUNT_NAME.fullmatch(name) else ""
 
 
-def parse_record(line: str) -> JobInfo:
-    parts = line.split("|", len(FIELDS) - 1)
+def parse_record(line: str, separator: str = "|") -> JobInfo:
+    parts = line.split(separator, len(FIELDS) - 1)
     if len(parts) != len(FIELDS):
         raise ParseError(f"sacct line with {len(parts)} fields, expected {len(FIELDS)}: {line!r:.200}")
     f = dict(zip(FIELDS, parts, strict=True))
@@ -149,13 +158,13 @@ def _canceller(state: str) -> Canceller | None:
     return None if uid is None else Canceller(uid)
 
 
-def parse_sacct(stdout: str) -> dict[int, JobInfo]:
+def parse_sacct(stdout: str, separator: str = "|") -> dict[int, JobInfo]:
     """Each job's latest record (its outcome once it ended), with ``restart_count`` the number of
     incarnations before it (each requeued incarnation has a record of its own, submitted anew)."""
     records: dict[int, list[JobInfo]] = {}
     for line in stdout.splitlines():
         if line.strip():
-            record = parse_record(line)
+            record = parse_record(line, separator)
             records.setdefault(record.job_id, []).append(record)
     return {job_id: _latest(rs) for job_id, rs in records.items()}
 
@@ -189,7 +198,8 @@ class SacctCli(SlurmCli):
         if not ids:
             return {}
         try:
-            out = self._run(sacct_argv(ids))
+            separator = new_separator()
+            out = self._run(sacct_argv(ids, separator))
         except PermanentError as exc:
             if _DISABLED in str(exc).lower():
                 raise PermanentError(
@@ -197,7 +207,7 @@ class SacctCli(SlurmCli):
                 ) from exc
             raise
         try:
-            found = parse_sacct(out)
+            found = parse_sacct(out, separator)
         except ParseError as exc:
             raise PermanentError(f"unexpected sacct output: {exc}") from exc
         return {j: _named(found[j]) for j in ids if j in found}
