@@ -8,6 +8,7 @@ pydantic's own errors never reach a person. docs/configuration.md is the referen
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from collections.abc import Collection
 from pathlib import Path
@@ -98,9 +99,38 @@ def check_partition(spec: RunSpec, partitions: Collection[str]) -> None:
     raise ConfigError(f"run {spec.name}", [problem])
 
 
+MAX_FILE_BYTES = 1 << 20  # a spec or config larger than this is no spec: refused before it is read whole
+_OPEN = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY  # a FIFO opens without a writer, reads nothing
+
+
+def _read_bounded(file: Path) -> bytes:
+    """At most ``MAX_FILE_BYTES`` of a regular file: ``/dev/zero``, a FIFO or a folder is refused
+    before anything is read (issue 32, finding 10: ``submit /dev/zero`` grew the daemon until it
+    was OOM-killed; a FIFO held an API thread for good)."""
+    fd = os.open(file, _OPEN)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _NotAFile("not a regular file")
+        data = os.read(fd, MAX_FILE_BYTES + 1)
+        while len(data) <= MAX_FILE_BYTES and (more := os.read(fd, MAX_FILE_BYTES + 1 - len(data))):
+            data += more
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise _NotAFile(f"larger than {MAX_FILE_BYTES} bytes")
+    return data
+
+
+class _NotAFile(Exception):
+    """What the config reader refuses to read."""
+
+
 def _read_toml(file: Path) -> dict[str, Any]:
     try:
-        text = file.read_bytes().decode("utf-8")
+        text = _read_bounded(file).decode("utf-8")
+    except _NotAFile as refused:
+        problem = ConfigProblem("", f"cannot read the file: {refused}", "give the path of the TOML file itself")
+        raise ConfigError(str(file), [problem]) from None
     except OSError as error:
         problem = ConfigProblem("", f"cannot read the file ({error.strerror})", "check the path and its permissions")
         raise ConfigError(str(file), [problem]) from None
