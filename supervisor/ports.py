@@ -19,6 +19,7 @@ from supervisor.domain.cluster import ClusterSnapshot, JobInfo, NodeChange, Node
 from supervisor.domain.decide.blast import NodeChangeRecord
 from supervisor.domain.health.findings import NodeFinding
 from supervisor.domain.health.quarantine import Fault, Quarantine
+from supervisor.domain.lease import Lease
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.progress.series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Successor
@@ -44,6 +45,16 @@ class PermanentError(PortError):
 
 class PermissionDenied(PermanentError):
     """The supervisor's user lacks the right (e.g. node state changes without SlurmUser/root)."""
+
+
+class NotLeading(TransientError):
+    """This daemon does not lead its instance now (another holds a newer epoch, or its own lease may
+    have run out): nothing it writes or does takes effect. Raised by a store refusing a write that
+    carries an older epoch than the lease's (a conditional write, in the write's own transaction),
+    and by the leadership gate before an action (self-fencing). Transient: it may lead again."""
+
+    def __init__(self, message: str, *, delay: float = 1.0) -> None:
+        super().__init__(message, delay=delay)
 
 
 class CapReached(PermanentError):
@@ -321,8 +332,37 @@ class StepLedger(Protocol):
     def channel_listening(self, now: float) -> None: ...
 
 
+class LeaderLease(Protocol):
+    """One leader per instance, elected through the store; the epoch every write carries.
+
+    ``claim_lease`` in one transaction: takes the lease when nobody holds it or it expired (a new
+    epoch), renews it when ``holder`` holds it (the same epoch), else leaves it and returns the
+    holder's. ``hold_epoch`` sets the epoch this connection's writes carry: from then on the store
+    refuses (``NotLeading``) every write of it while the lease's epoch is newer; None (the
+    default: one daemon, tools) carries none and is never refused."""
+
+    def claim_lease(self, holder: str, address: str, lease_s: float) -> Lease: ...
+
+    def release_lease(self, holder: str) -> None:
+        """Let the lease expire now if ``holder`` holds it (a clean stop: a standby takes over at once)."""
+        ...
+
+    def lease(self) -> Lease | None: ...
+
+    def hold_epoch(self, epoch: int | None) -> None: ...
+
+
 class Store(
-    RunStore, IntentJournal, Logbook, NodeMemory, CheckpointLedger, RollbackLedger, ProgressLedger, StepLedger, Protocol
+    RunStore,
+    IntentJournal,
+    Logbook,
+    NodeMemory,
+    CheckpointLedger,
+    RollbackLedger,
+    ProgressLedger,
+    StepLedger,
+    LeaderLease,
+    Protocol,
 ):
     """Everything the daemon remembers (SQLite in production, one class implementing every part)."""
 

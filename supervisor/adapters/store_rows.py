@@ -156,4 +156,5 @@ def action_from_row(r: Row) -> dict[str, Any]:
         "created_at": r["created_at"],
         "completed_at": r["completed_at"],
         "result": json.loads(r["result"]) if r["result"] else None,
+        "epoch": r["epoch"],  # the leader epoch it was journaled under (None: no lease held)
     }

@@ -8,14 +8,17 @@ an older schema is planted — is each world's (``StoreWorld``).
 
 Pinned: idempotent keys (what the daemon may write again after a crash changes nothing), nested
 transactions (``ports.RunStore.transaction``), the run-state table enforced on every write, schema
-migrations, and the intent journal's open/close semantics (``ports.Intent``).
+migrations, the intent journal's open/close semantics (``ports.Intent``), and the leader lease
+with its fence: the epoch only grows, and every write of an older epoch is refused and leaves
+nothing (``ports.LeaderLease``, issue 33).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,7 +37,7 @@ from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import TRANSITIONS, IllegalTransition, RunState
 from supervisor.domain.spikes.rollback import RollbackRecord, RollbackStatus, SkipRange
-from supervisor.ports import Intent, PermanentError, Store
+from supervisor.ports import Intent, NotLeading, PermanentError, Store
 from supervisor.testing.postgres import Databases
 from supervisor.testing.specs import spec
 
@@ -439,3 +442,96 @@ def test_what_the_engine_reads_back_comes_back_whole(store: Store) -> None:
     assert store.active_findings() == {"n1": finding}
     store.keep_findings([])
     assert store.active_findings() == {}
+
+
+# ---------------------------------------------------------------------------- the leader lease and its fence
+
+A, B = "login1:100:aa", "login2:200:bb"
+
+
+@pytest.fixture
+def second(world: StoreWorld, store: Store) -> Iterator[Store]:
+    """Another daemon's connection to the same store (a second login node)."""
+    other = world.open()
+    yield other
+    world.close(other)
+
+
+def test_the_first_claim_takes_the_lease_and_the_holder_renews_it_in_the_same_epoch(store: Store) -> None:
+    assert store.lease() is None
+    first = store.claim_lease(A, "http://login1:8080", 30.0)
+    again = store.claim_lease(A, "http://login1:8080", 30.0)
+    assert (first.holder, first.epoch, again.epoch, again.since) == (A, 1, 1, first.since)
+    assert 29.0 < again.expires_in_s <= 30.0
+    read = store.lease()
+    assert read is not None and read == replace(again, expires_in_s=read.expires_in_s)
+
+
+def test_a_valid_lease_is_left_to_its_holder_and_a_standby_is_told_who_leads(store: Store, second: Store) -> None:
+    store.claim_lease(A, "http://login1:8080", 30.0)
+    seen = second.claim_lease(B, "http://login2:8080", 30.0)
+    assert (seen.holder, seen.address, seen.epoch) == (A, "http://login1:8080", 1)
+
+
+def test_an_expired_lease_is_taken_with_the_next_epoch(store: Store, second: Store) -> None:
+    store.claim_lease(A, "a", 0.05)
+    deadline = time.monotonic() + 10.0
+    while (taken := second.claim_lease(B, "b", 30.0)).holder != B:  # the database's clock decides
+        assert time.monotonic() < deadline, "a lease of 0.05 s never expired"
+        time.sleep(0.02)
+    assert taken.epoch == 2
+    assert store.claim_lease(A, "a", 30.0).holder == B  # the old holder is a standby now
+
+
+def test_a_released_lease_is_taken_at_once_and_the_epoch_only_grows(store: Store, second: Store) -> None:
+    store.claim_lease(A, "a", 30.0)
+    store.release_lease(B)  # not B's: nothing changes
+    assert second.claim_lease(B, "b", 30.0).holder == A
+    store.release_lease(A)
+    assert second.claim_lease(B, "b", 30.0).epoch == 2
+    second.release_lease(B)
+    assert store.claim_lease(A, "a", 30.0).epoch == 3
+
+
+def _superseded(store: Store, second: Store) -> None:
+    """``store`` led at epoch 1 and holds it; ``second`` took over at epoch 2."""
+    store.hold_epoch(store.claim_lease(A, "a", 30.0).epoch)
+    store.release_lease(A)
+    second.hold_epoch(second.claim_lease(B, "b", 30.0).epoch)
+
+
+def test_every_write_of_an_older_epoch_is_refused_and_leaves_nothing(store: Store, second: Store) -> None:
+    intent = store.begin_action(RUN, "submit", {"nonce": "x"}, 1.5)
+    _superseded(store, second)
+    event = Event(RUN, EventKind.NOTE, "late", f"{RUN}:note:late", 2.0)
+    refused: list[Callable[[], object]] = [
+        lambda: store.begin_action(RUN, "submit", {"nonce": "y"}, 2.0),
+        lambda: store.complete_action(intent, "done", {"job_id": 7}, 2.0),
+        lambda: store.record_event(event),
+        lambda: store.add_attempt(RUN, 300, 0, 2.0),
+        lambda: store.set_state(RUN, RunState.QUEUED, 2.0),
+        lambda: store.record_node_fault(Fault("n1", RUN, 2.0, "xid")),
+    ]
+    for write in refused:
+        with pytest.raises(NotLeading):
+            write()
+    with pytest.raises(NotLeading), store.transaction():
+        store.record_event(event)
+    assert [i.id for i in second.open_actions()] == [intent]
+    assert second.events(RUN) == [] and second.get_run(RUN).attempt is None
+    assert second.node_faults(0.0) == []
+    assert store.open_actions()[0].id == intent  # reads are never fenced
+
+
+def test_the_leader_writes_and_its_intents_carry_its_epoch(store: Store, second: Store) -> None:
+    _superseded(store, second)
+    intent = second.begin_action(RUN, "submit", {"nonce": "z"}, 3.0)
+    second.complete_action(intent, "done", {"job_id": 9}, 4.0)
+    journal = getattr(second, "actions")(RUN)  # both stores' whole journal, for tests
+    assert [(a["id"], a["status"], a["epoch"]) for a in journal] == [(intent, "done", 2)]
+
+
+def test_a_connection_that_holds_no_epoch_is_never_refused(store: Store, second: Store) -> None:
+    _superseded(store, second)
+    store.hold_epoch(None)  # one daemon without a lease, or a tool
+    assert store.record_event(Event(RUN, EventKind.NOTE, "tool", f"{RUN}:note:tool", 2.0)) is True

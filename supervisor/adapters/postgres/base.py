@@ -10,8 +10,15 @@ API's, the ingest's) write one block at a time, so a read-then-write block (the 
 number, a run registered once) sees no other block's half.
 
 Every write of the store's families goes through ``_write`` (a block of its own, or the open
-one), and every block begins in ``_begin``: the one place where a fencing check joins each write
-(the leader lease of issue 33's item 2), inside the same transaction as the write it guards.
+one), and every block begins in ``_begin``: after the writer lock, the fencing check of the leader
+lease (issue 33, ``domain.lease``): a connection that holds an epoch (``hold_epoch``) writes only
+while the lease's epoch is not newer, checked inside the transaction of the write it guards. The
+lease's claim takes the same writer lock, so a claim and a fenced block never interleave: a new
+epoch begins only after every block of the old one committed or rolled back.
+
+A database that does not answer mid-run (a connection lost, a server restarting) is a
+``StoreUnreachable`` (a ``TransientError``: the engine's tick ends as after a Slurm outage, and
+nothing half-written is kept — the block rolled back); the next use opens a new connection.
 
 The password is handed to libpq as a connection parameter, never in the URL, on argv or in a
 log line; errors name the URL without it (``safe_url``).
@@ -29,7 +36,7 @@ import structlog
 from psycopg.rows import DictRow, dict_row
 
 from supervisor.adapters.postgres.schema import WRITER_LOCK, migrate, require_current
-from supervisor.ports import TransientError
+from supervisor.ports import NotLeading, TransientError
 
 log = structlog.get_logger(__name__)
 
@@ -54,8 +61,11 @@ class PostgresBase:
         connect_timeout_s: float = 10.0,
     ) -> None:
         self.url = safe_url(url)
-        self._db = connect(url, password, connect_timeout_s)
+        self._reconnect = lambda: connect(url, password, connect_timeout_s)
+        self._conn = self._reconnect()
+        self._read_only = read_only
         self._in_block = False
+        self._held_epoch: int | None = None  # the leader epoch this connection's writes carry
         try:
             self._prepare(read_only)
         except BaseException:
@@ -73,24 +83,52 @@ class PostgresBase:
             migrate(self._db)
 
     def close(self) -> None:
-        self._db.close()
+        self._conn.close()
+
+    @property
+    def _db(self) -> Connection:
+        """The connection; a new one when the last was lost (never inside a block: it rolled back)."""
+        if (self._conn.closed or self._conn.broken) and not self._in_block:
+            self._conn = self._reconnect()
+            if self._read_only:
+                self._conn.execute("SET default_transaction_read_only = on")
+        return self._conn
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
+        with self._block(fenced=True) as db:
+            yield db
+
+    @contextmanager
+    def _block(self, *, fenced: bool) -> Iterator[Connection]:
         if self._in_block:
             yield self._db
             return
-        with self._db.transaction():
-            self._begin()
-            self._in_block = True
-            try:
-                yield self._db
-            finally:
-                self._in_block = False
+        try:
+            with self._db.transaction():
+                self._begin(fenced)
+                self._in_block = True
+                try:
+                    yield self._db
+                finally:
+                    self._in_block = False
+        except psycopg.OperationalError as exc:
+            raise unreachable(self.url, exc) from None
 
-    def _begin(self) -> None:
-        """The first statement of every transaction this store opens: the writer lock."""
+    def _begin(self, fenced: bool = True) -> None:
+        """The first statements of every transaction this store opens: the writer lock, then the
+        fence (when this connection holds an epoch and the block is not the lease's own claim)."""
         self._db.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
+        if not fenced or self._held_epoch is None:
+            return
+        row = self._db.execute("SELECT epoch FROM leader WHERE id = 1").fetchone()
+        if row is not None and int(row["epoch"]) > self._held_epoch:
+            raise NotLeading(
+                f"this daemon's epoch {self._held_epoch} is older than the lease's {row['epoch']}: the write is refused"
+            )
+
+    def hold_epoch(self, epoch: int | None) -> None:
+        self._held_epoch = epoch
 
     # ------------------------------------------------------------------ statements
 
@@ -122,9 +160,24 @@ def connect(url: str, password: str | None, timeout_s: float) -> Connection:
     if password is not None:
         params["password"] = password
     try:
-        return psycopg.connect(url, autocommit=True, row_factory=dict_row, **params)
+        return MappedConnection.connect(url, autocommit=True, row_factory=dict_row, **params)
     except psycopg.Error as exc:
         raise StoreUnreachable(f"cannot connect to the store {safe_url(url)}: {_first_line(exc)}", delay=5.0) from None
+
+
+class MappedConnection(psycopg.Connection[DictRow]):
+    """A connection whose lost server (``OperationalError``: connection closed, server shutting
+    down, a timeout) is a ``StoreUnreachable`` at every statement, not psycopg's own error."""
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().execute(*args, **kwargs)
+        except psycopg.OperationalError as exc:
+            raise unreachable(safe_url(self.info.dsn), exc) from None
+
+
+def unreachable(url: str, exc: BaseException) -> StoreUnreachable:
+    return StoreUnreachable(f"the store {url} did not answer: {_first_line(exc)}", delay=2.0)
 
 
 def safe_url(url: str) -> str:

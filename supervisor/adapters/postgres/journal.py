@@ -15,9 +15,9 @@ class PostgresJournal(PostgresBase):
     def begin_action(self, run: str, kind: str, params: Mapping[str, Any], now: float) -> int:
         with self.transaction() as db:
             row = db.execute(
-                "INSERT INTO actions(run, kind, params, status, created_at) VALUES (%s, %s, %s, 'pending', %s)"
-                " RETURNING id",
-                (run, kind, json.dumps(params, sort_keys=True), now),
+                "INSERT INTO actions(run, kind, params, status, created_at, epoch)"
+                " VALUES (%s, %s, %s, 'pending', %s, %s) RETURNING id",
+                (run, kind, json.dumps(params, sort_keys=True), now, self._held_epoch),
             ).fetchone()
         assert row is not None
         return int(row["id"])

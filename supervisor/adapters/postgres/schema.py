@@ -1,6 +1,6 @@
 """The PostgreSQL store's schema, versioned in ``schema_migrations``; each migration runs once, in order.
 
-The tables and columns are SQLite's (``adapters.sqlite.schema`` at its version 17) under the same
+The tables and columns are SQLite's (``adapters.sqlite.schema`` at its version 18) under the same
 names, so one decoder reads both (``adapters.store_rows``); the types are PostgreSQL's: times are
 ``double precision`` seconds since the epoch as the engine's clock gives them, flags ``boolean``,
 numbers ``bigint`` (Slurm job ids are 32 bits unsigned), ids identities. Names that are sorted
@@ -222,6 +222,19 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX node_faults_at ON node_faults(at);
     CREATE INDEX node_changes_at ON node_changes(at);
     CREATE INDEX checkpoints_by_step ON checkpoints(run, step DESC NULLS LAST, first_seen DESC);
+    """,
+    # 3: the leader lease of the instance (issue 33: domain.lease), one row; the epoch each intent
+    # was journaled under (the fencing token the leader's writes carry)
+    """
+    CREATE TABLE leader (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        holder TEXT NOT NULL,
+        address TEXT NOT NULL,
+        epoch BIGINT NOT NULL,
+        since DOUBLE PRECISION NOT NULL,
+        expires DOUBLE PRECISION NOT NULL
+    );
+    ALTER TABLE actions ADD COLUMN epoch BIGINT;
     """,
 )
 

@@ -3,7 +3,8 @@ as ``adapters.sqlite.store`` composes SQLite's.
 
 Runs and attempts (``runs``), the intent journal (``journal``), the logbook for people
 (``logbook``), node memory (``nodes``), the checkpoint ledger (``checkpoints``), rollbacks
-(``rollbacks``), the progress series (``progress``), in-allocation steps (``alloc_steps``).
+(``rollbacks``), the progress series (``progress``), in-allocation steps (``alloc_steps``), the leader lease (``lease``; every
+write fenced by its epoch in ``base``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from supervisor.adapters.postgres.alloc_steps import PostgresAllocSteps
 from supervisor.adapters.postgres.base import PostgresBase
 from supervisor.adapters.postgres.checkpoints import PostgresCheckpoints
 from supervisor.adapters.postgres.journal import PostgresJournal
+from supervisor.adapters.postgres.lease import PostgresLease
 from supervisor.adapters.postgres.logbook import PostgresLogbook
 from supervisor.adapters.postgres.nodes import PostgresNodes
 from supervisor.adapters.postgres.progress import PostgresProgress
@@ -30,6 +32,7 @@ class PostgresStore(
     PostgresRollbacks,
     PostgresProgress,
     PostgresAllocSteps,
+    PostgresLease,
     PostgresBase,
 ):
     """Implements every store port (supervisor.ports) on one PostgreSQL database."""

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from supervisor.adapters.sqlite import fence
 from supervisor.adapters.sqlite.schema import migrate, require_current
 
 DB_NAME = "supervisor.db"
@@ -29,7 +30,10 @@ class SqliteBase:
 
     def __init__(self, state_dir: str | Path, *, read_only: bool = False, durable: bool = True) -> None:
         self.path = Path(state_dir) / DB_NAME
+        self._held_epoch: int | None = None  # the leader epoch this connection's writes carry (``fence``)
         self._db = _open_read_only(self.path) if read_only else _open_writable(self.path, durable)
+        if not read_only:
+            fence.install(self._db, lambda: self._held_epoch)
         self.instance_id: str = self._db.execute("SELECT value FROM meta WHERE key = 'instance'").fetchone()[0]
         self._writes: dict[str, int] = {}  # table -> this connection's writes to it (see ``_kept_read``)
         self._kept: dict[str, tuple[tuple[int, int], Any]] = {}
@@ -71,7 +75,9 @@ class SqliteBase:
 
 def _open_writable(path: Path, durable: bool = True) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, isolation_level=None, timeout=10.0, check_same_thread=False)
+    db = sqlite3.connect(
+        path, isolation_level=None, timeout=10.0, check_same_thread=False, factory=fence.FencedConnection
+    )
     db.row_factory = sqlite3.Row
     _enable_wal(db)
     db.execute("PRAGMA synchronous=FULL" if durable else "PRAGMA synchronous=OFF")

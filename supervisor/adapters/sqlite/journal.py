@@ -14,8 +14,8 @@ from supervisor.ports import Intent
 class SqliteJournal(SqliteBase):
     def begin_action(self, run: str, kind: str, params: Mapping[str, Any], now: float) -> int:
         cur = self._db.execute(
-            "INSERT INTO actions(run, kind, params, status, created_at) VALUES (?, ?, ?, 'pending', ?)",
-            (run, kind, json.dumps(params, sort_keys=True), now),
+            "INSERT INTO actions(run, kind, params, status, created_at, epoch) VALUES (?, ?, ?, 'pending', ?, ?)",
+            (run, kind, json.dumps(params, sort_keys=True), now, self._held_epoch),
         )
         return int(cur.lastrowid or 0)
 

@@ -288,6 +288,19 @@ MIGRATIONS: tuple[str, ...] = (
         excluded TEXT NOT NULL
     );
     """,
+    # the leader lease of the instance (issue 33: domain.lease), one row; the epoch each intent was
+    # journaled under (the fencing token the leader's writes carry)
+    """
+    CREATE TABLE leader (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        holder TEXT NOT NULL,
+        address TEXT NOT NULL,
+        epoch INTEGER NOT NULL,
+        since REAL NOT NULL,
+        expires REAL NOT NULL
+    );
+    ALTER TABLE actions ADD COLUMN epoch INTEGER;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
