@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -23,7 +24,9 @@ if TYPE_CHECKING:
     from supervisor.api.server import ApiServer
     from supervisor.cli.wiring import DaemonStore
     from supervisor.engine.daemon import Heartbeat
+    from supervisor.engine.leadership import Leadership
     from supervisor.engine.reconcile import Engine, EngineSettings
+    from supervisor.ports import Fencer, NodeGuard, Scheduler
 
     Ingest = tuple[ReportIngest, IngestServer] | None
     Paging = tuple[WebhookNotifier, Callable[[], None]] | None
@@ -68,17 +71,24 @@ def _serve(cfg: DaemonConfig, clock: SystemClock, *, once: bool, crash_at: str |
     """Build the engine and its companions (ingest, pager), then tick until stopped."""
     from supervisor.adapters import gc_tuning
     from supervisor.engine.daemon import Heartbeat
+    from supervisor.engine.leadership import LostLead
 
-    store = wiring.store(cfg)
-    ingest = wiring.ingest(cfg, clock)
+    opened: list[DaemonStore] = []  # every writing connection: the leader's epoch fences them all
+    store = wiring.store(cfg, opened=opened)
+    ingest = wiring.ingest(cfg, clock, opened)
     heartbeat = Heartbeat()  # the loop's sign of life for the watchdog's own timer
     settings = _start_ingest(cfg, ingest, wiring.engine_settings(cfg))
-    engine = _engine(cfg, store, clock, settings, heartbeat, ingest, crash_at)
+    api = _start_api(cfg, clock, opened)
+    leadership = wiring.leadership(cfg, store, opened, settings.ingest_url or socket.getfqdn())
+    engine = _engine(cfg, store, clock, settings, heartbeat, ingest, crash_at, leadership)
     paging = _start_paging(cfg, store, clock)
-    api = _start_api(cfg, clock)
     gc_tuning.settle()  # wired: what exists now is never walked again; collections 30x rarer
     try:
-        _run(cfg, engine, heartbeat, paging, once=once)
+        _run(cfg, engine, heartbeat, paging, once=once, leadership=leadership)
+    except LostLead as exc:
+        raise click.ClickException(
+            f"this daemon no longer leads: {exc}; it ends, to start again as a standby"
+        ) from None
     finally:
         api.stop()
         if paging is not None:
@@ -104,12 +114,12 @@ def _own_state_dir(path: Path) -> None:
         raise click.ClickException(f"state_dir {path}: {exc.strerror}; the instance's account must own it") from None
 
 
-def _start_api(cfg: DaemonConfig, clock: SystemClock) -> ApiServer:
+def _start_api(cfg: DaemonConfig, clock: SystemClock, opened: list[DaemonStore]) -> ApiServer:
     """The local API the CLI asks (``[api]``): started before the first tick, stopped last."""
     from supervisor.api.identity import UnknownGroup
 
     try:
-        server = wiring.api_server(cfg, clock)
+        server = wiring.api_server(cfg, clock, opened)
     except UnknownGroup as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -138,25 +148,43 @@ def _engine(
     heartbeat: Heartbeat,
     ingest: Ingest,
     crash_at: str | None,
+    leadership: Leadership | None,
 ) -> Engine:
     from supervisor.adapters.slurm.tcp_probe import TcpProbe
     from supervisor.engine.daemon import StampedScheduler
     from supervisor.engine.reconcile import Engine
 
     scheduler = wiring.scheduler(cfg)
+    gated, fencer, guard = _gated(leadership, scheduler, wiring.fencer(cfg), wiring.guard(cfg))
     return Engine(
-        scheduler=StampedScheduler(scheduler, heartbeat),
+        scheduler=StampedScheduler(gated, heartbeat),
         store=store,
         clock=clock,
         settings=wiring.from_slurm_config(scheduler, settings),
         probe=TcpProbe(timeout=cfg.probe.timeout_s) if cfg.probe.enabled else None,
-        fencer=wiring.fencer(cfg),
+        fencer=fencer,
         crash_hook=_crash_hook(crash_at),
         progress=wiring.progress(cfg, store),
         checkpoints=wiring.checkpoints(clock, cfg, store),
         health=ingest[0] if ingest else None,
         accounting=wiring.accounting(scheduler),
-        guard=wiring.guard(cfg),
+        guard=guard,
+    )
+
+
+def _gated(
+    leadership: Leadership | None, scheduler: Scheduler, fencer: Fencer | None, guard: NodeGuard | None
+) -> tuple[Scheduler, Fencer | None, NodeGuard | None]:
+    """Every command that changes Slurm, a node or the guard waits for the lead (self-fencing)."""
+    if leadership is None:
+        return scheduler, fencer, guard
+    from supervisor.engine.leadership import GatedFencer, GatedGuard, GatedScheduler
+
+    gate = leadership.may_act
+    return (
+        GatedScheduler(scheduler, gate),
+        GatedFencer(fencer, gate) if fencer is not None else None,
+        GatedGuard(guard, gate) if guard is not None else None,
     )
 
 
@@ -171,7 +199,15 @@ def _start_paging(cfg: DaemonConfig, store: DaemonStore, clock: SystemClock) -> 
     return paging
 
 
-def _run(cfg: DaemonConfig, engine: Engine, heartbeat: Heartbeat, paging: Paging, *, once: bool) -> None:
+def _run(
+    cfg: DaemonConfig,
+    engine: Engine,
+    heartbeat: Heartbeat,
+    paging: Paging,
+    *,
+    once: bool,
+    leadership: Leadership | None = None,
+) -> None:
     """The reconcile loop, under systemd's watchdog."""
     from supervisor.adapters.sdnotify import SystemdNotifier, WatchdogTimer
     from supervisor.engine.daemon import Pacing, run_loop
@@ -185,6 +221,7 @@ def _run(cfg: DaemonConfig, engine: Engine, heartbeat: Heartbeat, paging: Paging
             max_ticks=1 if once else None,
             after_tick=paging[1] if paging else None,
             heartbeat=heartbeat,
+            leadership=leadership,
         )
 
 

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from supervisor.adapters.web.renderer import Renderer
     from supervisor.api.client import Reader
     from supervisor.api.server import ApiServer
+    from supervisor.engine.leadership import Leadership
 
     DaemonStore = SqliteStore | PostgresStore
 
@@ -94,11 +95,19 @@ def accounting(scheduler: SlurmCli) -> SacctCli | None:
     return SacctCli(bin_dir=scheduler.bin_dir, slurm_conf=scheduler.slurm_conf, timeout=scheduler.timeout)
 
 
-def store(cfg: DaemonConfig, *, read_only: bool = False) -> DaemonStore:
+def store(cfg: DaemonConfig, *, read_only: bool = False, opened: list[DaemonStore] | None = None) -> DaemonStore:
     """A connection to the instance's store, as ``[store]`` chooses: SQLite in the state directory
     (no url, the default), or the PostgreSQL database of ``url``, with the password from
     ``password_file`` or the systemd credential — handed to libpq, never logged. Each caller
-    (the engine, the API, the ingest, the launcher channel) gets a connection of its own."""
+    (the engine, the API, the ingest, the launcher channel) gets a connection of its own; a
+    writer's is added to ``opened`` (the connections the leader's epoch fences)."""
+    made = _open_store(cfg, read_only)
+    if opened is not None and not read_only:
+        opened.append(made)
+    return made
+
+
+def _open_store(cfg: DaemonConfig, read_only: bool) -> DaemonStore:
     if not cfg.store.postgres:
         return SqliteStore(Path(cfg.daemon.state_dir), read_only=read_only)
     from supervisor.adapters.postgres import PostgresStore, StoreUnreachable, safe_url
@@ -172,14 +181,14 @@ def existing_store(state_dir: Path) -> Reader | None:
         return None
 
 
-def api_server(cfg: DaemonConfig, clock: SystemClock) -> ApiServer:
+def api_server(cfg: DaemonConfig, clock: SystemClock, opened: list[DaemonStore] | None = None) -> ApiServer:
     """The instance's local API (``[api]``) over a store connection of its own; submits are checked
     with Slurm as the instance's account."""
     from supervisor.api.identity import instance
     from supervisor.api.ops import Operations
     from supervisor.api.server import ApiServer
 
-    ops = Operations(store(cfg), clock, instance(cfg.api.group, cfg.api.admin_group), scheduler(cfg))
+    ops = Operations(store(cfg, opened=opened), clock, instance(cfg.api.group, cfg.api.admin_group), scheduler(cfg))
     return ApiServer(cfg.api.socket_path(cfg.daemon.state_dir), ops.answer, instance=ops.instance)
 
 
@@ -275,12 +284,14 @@ def gpu_health(cfg: DaemonConfig) -> GpuHealthSettings:
     return cfg.gpu_health.to_settings()
 
 
-def ingest(cfg: DaemonConfig, clock: SystemClock) -> tuple[ReportIngest, IngestServer] | None:
+def ingest(
+    cfg: DaemonConfig, clock: SystemClock, opened: list[DaemonStore] | None = None
+) -> tuple[ReportIngest, IngestServer] | None:
     """The agents' and hooks' endpoint, accepting each active run's token (``[ingest]``)."""
     i = cfg.ingest
     if not i.enabled:
         return None
-    tokens_store = store(cfg)  # the ingest thread's own connection
+    tokens_store = store(cfg, opened=opened)  # the ingest thread's own connection
     try:  # the hook token file is a secret: its owner and mode are checked (ValueError says the fix)
         book = TokenBook(
             tokens_store.active_tokens,
@@ -292,7 +303,7 @@ def ingest(cfg: DaemonConfig, clock: SystemClock) -> tuple[ReportIngest, IngestS
     server = IngestServer(feed, cfg.ingest.bind, cfg.ingest.port, cfg.ingest.max_body_bytes)
     # in-allocation launchers poll here (docs/in-allocation.md); a store connection of its own, off the event loop
     wake = clock.wake if isinstance(clock, WakeableClock) else None  # a dead step: tick now, not at the next poll
-    channel = LauncherChannel(book, store(cfg), clock, wake)
+    channel = LauncherChannel(book, store(cfg, opened=opened), clock, wake)
     server.mount(LAUNCHER_PREFIX, channel.handle, blocking=True)
     http_options(server, cfg)
     try:  # the read token is a secret like the hook token
@@ -366,3 +377,18 @@ def pager(
         cursor[0] = notify_new_events(store, notifier, cursor[0])
 
     return notifier, after_tick
+
+
+def leadership(
+    cfg: DaemonConfig, engine_store: DaemonStore, fenced: list[DaemonStore], address: str
+) -> Leadership | None:
+    """The leader lease when the store is shared (PostgreSQL): the daemons of the account on every
+    login node elect one leader through it (``engine.leadership``). None with SQLite: one machine,
+    one daemon, its lock on the state directory."""
+    if not cfg.store.postgres:
+        return None
+    from supervisor.engine.leadership import Leadership, LeaseSettings, new_holder
+
+    lease_s = cfg.store.lease_s
+    settings = LeaseSettings(lease_s=lease_s, margin_s=lease_s / 5, inflight_s=cfg.slurm.command_timeout_s)
+    return Leadership(engine_store, engine_store, fenced, holder=new_holder(), address=address, settings=settings)

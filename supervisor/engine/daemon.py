@@ -19,10 +19,11 @@ from typing import Protocol, TypeVar
 import structlog
 
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange, SubmitRequest
+from supervisor.engine.leadership import Leadership, Standing
 from supervisor.engine.observe import JobScopedScheduler
 from supervisor.engine.pacing import Pacing, PacingState, next_delay
 from supervisor.engine.reconcile import Engine, TickResult
-from supervisor.ports import Scheduler
+from supervisor.ports import Scheduler, TransientError
 
 __all__ = ["Heartbeat", "NullServiceManager", "Pacing", "ServiceManager", "StampedScheduler", "run_loop"]
 
@@ -121,30 +122,81 @@ def run_loop(
     max_ticks: int | None = None,
     after_tick: Callable[[], object] | None = None,
     heartbeat: Heartbeat | None = None,
+    leadership: Leadership | None = None,
 ) -> int:
     """Tick until the clock's wait is interrupted (stop requested). Returns the number of ticks.
     ``after_tick`` runs after every tick (paging); its errors are logged, never fatal.
-    ``heartbeat`` is stamped at each tick's start and end, for the watchdog's timer."""
+    ``heartbeat`` is stamped at each tick's start and end, for the watchdog's timer. With
+    ``leadership`` (daemons on several login nodes sharing a store) only the leader ticks; a loss
+    of the lead to another daemon ends the loop by ``LostLead``. ``max_ticks`` counts rounds of
+    the loop, a standby's claims included."""
     service = service or NullServiceManager()
     heartbeat = heartbeat or Heartbeat()
-    runs = engine.adopt()
-    log.info("daemon_started", runs=[r.name for r in runs], poll_interval_s=pacing.poll_interval_s)
+    lead = Lead(engine, leadership)
+    log.info("daemon_started", runs=lead.adopted, poll_interval_s=pacing.poll_interval_s, holder=lead.holder)
     service.ready()
-    ticks = 0
+    ticks = rounds = 0
     state = PacingState.start(pacing)
-    while max_ticks is None or ticks < max_ticks:
+    while max_ticks is None or rounds < max_ticks:
         heartbeat.beat()
+        rounds += 1
+        wait = lead.before_tick(service)
+        if wait is not None:  # not leading (or not yet acting): no tick, claim again after the wait
+            if engine.clock.wait(wait):
+                break
+            continue
         result = engine.tick()
         ticks += 1
         _after_tick(after_tick)
         heartbeat.beat()  # the wait that follows is bounded by the poll interval or the backoff cap
         step, state = next_delay(pacing, state, result)
         service.status(_status_line(result, step.delay_s))
-        if step.delay_s and engine.clock.wait(step.delay_s):
+        delay = lead.wait_after_tick(step.delay_s)
+        if delay and engine.clock.wait(delay):
             break
     service.stopping()
+    lead.stop()
     log.info("daemon_stopping", ticks=ticks, note="jobs are left running; the next daemon re-adopts them")
     return ticks
+
+
+class Lead:
+    """The loop's view of leadership: with none (one daemon, its lock), it always leads and adopts
+    at start; with a ``Leadership``, it claims before every tick and adopts when it gains the lead."""
+
+    def __init__(self, engine: Engine, leadership: Leadership | None) -> None:
+        self._engine, self._leadership = engine, leadership
+        self._standing: Standing | None = None
+        self._adopted_epoch: int | None = None
+        self.adopted = [r.name for r in engine.adopt()] if leadership is None else []
+        self.holder = leadership.holder if leadership is not None else None
+
+    def before_tick(self, service: ServiceManager) -> float | None:
+        """None: tick now. Else the seconds to wait before claiming again."""
+        leadership = self._leadership
+        if leadership is None:
+            return None
+        standing = self._standing = leadership.claim()
+        if standing.leading and leadership.epoch != self._adopted_epoch:
+            try:
+                self._engine.adopt()
+                self._adopted_epoch = leadership.epoch
+            except TransientError as exc:
+                log.warning("adopt_interrupted", error=str(exc))
+                return leadership.settings.retry_s
+        if standing.leading and standing.wait_s <= 0:
+            return None
+        service.status(standing.line())
+        return leadership.next_claim_in(standing, 0.0)
+
+    def wait_after_tick(self, delay_s: float) -> float:
+        if self._leadership is None or self._standing is None:
+            return delay_s
+        return self._leadership.next_claim_in(self._standing, delay_s)
+
+    def stop(self) -> None:
+        if self._leadership is not None:
+            self._leadership.release()
 
 
 def _after_tick(after_tick: Callable[[], object] | None) -> None:
