@@ -80,4 +80,7 @@ def python_for_others() -> tuple[list[str], dict[str, str]]:
     if system is None or Path(f"/usr/lib/python{version}").is_dir() is False:
         raise UsersUnavailable(f"no interpreter for other accounts: {real} is private and no python{version} in /usr")
     root = Path(__file__).resolve().parents[2]
-    return [system], {"PYTHONPATH": f"{sysconfig.get_paths()['purelib']}:{root}"}
+    # every site directory this interpreter reads, those a .pth file adds too (a worktree's venv
+    # names main's packages in one: PYTHONPATH alone would not read it)
+    sites = [sysconfig.get_paths()["purelib"], *(p for p in sys.path if p.endswith("site-packages"))]
+    return [system], {"PYTHONPATH": ":".join([*dict.fromkeys(sites), str(root)])}
