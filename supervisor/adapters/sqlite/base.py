@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,8 +33,8 @@ class SqliteBase:
         self.path = Path(state_dir) / DB_NAME
         self._held_epoch: int | None = None  # the leader epoch this connection's writes carry (``fence``)
         self._db = _open_read_only(self.path) if read_only else _open_writable(self.path, durable)
-        if not read_only:
-            fence.install(self._db, lambda: self._held_epoch)
+        if not read_only:  # by a weak reference: no cycle, so a store dropped unclosed still closes at once
+            fence.install(self._db, _held_epoch_of(weakref.ref(self)))
         self.instance_id: str = self._db.execute("SELECT value FROM meta WHERE key = 'instance'").fetchone()[0]
         self._writes: dict[str, int] = {}  # table -> this connection's writes to it (see ``_kept_read``)
         self._kept: dict[str, tuple[tuple[int, int], Any]] = {}
@@ -71,6 +72,14 @@ class SqliteBase:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+
+
+def _held_epoch_of(store: weakref.ReferenceType[SqliteBase]) -> Callable[[], int | None]:
+    def held() -> int | None:
+        alive = store()
+        return alive._held_epoch if alive is not None else None
+
+    return held
 
 
 def _open_writable(path: Path, durable: bool = True) -> sqlite3.Connection:
