@@ -43,6 +43,20 @@ log = structlog.get_logger(__name__)
 Connection = psycopg.Connection[DictRow]
 
 
+# No wait on the database is unbounded, whatever the network does (issue 33, item 5): a request whose
+# packets are dropped fails after tcp_user_timeout (the connect timeout), an answer that never comes
+# after the keepalives (5 + 3 x 2 s); and the server ends a transaction whose client went silent
+# (idle_in_transaction_session_timeout), so a partitioned leader's open block cannot hold the
+# writer lock — and with it every standby's claim — beyond a few seconds. Blocks never wait inside.
+BOUNDED_WAITS: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "options": "-c idle_in_transaction_session_timeout=5000",
+}
+
+
 class StoreUnreachable(TransientError):
     """The database did not answer or refused the connection (the message names no secret)."""
 
@@ -156,7 +170,12 @@ def migrate_database(url: str, password: str | None, timeout_s: float = 10.0) ->
 
 def connect(url: str, password: str | None, timeout_s: float) -> Connection:
     """A connection in autocommit (blocks open transactions explicitly), rows as dicts."""
-    params: dict[str, Any] = {"connect_timeout": max(1, round(timeout_s)), "application_name": "slurm-supervisor"}
+    params: dict[str, Any] = {
+        "connect_timeout": max(1, round(timeout_s)),
+        "application_name": "slurm-supervisor",
+        **BOUNDED_WAITS,
+        "tcp_user_timeout": round(timeout_s * 1000),
+    }
     if password is not None:
         params["password"] = password
     try:
