@@ -26,11 +26,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from supervisor.testing._daemon import clean_env, free_ports, tail
+
+if TYPE_CHECKING:
+    from supervisor.testing.netns import ServerNet
 
 log = structlog.get_logger()
 
@@ -105,9 +108,10 @@ def server_account() -> Account:
 class LocalPostgres:
     """One private server. ``start()``; ``database()`` per test; ``stop()`` at the end."""
 
-    def __init__(self, *, ready_timeout: float = 30.0, keep_dir: bool = False) -> None:
+    def __init__(self, *, ready_timeout: float = 30.0, keep_dir: bool = False, net: ServerNet | None = None) -> None:
         self.ready_timeout = ready_timeout
         self.keep_dir = keep_dir
+        self.net = net  # serve inside this namespace, on each of its links (testing.netns), not 127.0.0.1
         self.account = server_account()
         self.root = Path(tempfile.mkdtemp(prefix="localpg-"))
         self.port = free_ports(1)[0]
@@ -129,9 +133,10 @@ class LocalPostgres:
     def log_file(self) -> Path:
         return self.root / "postgres.log"
 
-    def url(self, database: str = "postgres") -> str:
-        """A URL of a database on this server, with no password in it."""
-        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str = "postgres", link: int = 0) -> str:
+        """A URL of a database on this server, with no password in it (over ``link`` of its namespace)."""
+        host = self.net.server_address(link) if self.net is not None else "127.0.0.1"
+        return f"postgresql://{SUPERUSER}@{host}:{self.port}/{database}"
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -224,6 +229,15 @@ class LocalPostgres:
         argv = [str(where / "postgres"), "-D", str(self.data), "-p", str(self.port), "-k", str(self.socket_dir)]
         for key, value in _SERVER_SETTINGS.items():
             argv += ["-c", f"{key}={value}"]
+        if self.net is not None:
+            listen = ",".join(self.net.server_address(i) for i in range(self.net.links))
+            # the namespace is entered as root, then the server's account is taken (setpriv, util-linux)
+            who = self.account
+            drop = ["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}", "--clear-groups", "--"]
+            argv = [*self.net.exec_prefix, *(drop if who.uid != os.geteuid() else []), *argv]
+            argv += ["-c", f"listen_addresses={listen}"]
+            with (self.data / "pg_hba.conf").open("a") as hba:  # the links' clients, with the password
+                hba.write("host all all 10.0.0.0/8 scram-sha-256\n")
         fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             os.fchown(fd, self.account.uid, self.account.gid)
@@ -234,7 +248,7 @@ class LocalPostgres:
                 stderr=fd,
                 env=clean_env({}),
                 start_new_session=True,
-                **self._as(),
+                **({} if self.net is not None else self._as()),
             )
         finally:
             os.close(fd)
