@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from supervisor.telemetry.torch import Committer, ResumeFailed, Supervision
 from supervisor.telemetry.torch_planned_end import EndedOnPurpose, EndOnPurpose
+from supervisor.telemetry.torch_sharded import ShardedSaveOnFailure
 from supervisor.telemetry.torch_survivors import SavedOnFailure, SaveOnFailure
 
 EXIT_DONE, EXIT_CRASHED, EXIT_NO_CHECKPOINT, EXIT_BAD_INPUT = 0, 1, 3, 93
@@ -145,6 +146,17 @@ def average_gradients(model: nn.Module, loss: torch.Tensor, world: int) -> float
     return float(flat[-1])
 
 
+def mean(loss: torch.Tensor, world: int) -> float:
+    flat = loss.detach().reshape(1).clone()
+    dist.all_reduce(flat)
+    return float(flat[0]) / world
+
+
+def full(value: torch.Tensor) -> float:
+    """A norm as a number (a DTensor's, once gathered: FSDP's clip returns one)."""
+    return float(value.full_tensor() if hasattr(value, "full_tensor") else value)
+
+
 def python_committer(run: str | None, endpoint_url: str | None) -> Committer:
     """Commit with the supervisor's Python API (docs/checkpoint-layouts.md): no process to start,
     unlike the default ``slurm-supervisor ckpt commit`` (``--commit cli``)."""
@@ -192,6 +204,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         help="once it holds 'NODE STEP' (or 'NODE STEP after-update'), that node's rank exits in that step (tests)",
     )
+    p.add_argument(
+        "--layout",
+        choices=("dp", "hsdp"),
+        default="dp",
+        help="dp: every rank holds the whole state (gradients all-reduced); hsdp: FSDP2 sharded over "
+        "each node's ranks, replicated across nodes (a 2-D device mesh)",
+    )
     p.add_argument("--trace", type=Path, help="rank 0 appends one JSON line per step (trained or skipped)")
     p.add_argument(
         "--exit-file", type=Path, default=os.environ.get("TRAIN_EXIT_FILE"), help="rank 0 writes its exit code"
@@ -226,6 +245,7 @@ class Job:
     corpus: torch.Tensor
     state: dict[str, Any]
     trace: Trace
+    mesh: Any = None  # the device mesh of a sharded layout (None: dp)
     guard: SaveOnFailure | None = None
 
     def completed(self, step: int) -> None:
@@ -240,6 +260,7 @@ def train(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = TinyGPT(args.seq_len, args.dim, args.layers, heads=2)
+    mesh = shard(model, args.layout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     # every rank gets the committer: after a failure, the survivor that saves may be any rank
@@ -248,10 +269,11 @@ def train(args: argparse.Namespace) -> None:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "progress": {"step": 0}}
     job = Job(args, ssv, model, optimizer, load_corpus(args.data), state, Trace(args.trace if rank == 0 else None))
+    job.mesh = mesh
     step = ssv.resume(state, step_of=lambda s: int(s["progress"]["step"]))
     if step:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    job.guard = SaveOnFailure(ssv, state) if args.save_on_failure else None
+    job.guard = failure_guard(job) if args.save_on_failure else None
     # a peer's death: one survivor saves `step`, then out; the continuation signal: every rank saves
     with job.guard or contextlib.nullcontext(), EndOnPurpose(ssv, state) as end:
         while step < args.steps:
@@ -264,6 +286,31 @@ def train(args: argparse.Namespace) -> None:
             if step % args.ckpt_every == 0:
                 ssv.save(state, step)
             end.boundary(step)  # SSV_CONTINUE_SIGNAL caught, or SSV_DEADLINE near: save, EndedOnPurpose
+
+
+def shard(model: nn.Module, layout: str) -> Any:
+    """HSDP: each block, then the whole, ``fully_shard`` over a (nodes, ranks per node) mesh —
+    sharded over a node's ranks, replicated across nodes. The mesh (None for dp)."""
+    if layout == "dp":
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    mesh = init_device_mesh("cpu", (dist.get_world_size() // per_node, per_node), mesh_dim_names=("replicate", "shard"))
+    for block in model.blocks.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return mesh
+
+
+def failure_guard(job: Job) -> SaveOnFailure:
+    """Who saves when a peer dies: one survivor (dp: each holds the whole state), or one per shard
+    (hsdp: the replica groups that survived hold every shard)."""
+    if job.mesh is None:
+        return SaveOnFailure(job.ssv, job.state)
+    shards = job.mesh.size(job.mesh.mesh_dim_names.index("shard"))
+    return ShardedSaveOnFailure(job.ssv, job.state, shard=job.mesh.get_local_rank("shard"), shards=shards)
 
 
 def train_step(job: Job, step: int) -> None:
@@ -283,8 +330,9 @@ def train_step(job: Job, step: int) -> None:
         loss.backward()
         time.sleep(args.compute_s * (1.0 + straggling(args.straggler_file)))
         die_if_told(args.die_file, step, after_update=False)
-    mean_loss = average_gradients(job.model, loss, world)
-    grad_norm = float(nn.utils.clip_grad_norm_(job.model.parameters(), 1.0))
+    # dp: the gradients and the loss in one all-reduce; hsdp: FSDP reduced the gradients in backward
+    mean_loss = average_gradients(job.model, loss, world) if job.mesh is None else mean(loss, world)
+    grad_norm = full(nn.utils.clip_grad_norm_(job.model.parameters(), 1.0))
     optimizer.step()
     job.completed(step)
     die_if_told(args.die_file, step, after_update=True)

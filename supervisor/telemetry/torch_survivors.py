@@ -16,9 +16,9 @@ just-in-time checkpointing, Gupta et al., EuroSys '24).
 
 **Only for replicated state**: plain data parallelism (DDP, or a loop that all-reduces its
 gradients), where every rank holds the whole model and optimizer state, so any survivor's copy is
-the state. Not for a sharded state — FSDP / ZeRO-3, tensor or pipeline parallelism, and HSDP too
-(a replica there is a whole *group* of ranks, each holding a shard): one rank does not hold it,
-and a dead rank's shard has no copy among the ranks that would write. Do not use it there.
+the state. HSDP (a replica is a *group* of ranks, each holding a shard) has ``torch_sharded``: one
+survivor per shard writes it. Not for a state without replicas — FSDP / ZeRO-3 alone, tensor or
+pipeline parallelism: a dead rank's shard has no copy among the ranks that would write.
 
 **Which step the state belongs to.** The model and optimizer change only inside
 ``optimizer.step()`` (and the scheduler's step); the collectives of a data-parallel step come before

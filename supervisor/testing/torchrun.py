@@ -36,6 +36,7 @@ class TorchRun:
     storage_env: Mapping[str, str] = field(default_factory=dict)  # S3 credentials, AWS_ENDPOINT_URL
     endpoint_url: str | None = None
     script: str = "train.sbatch"  # or train_launch.sbatch: in-allocation mode's launcher
+    nproc: int = 1  # ranks per node (TRAIN_NPROC)
 
     @property
     def trace_path(self) -> Path:
@@ -56,6 +57,7 @@ class TorchRun:
             "MASTER_ADDR": "127.0.0.1",  # every LocalSlurm node is this host
             "GLOO_SOCKET_IFNAME": "lo",
             "OMP_NUM_THREADS": "1",
+            "TRAIN_NPROC": str(self.nproc),
             **self.storage_env,
         }
         body = (EXAMPLE / self.script).read_text().split("\n", 1)[1]
