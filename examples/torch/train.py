@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from supervisor.telemetry.torch import Committer, ResumeFailed, Supervision
+from supervisor.telemetry.torch_peers import PeerCopies
 from supervisor.telemetry.torch_planned_end import EndedOnPurpose, EndOnPurpose
 from supervisor.telemetry.torch_sharded import ShardedSaveOnFailure
 from supervisor.telemetry.torch_survivors import SavedOnFailure, SaveOnFailure
@@ -206,10 +207,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--layout",
-        choices=("dp", "hsdp"),
+        choices=("dp", "hsdp", "fsdp"),
         default="dp",
         help="dp: every rank holds the whole state (gradients all-reduced); hsdp: FSDP2 sharded over "
-        "each node's ranks, replicated across nodes (a 2-D device mesh)",
+        "each node's ranks, replicated across nodes (a 2-D device mesh); fsdp: sharded over every rank",
+    )
+    p.add_argument(
+        "--peer-copies",
+        type=int,
+        default=0,
+        metavar="K",
+        help="every K steps each rank's shards are copied to its buddy on the next node (host memory); "
+        "a relaunched world restores from them when they are newer than the offered checkpoint",
     )
     p.add_argument("--trace", type=Path, help="rank 0 appends one JSON line per step (trained or skipped)")
     p.add_argument(
@@ -218,6 +227,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--commit", choices=("python", "cli"), default="python", help="how rank 0 commits the manifest")
     p.add_argument("--seed", type=int, default=1234)
     args = p.parse_args(argv)
+    if args.save_on_failure and args.layout == "fsdp":
+        p.error("--save-on-failure needs a replica of every shard (dp or hsdp); fsdp has --peer-copies")
     if min(args.steps, args.ckpt_every, args.batch, args.seq_len, args.dim, args.layers) < 1 or args.lr <= 0:
         p.error("sizes, steps and the learning rate must be positive")
     return args
@@ -247,6 +258,7 @@ class Job:
     trace: Trace
     mesh: Any = None  # the device mesh of a sharded layout (None: dp)
     guard: SaveOnFailure | None = None
+    peers: PeerCopies | None = None
 
     def completed(self, step: int) -> None:
         """Step ``step``'s update is in the state (right after optimizer.step(), no collective
@@ -270,7 +282,8 @@ def train(args: argparse.Namespace) -> None:
     state = {"model": model_sd, "optim": optim_sd, "progress": {"step": 0}}
     job = Job(args, ssv, model, optimizer, load_corpus(args.data), state, Trace(args.trace if rank == 0 else None))
     job.mesh = mesh
-    step = ssv.resume(state, step_of=lambda s: int(s["progress"]["step"]))
+    job.peers = PeerCopies(state, every=args.peer_copies) if args.peer_copies else None
+    step = restore(job)
     if step:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     job.guard = failure_guard(job) if args.save_on_failure else None
@@ -283,21 +296,55 @@ def train(args: argparse.Namespace) -> None:
                 job.trace.write(step=step, skipped=True, consumed_samples=step * world * args.batch)
                 continue
             train_step(job, step)
+            if job.peers is not None:
+                job.peers.boundary(step)  # every K steps: snapshot, then the buddy's copy on a thread
             if step % args.ckpt_every == 0:
                 ssv.save(state, step)
             end.boundary(step)  # SSV_CONTINUE_SIGNAL caught, or SSV_DEADLINE near: save, EndedOnPurpose
+    if job.peers is not None:  # trained to the end: the copies in memory are not needed any more
+        job.peers.close(discard=True)
+        generations = max(args.steps // args.peer_copies, 1)
+        say(
+            f"peer copies: snapshots {job.peers.snapshot_s / generations * 1e3:.2f} ms each, {job.peers.skipped} skipped"
+        )
+
+
+def restore(job: Job) -> int:
+    """The step resumed from: the peers' memory when it holds a generation newer than the
+    checkpoint the supervisor offered, else that checkpoint (0: a fresh start). Says how long."""
+    began = time.perf_counter()
+    if job.peers is not None:
+        done = job.peers.restore(job.state, newer_than=job.ssv.orders.step or 0)
+        if done.step:
+            say(f"restored step {done.step} from memory in {done.seconds:.3f} s ({done.moved_bytes} bytes moved)")
+            return done.step
+        say(f"peer copies: {done.why}")
+    step = job.ssv.resume(job.state, step_of=lambda s: int(s["progress"]["step"]))
+    if step:
+        say(f"restored step {step} from storage in {time.perf_counter() - began:.3f} s")
+    return step
+
+
+def say(text: str) -> None:
+    if dist.get_rank() == 0:
+        print(f"train.py: {text}", file=sys.stderr, flush=True)
 
 
 def shard(model: nn.Module, layout: str) -> Any:
     """HSDP: each block, then the whole, ``fully_shard`` over a (nodes, ranks per node) mesh —
-    sharded over a node's ranks, replicated across nodes. The mesh (None for dp)."""
+    sharded over a node's ranks, replicated across nodes; FSDP: over every rank, no replica. The
+    mesh (None for dp)."""
     if layout == "dp":
         return None
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    mesh = init_device_mesh("cpu", (dist.get_world_size() // per_node, per_node), mesh_dim_names=("replicate", "shard"))
+    world = dist.get_world_size()
+    shape, names = (
+        ((world // per_node, per_node), ("replicate", "shard")) if layout == "hsdp" else ((world,), ("shard",))
+    )
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     for block in model.blocks.layers:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -35,6 +35,7 @@ class LocalWorld:
     ranks: int = 2
     per_node: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
+    nodes: Sequence[str] = ()  # the nodes' names in rank order (default n1, n2..)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -70,7 +71,8 @@ class LocalWorld:
         return self
 
     def node(self, rank: int) -> str:
-        return f"n{rank // self.per_node + 1}"
+        index = rank // self.per_node
+        return self.nodes[index] if self.nodes else f"n{index + 1}"
 
     def wait(self, timeout: float = 180.0) -> list[int]:
         """Every rank's exit code (negative: the signal that ended it)."""
