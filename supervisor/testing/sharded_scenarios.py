@@ -56,7 +56,7 @@ def hsdp_node_crash(cluster: LocalSlurm, workdir: Path, *, crash_after: int = 30
     return Outcome(run, sup.logbook("gpt"), sup.status("gpt"), marks, victim)
 
 
-PEER_STEPS = 70
+PEER_STEPS = 60  # a multiple of the checkpoint interval: the last state is saved
 
 
 def peers_node_crash(cluster: LocalSlurm, workdir: Path, *, crash_after: int = 47) -> Outcome:

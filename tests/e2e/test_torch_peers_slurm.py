@@ -52,8 +52,8 @@ def test_a_node_crash_without_replicas_restores_from_peer_copies_not_storage(tor
     # a storage restore of the same state (the same tensors, the checkpoint the daemon offered)
     offered = tmp_path / "crash" / "ckpt" / f"step_{restored // 20 * 20:06d}"
     env = {"SSV_RESUME_CHECKPOINT": str(offered), "SSV_RESUME_STEP": str(restored // 20 * 20)}
-    storage = LocalWorld(ref, "storage", [*args, "--root", str(ref / "again")], ranks=4, per_node=2, env=env)
-    storage.args = [*storage.args[:2], str(restored // 20 * 20 + 1), *storage.args[3:]]  # one step after it
+    one_more = ["--layout", "fsdp", "--steps", str(restored // 20 * 20 + 1), "--root", str(ref / "again")]
+    storage = LocalWorld(ref, "storage", one_more, ranks=4, per_node=2, env=env)
     assert storage.run() == [0] * 4, storage.log(0)[-2000:]
     read = re.search(r"restored step \d+ from storage in ([0-9.]+) s", storage.log(0))
     assert read, storage.log(0)[-2000:]
