@@ -165,6 +165,7 @@ def build(tmp: Path, run_nodes: int, ports_of: Farm, events) -> tuple:  # noqa: 
     from supervisor.adapters.web.ingest import IngestServer, ReportIngest
     from supervisor.domain.health.gpu_health import HealthRules
     from supervisor.domain.run import RunSpec, SparePolicy
+    from supervisor.sim.agent_fleet import AGENT_NETWORK
     from supervisor.sim.clock import VirtualClock
     from supervisor.sim.cluster import SimCluster
     from supervisor.testing.engine import EngineHarness
@@ -179,6 +180,7 @@ def build(tmp: Path, run_nodes: int, ports_of: Farm, events) -> tuple:  # noqa: 
     )  # fmt: skip
     ingest = ReportIngest({RUN: TOKEN}, HealthRules(), clock)
     server = IngestServer(ingest, port=0)
+    server.limits = replace(server.limits, node_networks=(AGENT_NETWORK,))  # each agent its own peer, as a node
     server.start()
     probe = LoopbackProbe(ports_of.ports)
     world = EngineHarness(

@@ -2,7 +2,9 @@
 under a given RLIMIT_NOFILE: what the 2,048-agent test and ``bench/scale_sim.py`` drive (issue 14).
 
 Each agent speaks from a loopback address of its own (127.1.x.y), as each agent from its node, and
-POSTs one 8-GPU report per turn to ``/v1/reports/RUN``. ``keep_alive``: the agent keeps its
+the ingest is told that ``AGENT_NETWORK`` is where nodes speak from (``[ingest] node_networks``), so
+each address counts as its own peer, as a node's would (any other loopback address is one peer,
+``adapters.web.peers``). It POSTs one 8-GPU report per turn to ``/v1/reports/RUN``. ``keep_alive``: the agent keeps its
 connection between turns (the worst case for the daemon's descriptors); otherwise it connects per
 report, as ``HttpSender`` does. A refused, reset or evicted connection is retried on a new one
 (within ``retry_s``), as the sender does. Latency = first send of a report → its answer.
@@ -23,11 +25,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import MutableMapping
+from dataclasses import replace
 from typing import Any
 
 from supervisor.domain.health.node_report import SCHEMA_VERSION, GpuSample, NodeReport, to_wire
 
 RETRY_PAUSE_S = (0.02, 0.2)
+AGENT_NETWORK = "127.1.0.0/16"  # the fleet's "compute nodes' subnet": agent_address(i) lies in it
 
 
 def agent_address(i: int) -> str:
@@ -185,6 +189,7 @@ def ingest_main(run: str, token: str, nodes: int, nofile: int) -> None:
     ingest = ReportIngest({run: token}, HealthRules(), SystemClock())
     ingest.publish_job_nodes({run: frozenset(node_name(i) for i in range(nodes))})
     server = IngestServer(ingest, port=0)
+    server.limits = replace(server.limits, node_networks=(AGENT_NETWORK,))
     server.start()
     most = [open_descriptors()]
     stop = threading.Event()
