@@ -8,11 +8,13 @@ socket is world-searchable and slurmd runs as root, so a job runs under the subm
 from __future__ import annotations
 
 import grp
+import hashlib
 import os
 import pwd
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 
 class UsersUnavailable(RuntimeError):
@@ -64,23 +66,67 @@ def as_user(
     )
 
 
+SHARED_PYTHONS = "/var/cache/slurm-supervisor/python"  # world-readable copies (shared_interpreter)
+
+
 def python_for_others() -> tuple[list[str], dict[str, str]]:
     """An interpreter other accounts can run with this project importable: ``(argv prefix, env)``.
     This one when every folder above it is searchable by others; else the system's ``python3`` of
-    the same version with this environment's packages on PYTHONPATH (a pyenv under a 0700 /root)."""
+    the same version, or else a world-readable copy of this one (``shared_interpreter``: Debian 13
+    has no python3.11), with this environment's packages on PYTHONPATH (a pyenv under a 0700 /root)."""
     import sys
     import sysconfig
-    from pathlib import Path
 
     real = Path(sys.executable).resolve()
     if all(p.stat().st_mode & 0o001 for p in real.parents):
         return [sys.executable], {}
-    system = shutil.which("python3", path="/usr/bin:/bin")
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    if system is None or Path(f"/usr/lib/python{version}").is_dir() is False:
-        raise UsersUnavailable(f"no interpreter for other accounts: {real} is private and no python{version} in /usr")
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    env: dict[str, str] = {}
+    if system is None or not Path(f"/usr/lib/python{version}").is_dir():
+        copy = shared_interpreter()
+        system, env["LD_LIBRARY_PATH"] = str(copy / "bin" / f"python{version}"), str(copy / "lib")
     root = Path(__file__).resolve().parents[2]
     # every site directory this interpreter reads, those a .pth file adds too (a worktree's venv
     # names main's packages in one: PYTHONPATH alone would not read it)
     sites = [sysconfig.get_paths()["purelib"], *(p for p in sys.path if p.endswith("site-packages"))]
-    return [system], {"PYTHONPATH": ":".join([*dict.fromkeys(sites), str(root)])}
+    return [system], {**env, "PYTHONPATH": ":".join([*dict.fromkeys(sites), str(root)])}
+
+
+def shared_interpreter() -> Path:
+    """A copy of this interpreter's installation others may run: its binary, libpython and standard
+    library (no site-packages, no tests: ~150 MB), under ``SHARED_PYTHONS``, made once per machine
+    and version and published by a rename, so a half-made copy is never used. The binary finds its
+    standard library beside it (``lib/pythonX.Y``) and libpython through ``LD_LIBRARY_PATH`` (pyenv's
+    RUNPATH names the private original). Root only."""
+    import platform
+    import sys
+    import tempfile
+
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    dest = (
+        Path(SHARED_PYTHONS)
+        / f"{platform.python_version()}-{hashlib.sha256(sys.base_prefix.encode()).hexdigest()[:12]}"
+    )
+    if (dest / "bin" / f"python{version}").is_file():
+        return dest
+    if os.geteuid() != 0:
+        raise UsersUnavailable(
+            f"no interpreter for other accounts: {sys.executable} is private (needs root to copy it)"
+        )
+    base = Path(sys.base_prefix)
+    dest.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".partial-"))
+    (partial / "bin").mkdir()
+    shutil.copy2(Path(sys.executable).resolve(), partial / "bin" / f"python{version}")
+    (partial / "lib").mkdir()
+    for lib in base.glob("lib/libpython*.so*"):
+        shutil.copy2(lib, partial / "lib" / lib.name, follow_symlinks=False)
+    skip = shutil.ignore_patterns("site-packages", "test")
+    shutil.copytree(base / "lib" / f"python{version}", partial / "lib" / f"python{version}", ignore=skip, symlinks=True)
+    os.chmod(partial, 0o755)  # noqa: S103 - others must run it (mkdtemp made it 0700)
+    try:
+        os.rename(partial, dest)
+    except OSError:  # another process published it first
+        shutil.rmtree(partial, ignore_errors=True)
+    return dest
