@@ -48,7 +48,7 @@ def run_on_release(release: str | None) -> None:
     script = str(Path(sys.argv[0]).resolve())
     # PYTHONPATH: the root's venv may last have been installed from another checkout
     env = [f"SSV_SLURM_RELEASE={release}", f"PYTHONPATH={REPO}"]
-    argv = [tool, "shell", release, "env", *env, RELEASE_VENV_PYTHON, script, *args]
+    argv = [tool, "run", release, "env", *env, RELEASE_VENV_PYTHON, script, *args]  # run: installs first
     sys.stdout.flush()
     os.execv(tool, argv)
 
