@@ -371,8 +371,8 @@ def _print(plan: object, figures: dict[str, dict[str, object]], assumed: list[tu
         click.echo(label.ljust(width) + "".join(fmt(figures[m]).rjust(14) for m in modes))
     click.echo("\ninterruptions by cause (mean per run):")
     by_cause = {m: cast(dict[str, float], figures[m]["by_cause"]) for m in modes}
-    causes = sorted(
-        {c for b in by_cause.values() for c in b}, key=lambda c: -max(b.get(c, 0.0) for b in by_cause.values())
+    causes = sorted(  # most first, ties by name: the same output every time (a set's order is not)
+        {c for b in by_cause.values() for c in b}, key=lambda c: (-max(b.get(c, 0.0) for b in by_cause.values()), c)
     )
     for cause in causes:
         click.echo(

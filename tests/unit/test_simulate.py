@@ -227,6 +227,9 @@ def test_demo_shows_four_causes_and_prints_the_logbook(tmp_path):
     assert result.exit_code == 0, result.output
     assert "LOGBOOK" in result.output and "hang: no new step" in result.output
     assert "probe failed" in result.output and result.output.count("restarted as job") >= 4
+    causes = result.output.split("interruptions by cause (mean per run):\n", 1)[1].split("\n\n", 1)[0]
+    names = [line.rsplit(None, 1)[0].strip() for line in causes.splitlines()]
+    assert len(names) == 4 and names == sorted(names)  # one each: ties by name, the same output every run
 
 
 def test_with_node_agents_a_gpu_fault_is_pinned_on_its_node_and_the_node_kept_out(tmp_path):
