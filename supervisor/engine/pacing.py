@@ -4,7 +4,9 @@
 * busy: a tick that acted is followed at once by another (a decision's follow-up is seen without
   waiting a poll), but at most ``max_busy_ticks`` in a row so an engine that acts on every tick
   cannot spin;
-* urgent: while a recovery or a suspect node is in progress, ticks come every ``urgent_interval_s``;
+* urgent: while a recovery or a suspect node is in progress, ticks come every ``urgent_interval_s``,
+  or sooner when a suspect node's probes can confirm its death sooner (``confirm_in``): the probe
+  that confirms it runs when its failures span the confirmation time, not up to a tick after;
 * backoff: a tick that could not reach Slurm doubles the wait up to ``max_backoff_s``, and waits at
   least as long as the error asked for.
 
@@ -19,6 +21,9 @@ from enum import StrEnum
 from typing import Protocol
 
 __all__ = ["Cadence", "NextTick", "Pacing", "PacingState", "TickOutcome", "TickSummary", "next_delay"]
+
+
+CONFIRM_SLACK_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,9 @@ class TickOutcome(Protocol):
     @property
     def retry_in(self) -> float | None: ...
 
+    @property
+    def confirm_in(self) -> float | None: ...
+
 
 @dataclass(frozen=True)
 class TickSummary:
@@ -53,6 +61,7 @@ class TickSummary:
     acted: bool = False
     urgent: bool = False
     retry_in: float | None = None  # the error's own advice, when the tick failed
+    confirm_in: float | None = None  # seconds until a suspect node's probes can confirm its death
 
 
 class Cadence(StrEnum):
@@ -92,7 +101,10 @@ def next_delay(pacing: Pacing, state: PacingState, tick: TickOutcome) -> tuple[N
     if 0 < busy_ticks < pacing.max_busy_ticks:
         return NextTick(0.0, Cadence.BUSY), after
     if tick.urgent:
-        return NextTick(min(pacing.poll_interval_s, pacing.urgent_interval_s), Cadence.URGENT), after
+        delay = min(pacing.poll_interval_s, pacing.urgent_interval_s)
+        if tick.confirm_in is not None:  # a hair past the window: the probe's clock reads after the wait
+            delay = min(delay, tick.confirm_in + CONFIRM_SLACK_S)
+        return NextTick(delay, Cadence.URGENT), after
     return NextTick(pacing.poll_interval_s, Cadence.POLL), after
 
 

@@ -30,6 +30,13 @@ class ProbeTracker:
         """Nodes with failed probes not yet confirmed dead."""
         return frozenset(self._failing)
 
+    def confirm_in(self, now: float) -> float | None:
+        """Seconds until the earliest suspect's failures span ``confirm_s`` (0 when they do already),
+        so the next probe can confirm it then rather than up to a tick later; None: no suspect."""
+        if not self._failing:
+            return None
+        return max(0.0, min(first for first, _ in self._failing.values()) + self.confirm_s - now)
+
     def first_failures(self, nodes: Iterable[str]) -> dict[str, float]:
         """When each of ``nodes`` first failed a probe in its current run of failures (the onset
         a node fault's detection time is counted from); nodes not failing are left out."""

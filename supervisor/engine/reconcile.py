@@ -85,6 +85,7 @@ class TickResult:
     retry_in: float | None = None
     decisions: dict[str, Decision] = field(default_factory=dict)
     urgent: bool = False  # a recovery or a suspect node is in progress: tick again soon
+    confirm_in: float | None = None  # seconds until a suspect node's probes can confirm its death
 
 
 class Engine:
@@ -157,6 +158,7 @@ class Engine:
             log.warning("tick_interrupted", error=str(exc), retry_in=exc.delay)
             result.ok, result.error, result.retry_in = False, str(exc), exc.delay
         result.urgent = result.acted or bool(self.probes.suspects) or self._in_motion()
+        result.confirm_in = self.probes.confirm_in(self.clock.now())
         self._urgent = result.urgent
         return result
 

@@ -5,6 +5,7 @@ Everything runs on virtual time: no sleeps.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -245,6 +246,20 @@ def test_daemon_ticks_fast_while_recovering(tmp_path):
     events = w.store.events("llm")
     restarted = next(e for e in events if e.kind is EventKind.RESTARTED)
     assert restarted.at - crash_at <= 5.0 + 1.0 + 0.5  # one regular tick to notice, then fast ticks
+
+
+def test_a_suspect_node_is_confirmed_dead_when_its_failures_span_the_confirmation_time(tmp_path):
+    """The probe that confirms a death runs when the failures span ``probe_confirm_s`` (1 s), not at
+    the next urgent tick after it (failures at 0, 0.5 and 1.0 s, not 0, 0.5, 1.0+0.5)."""
+    w = SimWorld(tmp_path, SPEC)
+    w.until(w.running)
+    crash_at = w.clock.now() + 2.0
+    w.clock.call_at(crash_at, w.cluster.crash_node, "n001")
+    w.clock.call_at(crash_at + 30.0, w.clock.stop)
+    run_loop(w.engine, Pacing(poll_interval_s=5.0, urgent_interval_s=0.4))
+    fault = next(e for e in w.store.events("llm") if e.kind is EventKind.FAULT)
+    spans = [float(x) for x in re.findall(r"failed \d+ times over ([0-9.]+) s", fault.message)]
+    assert spans and all(1.0 <= span <= 1.05 for span in spans), fault.message
 
 
 def test_one_runs_inconsistency_is_logged_and_does_not_stop_the_daemon(tmp_path):

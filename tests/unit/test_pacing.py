@@ -82,3 +82,9 @@ def test_the_state_is_a_value_and_the_function_pure() -> None:
     assert state == PacingState(busy_ticks=0, backoff_s=5.0)  # the input is left as it was
     with pytest.raises(AttributeError):
         state.busy_ticks = 3  # type: ignore[misc]
+
+
+def test_an_urgent_tick_waits_no_longer_than_a_suspects_confirmation():
+    """A suspect node's failures span the confirmation time in 0.3 s: the next tick then, not 0.5 s on."""
+    assert delays([TickSummary(ok=True, urgent=True, confirm_in=0.3)]) == [pytest.approx(0.32)]
+    assert delays([TickSummary(ok=True, urgent=True, confirm_in=2.0)]) == [0.5]  # later than a tick: a tick
