@@ -118,8 +118,13 @@ class HttpServer:
         return future
 
     def _page_done(self, _: object) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._count_done)
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # a page finished after the server stopped: nothing left to count
+        try:
+            loop.call_soon_threadsafe(self._count_done)
+        except RuntimeError:  # the loop closed between the look and the call: the same
+            return
 
     def _count_done(self) -> None:
         self._pending -= 1
