@@ -29,7 +29,7 @@ the real engine, each seed's draw run: with no limit; with a ``--max-job-hours``
 limit; the hand-made chain on that limit (Slurm alone with the same 64 idle nodes: requeue on a
 fault, the trainer saves on ``--signal``, the script resubmits itself at the end) — first without a
 queue, then with every job entering the queue waiting a log-normal time (``--queue-wait-minutes``
-median 10, sigma 1: an assumption, supervisor/sim/chain.py) and the supervised chain also without
+median 10, sigma 1: an assumption, supervisor/sim/training/chain.py) and the supervised chain also without
 pre-queueing (``prequeue_s = 0``). Figures: ETTR of each, the planned ends, and the gaps.
 
     .venv/bin/python bench/continuation.py                  # both parts (~10 min on 2 cores)
@@ -58,15 +58,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import quiet_logs, table  # noqa: E402
 
 from supervisor.domain.checkpoints.manifest import MANIFEST_NAME  # noqa: E402
-from supervisor.sim.chain import ChainSettings  # noqa: E402
 from supervisor.sim.plan import make_plan, run_seeds  # noqa: E402
-from supervisor.sim.results import quantile  # noqa: E402
-from supervisor.sim.settings import Mode, SimSettings  # noqa: E402
-from supervisor.sim.time_limits import chain_summary  # noqa: E402
+from supervisor.sim.training.chain import ChainSettings  # noqa: E402
+from supervisor.sim.training.results import quantile  # noqa: E402
+from supervisor.sim.training.settings import Mode, SimSettings  # noqa: E402
+from supervisor.sim.training.time_limits import chain_summary  # noqa: E402
 from supervisor.testing import LocalSlurm  # noqa: E402
-from supervisor.testing.daemon import SupervisorProcess  # noqa: E402
-from supervisor.testing.torch_scenarios import wait_for  # noqa: E402
-from supervisor.testing.torchrun import EXAMPLE, TorchRun  # noqa: E402
+from supervisor.testing.slurm.daemon import SupervisorProcess  # noqa: E402
+from supervisor.testing.torch.torch_scenarios import wait_for  # noqa: E402
+from supervisor.testing.torch.torchrun import EXAMPLE, TorchRun  # noqa: E402
 
 TRAIN_ARGS = ["--steps", "1000000", "--ckpt-every", "1000000", "--min-step-s", "0.2"]
 LIMIT = ["--time=2"]  # minutes: the signal (and the trainer's own clock) 60 s before it

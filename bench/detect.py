@@ -29,8 +29,8 @@ from pathlib import Path
 from _common import run_on_release, slurm_version, table  # type: ignore[import-not-found]
 
 from supervisor.testing import LocalSlurm, unavailable_reason
-from supervisor.testing.daemon import SupervisorProcess, write_run
-from supervisor.testing.nvml_standin import NvmlStandin, build_standin
+from supervisor.testing.kit.nvml_standin import NvmlStandin, build_standin
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
 SCRIPT = """\
 srun --overlap --ntasks-per-node=1 bash -c 'NVML_STANDIN_STATE="$STATE_DIR/$SLURMD_NODENAME.json" \

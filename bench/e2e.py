@@ -1,6 +1,6 @@
 """Real PyTorch training supervised end to end, timed: a node crash and an unhealed loss spike.
 
-The scenarios are the e2e tests' (``supervisor.testing.torch_scenarios``): examples/torch/train.py
+The scenarios are the e2e tests' (``supervisor.testing.torch.torch_scenarios``): examples/torch/train.py
 (a tiny GPT, 2 nodes, torchrun + gloo, steps paced at 0.1 s, DCP checkpoints every 20 steps in a
 private Ceph RADOS Gateway) under the real daemon (0.5 s polls) on a private Slurm (LocalSlurm,
 4 nodes, one named spare).
@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import fmt_s, quiet_logs, table  # noqa: E402
 
 from supervisor.testing import LocalSlurm  # noqa: E402
-from supervisor.testing import torch_scenarios as scenarios  # noqa: E402
-from supervisor.testing.s3servers import CephRgw  # noqa: E402
+from supervisor.testing.servers.s3servers import CephRgw  # noqa: E402
+from supervisor.testing.torch import torch_scenarios as scenarios  # noqa: E402
 
 
 def crash_figures(out: scenarios.Outcome) -> dict[str, Any]:

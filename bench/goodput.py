@@ -31,11 +31,11 @@ from _common import table  # noqa: E402
 from supervisor.adapters.logging import configure_logging  # noqa: E402
 from supervisor.adapters.sqlite import SqliteStore  # noqa: E402
 from supervisor.domain.goodput.account import Goodput, goodput  # noqa: E402
-from supervisor.sim.failures import TABLE5_DAYS, TABLE5_GPUS  # noqa: E402
+from supervisor.sim.faults.failures import TABLE5_DAYS, TABLE5_GPUS  # noqa: E402
 from supervisor.sim.plan import make_plan  # noqa: E402
-from supervisor.sim.results import SimResult  # noqa: E402
 from supervisor.sim.runner import RUN, Simulation  # noqa: E402
-from supervisor.sim.settings import Mode, SimSettings  # noqa: E402
+from supervisor.sim.training.results import SimResult  # noqa: E402
+from supervisor.sim.training.settings import Mode, SimSettings  # noqa: E402
 
 
 def logbook_goodput(state: Path, result: SimResult) -> Goodput:

@@ -44,7 +44,7 @@ from supervisor.guard.memory import GuardMemory  # noqa: E402
 from supervisor.guard.policy import Limits  # noqa: E402
 from supervisor.guard.server import GuardServer, bound_socket  # noqa: E402
 from supervisor.guard.service import Guard  # noqa: E402
-from supervisor.testing.users import python_for_others  # noqa: E402
+from supervisor.testing.slurm.users import python_for_others  # noqa: E402
 
 HONEST_UID, ATTACKER_UID = 1, 65534
 GOALS = {"honest_p99_ms": 200, "honest_refused": 0, "audit_bytes_per_min_under_flood": 200_000, "guard_errors": 0}

@@ -29,7 +29,7 @@ from _common import table  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from supervisor.adapters.logbook_html.page import render_html  # noqa: E402
-from supervisor.cli.render import EventFilter, print_events  # noqa: E402
+from supervisor.cli.views.render import EventFilter, print_events  # noqa: E402
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord  # noqa: E402
 from supervisor.domain.run import RunSpec, RunState  # noqa: E402
 from supervisor.report.chronicle import render_markdown  # noqa: E402

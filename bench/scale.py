@@ -42,8 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from supervisor.testing import LocalSlurm  # noqa: E402
-from supervisor.testing._conf import ExtraNodes  # noqa: E402
-from supervisor.testing.users import as_user, local_user, python_for_others  # noqa: E402
+from supervisor.testing.slurm._conf import ExtraNodes  # noqa: E402
+from supervisor.testing.slurm.users import as_user, local_user, python_for_others  # noqa: E402
 
 NODES, CPUS, RUNS, POLL_S = 4, 5, 20, 5.0
 OTHER_USERS = ("ssv-scale-1", "ssv-scale-2", "ssv-scale-3")
@@ -166,7 +166,7 @@ class WholeReads:
         self._cli = cli
 
     def __getattr__(self, name: str):
-        if name == "snapshot_of":  # engine/observe.py then reads the account's list every tick
+        if name == "snapshot_of":  # engine/facts/observe.py then reads the account's list every tick
             raise AttributeError(name)
         return getattr(self._cli, name)
 

@@ -167,8 +167,8 @@ def build(tmp: Path, run_nodes: int, ports_of: Farm, events) -> tuple:  # noqa: 
     from supervisor.domain.run import RunSpec, SparePolicy
     from supervisor.sim.agent_fleet import AGENT_NETWORK
     from supervisor.sim.clock import VirtualClock
-    from supervisor.sim.cluster import SimCluster
-    from supervisor.testing.engine import EngineHarness
+    from supervisor.sim.slurm.cluster import SimCluster
+    from supervisor.testing.kit.engine import EngineHarness
 
     structlog.configure(processors=[events])
     clock = VirtualClock(start=time.time())
@@ -196,7 +196,7 @@ def open_fds() -> int:
 
 def run(args: argparse.Namespace, tmp: Path) -> dict:
     from supervisor.sim.agent_fleet import EventCounter
-    from supervisor.sim.cluster import node_names
+    from supervisor.sim.slurm.cluster import node_names
 
     names = list(node_names(args.run_nodes + EXTRA_NODES))
     farm = Farm(names)

@@ -15,7 +15,7 @@ table per seed, the assumed costs, where the lost time went, and as its last lin
 recovery can beat at these checkpoint costs: saves plus the work since the last save, detection,
 start-up and restore free) and ``ettr_ceiling_with_restore``, among others.
 
-``--save-on-failure SECONDS``: the trainer saves on failure in every mode (supervisor/sim/survivors.py:
+``--save-on-failure SECONDS``: the trainer saves on failure in every mode (supervisor/sim/training/survivors.py:
 when one node's ranks die, XID/ECC/NIC, the survivors save the step in progress and exit), the
 supervised runs' spec gives them the daemon's grace, and the checkpoint interval and the ceilings
 count only the failures that still lose the work since the last save; JSON ``save_on_failure_s``
@@ -42,13 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import table  # noqa: E402
 
 from supervisor.adapters.logging import configure_logging  # noqa: E402
-from supervisor.sim.failures import TABLE5_DAYS, TABLE5_GPUS, TABLE5_TOTAL, Failure, Manifestation  # noqa: E402
+from supervisor.sim.faults.failures import TABLE5_DAYS, TABLE5_GPUS, TABLE5_TOTAL, Failure, Manifestation  # noqa: E402
 from supervisor.sim.plan import assumptions, make_plan, spare_node_hours  # noqa: E402
-from supervisor.sim.results import SimResult, quantile  # noqa: E402
 from supervisor.sim.runner import Simulation  # noqa: E402
-from supervisor.sim.settings import Mode, SimSettings  # noqa: E402
-from supervisor.sim.survivors import covers, daemon_grace_s  # noqa: E402
-from supervisor.sim.trainer import TrainerSettings  # noqa: E402
+from supervisor.sim.training.results import SimResult, quantile  # noqa: E402
+from supervisor.sim.training.settings import Mode, SimSettings  # noqa: E402
+from supervisor.sim.training.survivors import covers, daemon_grace_s  # noqa: E402
+from supervisor.sim.training.trainer import TrainerSettings  # noqa: E402
 
 
 def main() -> int:

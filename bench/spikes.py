@@ -11,7 +11,7 @@ Real cases come from a cases folder (default ``tests/data/spike_cases``; ``--cas
   decision comes from (healthy controls, a resume spike, a divergence no one acted on). Excerpts
   named there are not span-matched against ``human_decisions.csv``.
 
-Synthetic cases: ``--seeds`` traces of each pattern of ``supervisor.sim.spike_shapes`` (fast and
+Synthetic cases: ``--seeds`` traces of each pattern of ``supervisor.sim.faults.spike_shapes`` (fast and
 slow heals, divergence, plateau with aftershocks, grad-norm-only spikes, spikes on resume, healthy),
 shape parameters drawn from the seed; their onset is known, so latency is measured from the truth.
 
@@ -44,7 +44,7 @@ from supervisor.domain.progress import ProgressRecord, parse_text, parse_trainer
 from supervisor.domain.spikes.detector import SpikeDetector
 from supervisor.domain.spikes.events import Decision, SpikeOutcome, SpikeSettings, decide
 from supervisor.domain.spikes.rollback import choose_rollback
-from supervisor.sim.spike_shapes import case_set
+from supervisor.sim.faults.spike_shapes import case_set
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CASES = REPO / "tests" / "data" / "spike_cases"

@@ -58,12 +58,12 @@ from supervisor.adapters.logging import configure_logging  # noqa: E402
 from supervisor.adapters.paging.webhook import Pager  # noqa: E402
 from supervisor.adapters.sqlite import SqliteStore  # noqa: E402
 from supervisor.domain.records import Event, EventKind  # noqa: E402
-from supervisor.sim.failures import TABLE5, TABLE5_DAYS, Failure, FailureModel  # noqa: E402
+from supervisor.sim.faults.failures import TABLE5, TABLE5_DAYS, Failure, FailureModel  # noqa: E402
 from supervisor.sim.plan import make_plan  # noqa: E402
-from supervisor.sim.results import SimResult  # noqa: E402
 from supervisor.sim.runner import RUN, Simulation  # noqa: E402
-from supervisor.sim.settings import Mode, SimSettings  # noqa: E402
-from supervisor.sim.trainer import TrainerSettings  # noqa: E402
+from supervisor.sim.training.results import SimResult  # noqa: E402
+from supervisor.sim.training.settings import Mode, SimSettings  # noqa: E402
+from supervisor.sim.training.trainer import TrainerSettings  # noqa: E402
 
 HOUR = 3600.0
 SPACING_S = 2.0  # (a): between two XIDs

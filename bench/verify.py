@@ -11,7 +11,7 @@
     per shard for its stored checksum on ``--workers`` threads) against a **naive sequential HEAD
     loop** over the same shards (``head_object`` one after the other, sizes compared).
 
-The server is started the way the tests start it (``supervisor.testing.s3servers``: moto as a
+The server is started the way the tests start it (``supervisor.testing.servers.s3servers``: moto as a
 subprocess; Ceph RGW from Debian's packages, ~13 s). Prints a table; the last line is one JSON
 object: ``full_vs_get``, ``meta_10k_s``, ``naive_meta_10k_s`` (first server), then per server.
 """
@@ -43,7 +43,7 @@ from supervisor.domain.checkpoints.manifest import (  # noqa: E402
     Outcome,
     ShardEntry,
 )
-from supervisor.testing.s3servers import CephRgw, MotoS3, S3Server  # noqa: E402
+from supervisor.testing.servers.s3servers import CephRgw, MotoS3, S3Server  # noqa: E402
 
 MiB = 1 << 20
 BUCKET = "ssv-bench"

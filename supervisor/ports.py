@@ -216,7 +216,7 @@ class RunStore(Protocol):
 @dataclass(frozen=True)
 class Intent:
     """An action journaled and not yet completed: ``params`` are the action's JSON parameters as
-    ``begin_action`` was given them (``engine.intents.action_from`` reads the action back)."""
+    ``begin_action`` was given them (``engine.act.intents.action_from`` reads the action back)."""
 
     id: int  # grows with each begin_action; it goes into a submitted job's tag
     run: str

@@ -15,7 +15,7 @@ are marked ``slurm`` automatically; mark them explicitly too (``pytestmark = pyt
 Set ``LOCALSLURM_KEEP=1`` to keep the clusters' directories (logs) after the run.
 
 * ``postgres``: a fresh, empty database of its own for one test on a private PostgreSQL server
-  (``supervisor.testing.postgres``: Debian's binaries under a temporary directory, one server per
+  (``supervisor.testing.servers.postgres``: Debian's binaries under a temporary directory, one server per
   session, started on first use in ~0.6 s; ~0.03 s a database): ``postgres.url`` (no password in
   it), ``postgres.password`` and ``postgres.password_file``, ``postgres.new()`` for another
   database; all dropped after the test. Tests that use it are marked ``postgres`` automatically;
@@ -28,7 +28,7 @@ Set ``LOCALSLURM_KEEP=1`` to keep the clusters' directories (logs) after the run
 
 Helpers that live beside the tests are imported from ``tests/``, which pytest puts on ``sys.path``
 for this conftest: ``from unit.sim_world import SimWorld``, ``from memory_checkpoints import ...``;
-the shared clock and run spec are the package's (``supervisor.testing.clock``, ``.specs``).
+the shared clock and run spec are the package's (``supervisor.testing.kit.clock``, ``.specs``).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def make_slurm() -> Iterator[Callable[..., LocalSlurm]]:
 @pytest.fixture(scope="session")
 def _postgres_session() -> Iterator[Any]:
     """The session's private PostgreSQL server, or the reason it could not start."""
-    from supervisor.testing.postgres import LocalPostgres, LocalPostgresError, unavailable_reason
+    from supervisor.testing.servers.postgres import LocalPostgres, LocalPostgresError, unavailable_reason
 
     reason = unavailable_reason()
     if reason:
@@ -158,7 +158,7 @@ def _postgres_session() -> Iterator[Any]:
 
 @pytest.fixture
 def postgres(_postgres_session: Any) -> Iterator[Any]:
-    from supervisor.testing.postgres import Databases
+    from supervisor.testing.servers.postgres import Databases
 
     if isinstance(_postgres_session, str):
         _cannot_run(_postgres_session, "PostgreSQL")

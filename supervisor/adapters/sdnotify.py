@@ -74,7 +74,7 @@ class SystemdNotifier:
 
 
 class Liveness(Protocol):
-    """The main loop's sign of life (``engine.daemon.Heartbeat``)."""
+    """The main loop's sign of life (``engine.loop.daemon.Heartbeat``)."""
 
     def silence_s(self) -> float:
         """Seconds since the loop last showed progress."""

@@ -19,7 +19,7 @@ from supervisor.domain.actions import Submit
 from supervisor.domain.cluster import ClusterSnapshot, SubmitRequest
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import RunSpec
-from supervisor.engine.intents import submit_request
+from supervisor.engine.act.intents import submit_request
 from supervisor.ports import Clock, PermanentError, PortError, Store
 
 log = structlog.get_logger("supervisor.api")

@@ -40,9 +40,9 @@ from supervisor.domain.health.gpu_table import GpuHealthSettings
 from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.run import RunSpec
-from supervisor.engine.checkpoints import CheckpointWatch
-from supervisor.engine.progress import ProgressWatch
 from supervisor.engine.reconcile import EngineSettings
+from supervisor.engine.watch.checkpoints import CheckpointWatch
+from supervisor.engine.watch.progress import ProgressWatch
 from supervisor.ports import CheckpointStore, PortError, ProgressLedger, Store
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from supervisor.adapters.web.renderer import Renderer
     from supervisor.api.client import Reader
     from supervisor.api.server import ApiServer
-    from supervisor.engine.leadership import Leadership
+    from supervisor.engine.loop.leadership import Leadership
 
     DaemonStore = SqliteStore | PostgresStore
 
@@ -383,11 +383,11 @@ def leadership(
     cfg: DaemonConfig, engine_store: DaemonStore, fenced: list[DaemonStore], address: str
 ) -> Leadership | None:
     """The leader lease when the store is shared (PostgreSQL): the daemons of the account on every
-    login node elect one leader through it (``engine.leadership``). None with SQLite: one machine,
+    login node elect one leader through it (``engine.loop.leadership``). None with SQLite: one machine,
     one daemon, its lock on the state directory."""
     if not cfg.store.postgres:
         return None
-    from supervisor.engine.leadership import Leadership, LeaseSettings, new_holder
+    from supervisor.engine.loop.leadership import Leadership, LeaseSettings, new_holder
 
     lease_s = cfg.store.lease_s
     settings = LeaseSettings(lease_s=lease_s, margin_s=lease_s / 5, inflight_s=cfg.slurm.command_timeout_s)

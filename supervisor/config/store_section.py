@@ -38,7 +38,7 @@ class StoreSection(Section):
     connect_timeout_s: FloatField = Field(
         default=10.0, gt=0, le=60, json_schema_extra=fix_hint("set seconds above 0 and at most 60, e.g. 10")
     )
-    # the leader lease of the daemons sharing the store (engine.leadership): a standby takes over
+    # the leader lease of the daemons sharing the store (engine.loop.leadership): a standby takes over
     # at most this long after the leader's last renewal; the leader stops acting a fifth before
     lease_s: FloatField = Field(
         default=15.0, ge=1, le=300, json_schema_extra=fix_hint("set seconds between 1 and 300, e.g. 15")

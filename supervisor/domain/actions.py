@@ -43,7 +43,7 @@ class Submit:
     # The checkpoint handed to the job (filled by the engine before the intent is journaled, so a
     # retried submission hands the same one): see domain.checkpoints.resume.
     resume: ResumePlan | None = None
-    # The random part of the job's tag, chosen (and journaled) with the intent: engine.intents.
+    # The random part of the job's tag, chosen (and journaled) with the intent: engine.act.intents.
     nonce: str = ""
     # In-allocation mode: hot spares the job asks for beyond the run's nodes, as many of the spec's
     # as the usable nodes leave room for (None: the spec's, as journals before it was counted say).

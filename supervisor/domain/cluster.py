@@ -224,7 +224,7 @@ class SubmitRequest:
     """One batch submission. The adapter turns it into an sbatch argv (never a shell string).
 
     ``comment`` carries the supervisor's tag for this submission (run, intent id and a random
-    nonce: engine.intents) so that a restarted daemon can find a job it submitted but did not live
+    nonce: engine.act.intents) so that a restarted daemon can find a job it submitted but did not live
     to record. ``env`` is for the job only: the adapter hands it to the job, never to the client
     it runs to submit it.
     """

@@ -17,11 +17,11 @@ from pathlib import Path
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.run import RunSpec, SparePolicy
-from supervisor.engine.daemon import Pacing, run_loop
+from supervisor.engine.loop.daemon import Pacing, run_loop
 from supervisor.engine.reconcile import Engine, EngineSettings
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
-from supervisor.sim.probe import SimProbe
+from supervisor.sim.slurm.cluster import SimCluster
+from supervisor.sim.slurm.probe import SimProbe
 
 RUN = "llama-demo"
 

@@ -11,14 +11,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from supervisor.sim.failures import DAY_S, TABLE5, Failure, FailureModel, young_daly_interval
-from supervisor.sim.fault_trace import FaultTrace
-from supervisor.sim.quarantine_replay import judge
-from supervisor.sim.results import SimResult, quantile
+from supervisor.sim.faults.failures import DAY_S, TABLE5, Failure, FailureModel, young_daly_interval
+from supervisor.sim.faults.fault_trace import FaultTrace
+from supervisor.sim.faults.quarantine_replay import judge
 from supervisor.sim.runner import Simulation
-from supervisor.sim.settings import Mode, SimSettings
-from supervisor.sim.survivors import covered_share, covers, daemon_grace_s, lost_work_mtbf_s
-from supervisor.sim.trainer import TrainerSettings
+from supervisor.sim.training.results import SimResult, quantile
+from supervisor.sim.training.settings import Mode, SimSettings
+from supervisor.sim.training.survivors import covered_share, covers, daemon_grace_s, lost_work_mtbf_s
+from supervisor.sim.training.trainer import TrainerSettings
 
 
 def checkpoint_steps(

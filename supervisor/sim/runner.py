@@ -30,18 +30,18 @@ from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import CheckpointPolicy, ContinuationPolicy, RestartMode, RunSpec, SparePolicy
-from supervisor.engine.checkpoints import CheckpointWatch
-from supervisor.engine.pacing import Pacing, PacingState, next_delay
-from supervisor.engine.progress import ProgressWatch
+from supervisor.engine.loop.tick_delay import Pacing, PacingState, next_delay
 from supervisor.engine.reconcile import Engine, EngineSettings
-from supervisor.sim.chain import chain_report
+from supervisor.engine.watch.checkpoints import CheckpointWatch
+from supervisor.engine.watch.progress import ProgressWatch
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.failures import Failure
-from supervisor.sim.probe import SimProbe
-from supervisor.sim.results import SimResult, loss_breakdown, mark_recoveries
-from supervisor.sim.settings import Mode, SimSettings
-from supervisor.sim.survivors import daemon_grace_s
-from supervisor.sim.world import World
+from supervisor.sim.faults.failures import Failure
+from supervisor.sim.slurm.probe import SimProbe
+from supervisor.sim.training.chain import chain_report
+from supervisor.sim.training.results import SimResult, loss_breakdown, mark_recoveries
+from supervisor.sim.training.settings import Mode, SimSettings
+from supervisor.sim.training.survivors import daemon_grace_s
+from supervisor.sim.training.world import World
 
 RUN = "llama3-405b"
 RESUME_FILE = "/sim/resume.json"  # a pre-queued job reads its checkpoint there (World.resume_files)
@@ -68,7 +68,7 @@ def checkpoint_policy(settings: SimSettings, root: str) -> CheckpointPolicy:
 
 
 def continuation_policy(settings: SimSettings) -> ContinuationPolicy | None:
-    """The run spec's ``[continuation]`` on a partition with a time limit (sim.chain): the signal
+    """The run spec's ``[continuation]`` on a partition with a time limit (sim.training.chain): the signal
     ``lead_s`` before the limit, the continue code, the next job pre-queued ``prequeue_s`` ahead."""
     chain = settings.chain
     if chain.max_job_s is None:

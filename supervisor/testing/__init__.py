@@ -2,9 +2,9 @@
 together once for tests (``EngineHarness``); job output in memory that keeps to the contract of the
 real ``LogTail`` (``MemoryLog``, ``MemoryLogs``)."""
 
-from supervisor.testing.engine import EngineHarness
-from supervisor.testing.localslurm import LocalSlurm, LocalSlurmError, unavailable_reason
-from supervisor.testing.logs import MemoryLog, MemoryLogs
+from supervisor.testing.kit.engine import EngineHarness
+from supervisor.testing.kit.logs import MemoryLog, MemoryLogs
+from supervisor.testing.slurm.localslurm import LocalSlurm, LocalSlurmError, unavailable_reason
 
 __all__ = [
     "EngineHarness",

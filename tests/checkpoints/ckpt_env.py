@@ -12,7 +12,7 @@ from memory_checkpoints import MemoryBackend
 from supervisor.adapters.checkpoints.posix import PosixBackend
 from supervisor.adapters.checkpoints.s3 import S3Backend
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore
-from supervisor.testing.s3servers import S3Server
+from supervisor.testing.servers.s3servers import S3Server
 
 
 @dataclass

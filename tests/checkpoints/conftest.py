@@ -25,8 +25,8 @@ import pytest
 from ckpt_env import StoreEnv
 from memory_checkpoints import MemoryBackend
 
-from supervisor.testing.s3servers import CephRgw, MotoS3, S3Server, session_server
-from supervisor.testing.shared_servers import shared_server
+from supervisor.testing.servers.s3servers import CephRgw, MotoS3, S3Server, session_server
+from supervisor.testing.servers.shared_servers import shared_server
 
 S3_KINDS = ("moto", "rgw")
 

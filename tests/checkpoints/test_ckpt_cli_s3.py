@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 from supervisor.adapters.checkpoints.checksums import checksum_of
 from supervisor.cli import main
 from supervisor.domain.checkpoints.manifest import MANIFEST_NAME, Manifest
-from supervisor.testing.s3servers import S3Server
+from supervisor.testing.servers.s3servers import S3Server
 
 pytestmark = pytest.mark.s3
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.testing.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.s3]
 

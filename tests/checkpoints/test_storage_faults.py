@@ -12,7 +12,7 @@ from test_verify_contract import find, problems, write_checkpoint
 from supervisor.adapters.checkpoints.backend import StorageError
 from supervisor.domain.checkpoints.manifest import MANIFEST_NAME, Level, Outcome
 from supervisor.ports import TransientError
-from supervisor.testing.faultproxy import Fault, FaultProxy
+from supervisor.testing.servers.faultproxy import Fault, FaultProxy
 
 pytestmark = pytest.mark.s3
 

@@ -23,7 +23,7 @@ from supervisor.domain.checkpoints.manifest import (
     VerifyResult,
 )
 from supervisor.ports import PermanentError
-from supervisor.testing.clock import ManualClock
+from supervisor.testing.kit.clock import ManualClock
 
 SHARD = 96 * 1024 + 5  # odd size; well under Ceph's 4 MiB head object
 

@@ -17,7 +17,7 @@ from supervisor.adapters.checkpoints.store import BackendCheckpointStore, open_s
 from supervisor.adapters.checkpoints.throttle import TokenBucket
 from supervisor.adapters.checkpoints.verify import relative_prefix
 from supervisor.domain.checkpoints.manifest import Guarantee, Level, Outcome
-from supervisor.testing.clock import ManualClock
+from supervisor.testing.kit.clock import ManualClock
 
 
 def test_the_token_bucket_holds_readers_to_the_rate() -> None:

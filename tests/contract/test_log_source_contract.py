@@ -1,5 +1,5 @@
 """One contract for the LogSource port (a job's output, followed), run against the real ``LogTail``
-on a file and the tests' ``MemoryLog`` (supervisor.testing.logs), which stands in for it in every
+on a file and the tests' ``MemoryLog`` (supervisor.testing.kit.logs), which stands in for it in every
 engine test. What ``ProgressWatch`` relies on: each complete line once, in order, whatever pieces
 it was written in; a partial line waits for its break; ``\\n``, ``\\r\\n`` and ``\\r`` end lines.
 
@@ -17,7 +17,7 @@ import pytest
 
 from supervisor.adapters.logtail import LogTail
 from supervisor.ports import LogSource
-from supervisor.testing.logs import MemoryLog
+from supervisor.testing.kit.logs import MemoryLog
 
 
 @dataclass

@@ -23,8 +23,8 @@ from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.domain.cluster import JobInfo, JobState, NodeChange, NodeInfo, NodeState, SubmitRequest
 from supervisor.ports import PermanentError, Scheduler
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
-from supervisor.sim.records import ENV_DURATION, ENV_EXIT_CODE
+from supervisor.sim.slurm.cluster import SimCluster
+from supervisor.sim.slurm.records import ENV_DURATION, ENV_EXIT_CODE
 from supervisor.testing import LocalSlurm
 
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 
 Every case runs once per implementation through the ``world`` fixture: ``sqlite`` (``SqliteStore``
 on a temporary state directory) and ``postgres`` (``PostgresStore`` on a fresh database of the
-private server the harness starts, ``supervisor.testing.postgres``; marker ``postgres``). A case
+private server the harness starts, ``supervisor.testing.servers.postgres``; marker ``postgres``). A case
 speaks to the port only; what differs between stores — where one lives, how
 an older schema is planted — is each world's (``StoreWorld``).
 
@@ -38,8 +38,8 @@ from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import TRANSITIONS, IllegalTransition, RunState
 from supervisor.domain.spikes.rollback import RollbackRecord, RollbackStatus, SkipRange
 from supervisor.ports import Intent, NotLeading, PermanentError, Store
-from supervisor.testing.postgres import Databases
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
+from supervisor.testing.servers.postgres import Databases
 
 RUN = "llm"
 

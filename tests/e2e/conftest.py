@@ -2,8 +2,8 @@
 
 * ``torch_ready``: skips the test when torch cannot be imported, except under ``CI=true``, where
   it fails (scripts/test installs the ``torch`` extra).
-* ``ceph_rgw``: the harness's Ceph RADOS Gateway (supervisor.testing.s3servers), one for the whole
-  test process: tests/checkpoints' fixture gets the same one (supervisor.testing.shared_servers).
+* ``ceph_rgw``: the harness's Ceph RADOS Gateway (supervisor.testing.servers.s3servers), one for the whole
+  test process: tests/checkpoints' fixture gets the same one (supervisor.testing.servers.shared_servers).
   Same rule when it cannot start. ``CEPH_KEEP=1`` keeps Ceph's directory.
 
 Tests here are marked ``slurm`` and ``torch``; those using ``ceph_rgw`` also ``s3``.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.testing.s3servers import CephRgw, S3Server
-from supervisor.testing.shared_servers import shared_server
+from supervisor.testing.servers.s3servers import CephRgw, S3Server
+from supervisor.testing.servers.shared_servers import shared_server
 
 
 def _cannot_run(what: str, reason: str) -> None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.testing.daemon import SupervisorProcess
-from supervisor.testing.torch_scenarios import completed, last_step, wait_for
-from supervisor.testing.torchrun import TorchRun
+from supervisor.testing.slurm.daemon import SupervisorProcess
+from supervisor.testing.torch.torch_scenarios import completed, last_step, wait_for
+from supervisor.testing.torch.torchrun import TorchRun
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 

@@ -1,6 +1,6 @@
 """Real training under the real daemon on a real Slurm: examples/torch/train.py (a tiny GPT, two
 nodes, torchrun + gloo, DCP checkpoints committed with the supervisor's manifest, in the harness's
-Ceph RGW for the first two). The scenarios' steps are supervisor.testing.torch_scenarios' (shared
+Ceph RGW for the first two). The scenarios' steps are supervisor.testing.torch.torch_scenarios' (shared
 with bench/e2e.py); the assertions are here.
 
 * A checkpoint corrupted at rest, then a node crash mid-training: the newest checkpoint's shard is
@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 
-from supervisor.testing import torch_scenarios as scenarios
-from supervisor.testing.daemon import SupervisorProcess
-from supervisor.testing.torch_scenarios import GLOBAL_BATCH, POISON, completed, last_step, timeline, wait_for
-from supervisor.testing.torchrun import TorchRun
+from supervisor.testing.slurm.daemon import SupervisorProcess
+from supervisor.testing.torch import torch_scenarios as scenarios
+from supervisor.testing.torch.torch_scenarios import GLOBAL_BATCH, POISON, completed, last_step, timeline, wait_for
+from supervisor.testing.torch.torchrun import TorchRun
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 

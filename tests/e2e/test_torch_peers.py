@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch") if os.environ.get("CI", "").lower() != "true" else __import__("torch")
 
-from supervisor.testing.torch_world import LocalWorld, dcp_tensors  # noqa: E402
+from supervisor.testing.torch.torch_world import LocalWorld, dcp_tensors  # noqa: E402
 
 STEPS, EVERY = 20, 5
 FSDP = ["--layout", "fsdp", "--steps", str(STEPS), "--ckpt-every", "10"]

@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from supervisor.testing.sharded_scenarios import PEER_STEPS, peers_node_crash
-from supervisor.testing.torch_world import LocalWorld, dcp_tensors
+from supervisor.testing.torch.sharded_scenarios import PEER_STEPS, peers_node_crash
+from supervisor.testing.torch.torch_world import LocalWorld, dcp_tensors
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 

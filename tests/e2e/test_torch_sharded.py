@@ -21,7 +21,7 @@ from supervisor.adapters.checkpoints.posix import PosixBackend  # noqa: E402
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore  # noqa: E402
 from supervisor.domain.checkpoints.manifest import Guarantee, Level, Outcome  # noqa: E402
 from supervisor.telemetry.torch_sharded import create_once  # noqa: E402
-from supervisor.testing.torch_world import LocalWorld, dcp_tensors  # noqa: E402
+from supervisor.testing.torch.torch_world import LocalWorld, dcp_tensors  # noqa: E402
 
 STEPS = 14
 HSDP = ["--layout", "hsdp", "--steps", str(STEPS)]

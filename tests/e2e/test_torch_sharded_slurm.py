@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.testing.sharded_scenarios import HSDP_STEPS, hsdp_node_crash
-from supervisor.testing.torch_scenarios import GLOBAL_BATCH
-from supervisor.testing.torch_world import LocalWorld, dcp_tensors
+from supervisor.testing.torch.sharded_scenarios import HSDP_STEPS, hsdp_node_crash
+from supervisor.testing.torch.torch_scenarios import GLOBAL_BATCH
+from supervisor.testing.torch.torch_world import LocalWorld, dcp_tensors
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 

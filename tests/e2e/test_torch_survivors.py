@@ -35,7 +35,7 @@ from supervisor.adapters.checkpoints.s3 import S3Backend  # noqa: E402
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore  # noqa: E402
 from supervisor.domain.checkpoints.manifest import Guarantee, Level, Outcome  # noqa: E402
 from supervisor.telemetry.torch_survivors import CLAIM_PREFIX, _claim_file, claim_name, peer_failure  # noqa: E402
-from supervisor.testing.torchrun import EXAMPLE, TorchRun  # noqa: E402
+from supervisor.testing.torch.torchrun import EXAMPLE, TorchRun  # noqa: E402
 
 STEPS, EVERY = 26, 10
 

@@ -16,9 +16,9 @@ from supervisor.domain.observation import REASON_PREFIX
 from supervisor.domain.records import EventKind
 from supervisor.ports import TransientError
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
-from supervisor.testing.engine import EngineHarness
-from supervisor.testing.specs import spec
+from supervisor.sim.slurm.cluster import SimCluster
+from supervisor.testing.kit.engine import EngineHarness
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(name="llama", max_restarts=5)
 MALLORY = 4242 if os.getuid() != 4242 else 4243

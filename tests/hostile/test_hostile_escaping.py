@@ -21,7 +21,8 @@ from supervisor.adapters.paging.webhook import Alert, payload
 from supervisor.adapters.slurm.cli import node_state_argv
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.adapters.web.ingest import ReportIngest, Request
-from supervisor.cli import main, render
+from supervisor.cli import main
+from supervisor.cli.views import render
 from supervisor.domain.cluster import NodeChange
 from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.domain.health.node_report import SCHEMA_VERSION, GpuSample, NodeReport, XidEvent, check_batch, to_wire

@@ -30,7 +30,7 @@ from supervisor.domain.progress.pauses import ends_pause, pause_of
 from supervisor.domain.progress.prefixes import split_prefix, strip_ansi
 from supervisor.domain.progress.record import count, number
 from supervisor.domain.text_safety import has_controls
-from supervisor.testing.clock import ManualClock
+from supervisor.testing.kit.clock import ManualClock
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 REAL = [

@@ -20,8 +20,8 @@ from supervisor.config import ConfigError, load_daemon_config, load_run_file
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.run import RunSpec
-from supervisor.engine.progress import ProgressWatch
-from supervisor.testing.logs import MemoryLogs
+from supervisor.engine.watch.progress import ProgressWatch
+from supervisor.testing.kit.logs import MemoryLogs
 
 SECRET = "HOOK-TOKEN-do-not-show"
 

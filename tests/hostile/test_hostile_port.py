@@ -32,7 +32,7 @@ from supervisor.adapters.web.pages import mount_pages
 from supervisor.adapters.web.renderer import ProcessRenderer, ThreadRenderer
 from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.domain.records import Event, EventKind
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 TOKEN = "run-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdef"

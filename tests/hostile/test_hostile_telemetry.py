@@ -21,8 +21,8 @@ from supervisor.domain.health.node_report import SCHEMA_VERSION, NodeReport, Xid
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RunSpec
 from supervisor.sim.clock import VirtualClock
-from supervisor.testing.clock import ManualClock
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.clock import ManualClock
+from supervisor.testing.kit.specs import spec
 
 TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789", HOOKS: "hook-token-0123456789"}
 NOW = 1_800_000_000.0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.testing.nvml_standin import NvmlStandin, StandinBuildError, build_standin
+from supervisor.testing.kit.nvml_standin import NvmlStandin, StandinBuildError, build_standin
 
 
 def _ci() -> bool:

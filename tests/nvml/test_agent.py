@@ -22,7 +22,7 @@ from supervisor.agent import Agent, AgentSettings, HttpSender, check_once
 from supervisor.agent.host import read_host
 from supervisor.domain.health.findings import NodeFinding, Severity
 from supervisor.domain.health.gpu_health import HealthRules
-from supervisor.testing.nvml_standin import NvmlStandin
+from supervisor.testing.kit.nvml_standin import NvmlStandin
 
 pytestmark = pytest.mark.nvml
 

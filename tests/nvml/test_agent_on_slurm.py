@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters.slurm.cli import SlurmCli
-from supervisor.testing.daemon import SupervisorProcess, write_run
-from supervisor.testing.nvml_standin import NvmlStandin
+from supervisor.testing.kit.nvml_standin import NvmlStandin
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.nvml]
 

@@ -17,7 +17,7 @@ from test_agent import CLI, TOKEN, wait_finding
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.web.ingest import IngestServer, ReportIngest
 from supervisor.domain.health.gpu_health import HealthRules
-from supervisor.testing.nvml_standin import NvmlStandin
+from supervisor.testing.kit.nvml_standin import NvmlStandin
 
 pytestmark = pytest.mark.nvml
 

@@ -19,7 +19,7 @@ from supervisor.adapters.web.ingest import IngestServer, ReportIngest
 from supervisor.adapters.web.tokens import HOOKS
 from supervisor.domain.health.findings import Severity
 from supervisor.domain.health.gpu_health import HealthRules
-from supervisor.testing.nvml_standin import NvmlStandin
+from supervisor.testing.kit.nvml_standin import NvmlStandin
 
 pytestmark = pytest.mark.nvml
 

@@ -18,8 +18,8 @@ import pytest
 from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.records import Verdict
-from supervisor.testing.daemon import SupervisorProcess, write_run
-from supervisor.testing.nvml_standin import NvmlStandin
+from supervisor.testing.kit.nvml_standin import NvmlStandin
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.nvml]
 

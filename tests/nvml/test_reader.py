@@ -8,7 +8,7 @@ import time
 import pytest
 
 from supervisor.adapters.nvml import NvmlReader, NvmlUnavailable
-from supervisor.testing.nvml_standin import DRIVER_NOT_LOADED, GPU_IS_LOST, NOT_SUPPORTED, TIMEOUT, NvmlStandin
+from supervisor.testing.kit.nvml_standin import DRIVER_NOT_LOADED, GPU_IS_LOST, NOT_SUPPORTED, TIMEOUT, NvmlStandin
 
 pytestmark = pytest.mark.nvml
 

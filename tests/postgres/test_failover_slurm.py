@@ -1,6 +1,6 @@
 """Two login nodes (issue 33): two real daemons of one instance, one real PostgreSQL, the real Slurm
 the harness starts. The server runs in a network namespace of its own and each daemon reaches it
-over a veth link of its own (``testing.netns``), so one daemon can be cut off from the database
+over a veth link of its own (``testing.servers.netns``), so one daemon can be cut off from the database
 (its packets dropped) while the other is not.
 
 Each time the leader is lost — killed abruptly right after the node fault is recorded or right
@@ -20,10 +20,10 @@ import psycopg
 import pytest
 
 from supervisor.adapters.slurm.cli import SlurmCli
-from supervisor.testing import netns
-from supervisor.testing.daemon import SupervisorProcess, write_run
-from supervisor.testing.postgres import LocalPostgres, LocalPostgresError
-from supervisor.testing.postgres import unavailable_reason as postgres_unavailable
+from supervisor.testing.servers import netns
+from supervisor.testing.servers.postgres import LocalPostgres, LocalPostgresError
+from supervisor.testing.servers.postgres import unavailable_reason as postgres_unavailable
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
 

@@ -16,10 +16,10 @@ from supervisor.domain.records import EventKind
 from supervisor.domain.run import SparePolicy
 from supervisor.ports import Store
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
-from supervisor.sim.probe import SimProbe
-from supervisor.testing.engine import EngineHarness
-from supervisor.testing.specs import spec
+from supervisor.sim.slurm.cluster import SimCluster
+from supervisor.sim.slurm.probe import SimProbe
+from supervisor.testing.kit.engine import EngineHarness
+from supervisor.testing.kit.specs import spec
 
 pytestmark = pytest.mark.postgres
 

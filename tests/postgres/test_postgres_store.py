@@ -21,7 +21,7 @@ from supervisor.domain.health.findings import NodeFinding, Severity
 from supervisor.domain.progress.series import ProgressPoint
 from supervisor.domain.records import Event, EventKind, NodeVerdict, Verdict
 from supervisor.domain.run import RestartMode
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 pytestmark = pytest.mark.postgres
 

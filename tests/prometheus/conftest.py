@@ -1,5 +1,5 @@
 """Debian's ``prometheus`` and ``promtool`` for the tests of the metrics, the alert rules and the
-dashboard against the real thing (supervisor.testing.prometheus).
+dashboard against the real thing (supervisor.testing.servers.prometheus).
 
 Missing binaries, or a Prometheus that does not start, skip these tests, except under ``CI=true``,
 where they fail with the reason: install them with ``apt-get install -y --no-install-recommends
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from supervisor.testing.prometheus import LocalPrometheus, PrometheusError, unavailable_reason
+from supervisor.testing.servers.prometheus import LocalPrometheus, PrometheusError, unavailable_reason
 
 
 def cannot_run(reason: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from supervisor.testing.prometheus import promtool
+from supervisor.testing.servers.prometheus import promtool
 
 pytestmark = pytest.mark.prometheus
 FIXTURE = Path(__file__).with_name("alerts_test.yml")

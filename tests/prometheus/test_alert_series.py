@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.adapters.metrics import metrics_text
 from supervisor.adapters.sqlite import SqliteStore
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy/prometheus/alerts.yml"

@@ -28,8 +28,8 @@ from supervisor.adapters.web.renderer import ProcessRenderer
 from supervisor.adapters.web.server import HttpServer
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import RunState
-from supervisor.testing.prometheus import LocalPrometheus, PrometheusError, ScrapeTarget, free_port
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
+from supervisor.testing.servers.prometheus import LocalPrometheus, PrometheusError, ScrapeTarget, free_port
 
 pytestmark = pytest.mark.prometheus
 ROOT = Path(__file__).resolve().parents[2]

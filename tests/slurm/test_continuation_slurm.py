@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from supervisor.testing.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
 pytestmark = pytest.mark.slurm
 

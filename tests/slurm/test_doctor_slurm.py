@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from supervisor.testing.daemon import SupervisorProcess
+from supervisor.testing.slurm.daemon import SupervisorProcess
 
 pytestmark = pytest.mark.slurm
 

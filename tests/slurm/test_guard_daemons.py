@@ -22,8 +22,8 @@ from test_guard_slurm import GuardProcess, cli_as, public_tmp, slurm, user_env, 
 
 from supervisor.domain.cluster import JobState
 from supervisor.testing import LocalSlurm
-from supervisor.testing.daemon import SupervisorProcess, write_run
-from supervisor.testing.users import local_user, python_for_others
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.users import local_user, python_for_others
 
 pytestmark = pytest.mark.slurm
 __all__ = ["public_tmp"]  # a fixture, used here

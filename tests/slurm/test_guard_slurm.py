@@ -24,7 +24,7 @@ from supervisor.adapters.guard_client import GuardClient
 from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.domain.cluster import JobState, NodeInfo
 from supervisor.testing import LocalSlurm
-from supervisor.testing.users import UsersUnavailable, as_user, local_user, python_for_others
+from supervisor.testing.slurm.users import UsersUnavailable, as_user, local_user, python_for_others
 
 pytestmark = pytest.mark.slurm
 

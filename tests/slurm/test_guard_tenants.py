@@ -22,7 +22,7 @@ from test_guard_slurm import GuardProcess, cli_as, public_tmp, running_nodes, sl
 
 from supervisor.domain.cluster import JobState
 from supervisor.testing import LocalSlurm
-from supervisor.testing.users import as_user
+from supervisor.testing.slurm.users import as_user
 
 pytestmark = pytest.mark.slurm
 __all__ = ["public_tmp"]  # a fixture, used here

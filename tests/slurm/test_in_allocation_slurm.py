@@ -17,7 +17,7 @@ import pytest
 from supervisor.adapters.checkpoints.commit import build_manifest, commit_checkpoint
 from supervisor.adapters.checkpoints.posix import PosixBackend
 from supervisor.adapters.slurm.cli import SlurmCli
-from supervisor.testing.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
 pytestmark = pytest.mark.slurm
 

@@ -3,8 +3,8 @@ runs' jobs as that account and holds no node rights; people reach it only throug
 which names them by the kernel and lets only the run's owner, the instance's group and the admin
 group act on a run.
 
-The accounts are local test users (``supervisor.testing.users``); the daemon and each command run
-as them for real (``supervisor.testing.runas``), so Slurm, munge and the API see their UIDs.
+The accounts are local test users (``supervisor.testing.slurm.users``); the daemon and each command run
+as them for real (``supervisor.testing.slurm.runas``), so Slurm, munge and the API see their UIDs.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.api.testing import single_user_store
-from supervisor.testing.runas import as_account
-from supervisor.testing.users import UsersUnavailable, local_user
+from supervisor.testing.slurm.runas import as_account
+from supervisor.testing.slurm.users import UsersUnavailable, local_user
 
 pytestmark = pytest.mark.slurm
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from supervisor.testing.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
 pytestmark = pytest.mark.slurm
 

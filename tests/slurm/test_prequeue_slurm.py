@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters.sqlite import SqliteStore
-from supervisor.testing.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
 pytestmark = pytest.mark.slurm
 

@@ -17,7 +17,7 @@ import pytest
 from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.adapters.slurm.reads import own_user
 from supervisor.domain.cluster import JobState
-from supervisor.testing.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
 pytestmark = pytest.mark.slurm
 

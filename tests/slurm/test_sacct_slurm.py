@@ -1,5 +1,5 @@
 """Jobs that end while the daemon is stopped, forgotten by squeue before it comes back, on a real
-Slurm that keeps job accounting (a private MariaDB and slurmdbd: supervisor/testing/accounting.py).
+Slurm that keeps job accounting (a private MariaDB and slurmdbd: supervisor/testing/slurm/accounting.py).
 
 Two runs, each one node: ``done`` finishes well, ``crash`` exits 3 on its first attempt (a fault of
 the job: the supervisor restarts it) and keeps running on the next. The daemon is stopped while
@@ -27,8 +27,8 @@ from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.adapters.slurm.sacct import SacctCli
 from supervisor.domain.cluster import Canceller, JobState
 from supervisor.testing import LocalSlurm, LocalSlurmError, unavailable_reason
-from supervisor.testing.daemon import SupervisorProcess, write_run
-from supervisor.testing.users import UsersUnavailable, as_user, local_user
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.users import UsersUnavailable, as_user, local_user
 
 pytestmark = pytest.mark.slurm
 

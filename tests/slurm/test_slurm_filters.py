@@ -17,7 +17,7 @@ from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.adapters.slurm.release import JSON_FILTERS_FROM, parse_version
 from supervisor.domain.cluster import JobState
 from supervisor.testing import LocalSlurm
-from supervisor.testing.users import UsersUnavailable, as_user, local_user
+from supervisor.testing.slurm.users import UsersUnavailable, as_user, local_user
 
 pytestmark = pytest.mark.slurm
 

@@ -21,8 +21,8 @@ import pytest
 from test_in_allocation_slurm import STEP, beats, wait
 
 from supervisor.adapters.slurm.cli import SlurmCli
-from supervisor.testing.daemon import SupervisorProcess, write_run
-from supervisor.testing.nvml_standin import NvmlStandin, StandinBuildError, build_standin
+from supervisor.testing.kit.nvml_standin import NvmlStandin, StandinBuildError, build_standin
+from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.nvml]
 

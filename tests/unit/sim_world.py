@@ -1,6 +1,6 @@
 """The engine harness on the simulated cluster: what the engine tests share.
 
-``supervisor.testing.engine.EngineHarness`` builds the engine and owns its life. It lives in the
+``supervisor.testing.kit.engine.EngineHarness`` builds the engine and owns its life. It lives in the
 ``testing`` layer, which may import neither the simulator (a layer above) nor the adapters (its
 sibling), so this module hands it the concrete parts: a ``VirtualClock``, a ``SimCluster`` (its
 keyword arguments pass through) and its ``SimProbe``, a ``SqliteStore`` on the state directory and,
@@ -17,9 +17,9 @@ from memory_checkpoints import MemoryCheckpointStore
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.run import RunSpec
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
-from supervisor.sim.probe import SimProbe
-from supervisor.testing.engine import EngineHarness
+from supervisor.sim.slurm.cluster import SimCluster
+from supervisor.sim.slurm.probe import SimProbe
+from supervisor.testing.kit.engine import EngineHarness
 
 CLUSTER_OPTIONS = ("slurmd_timeout", "down_after", "node_rights")
 

@@ -3,7 +3,7 @@ the rules decide who may act on which run, and every human action is signed with
 passwd name, never ``$USER``/``$LOGNAME``. Requests are typed and bounded.
 
 The rules are pure and tested with plain values; the socket, with callers that really are other
-accounts (root only: ``supervisor.testing.users`` makes them; skipped elsewhere, failed under CI)."""
+accounts (root only: ``supervisor.testing.slurm.users`` makes them; skipped elsewhere, failed under CI)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from supervisor.api.access import Caller, Decision, Group, Instance, may_act_on_
 from supervisor.api.client import ApiClient, ApiFailure
 from supervisor.api.server import ApiServer, SocketInUse
 from supervisor.api.testing import local_api, single_user_store
-from supervisor.testing.clock import ManualClock
+from supervisor.testing.kit.clock import ManualClock
 
 TEAM = Instance(uid=2000, name="team-a", group=Group(3000, "team-a"), admins=Group(3100, "ops"))
 ALICE = Caller(2001, "alice", frozenset({2001, 3000}))  # in the team's group
@@ -214,7 +214,7 @@ def _need_accounts() -> None:
 def accounts():
     """A team (group ssv-api-team, member ssv-api-ann), an admin (ssv-api-ops), an outsider."""
     _need_accounts()
-    from supervisor.testing.users import local_user
+    from supervisor.testing.slurm.users import local_user
 
     team = local_user("ssv-api-team")
     ann = local_user("ssv-api-ann", groups=["ssv-api-team"])
@@ -245,7 +245,7 @@ for op, args in json.loads(sys.argv[2]):
 
 def calls_as(name: str, sock: Path, calls: list[tuple[str, dict]], env: dict[str, str] | None = None):
     """Each call's answer, made by a process that really is account ``name``."""
-    from supervisor.testing.runas import as_account
+    from supervisor.testing.slurm.runas import as_account
 
     argv, how = as_account(name, ["-c", CALLS, str(sock), json.dumps(calls)], env)
     done = subprocess.run(argv, **how, capture_output=True, text=True, timeout=60, check=False)
@@ -315,7 +315,7 @@ def test_only_the_owner_group_and_admins_act_on_a_run_and_everyone_is_signed_as_
 
 def test_the_cli_of_another_account_goes_through_the_api(served, accounts) -> None:
     """`LOGNAME=someone slurm-supervisor logbook note …` is signed with the real account."""
-    from supervisor.testing.runas import as_account
+    from supervisor.testing.slurm.runas import as_account
 
     server, spec = served
     tmp_path = server.path.parent

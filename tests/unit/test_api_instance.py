@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from supervisor.cli import main
-from supervisor.cli.daemon import _own_state_dir
+from supervisor.cli.service.daemon import _own_state_dir
 from supervisor.cli.wiring import engine_settings
 from supervisor.config import load_daemon_config
 from supervisor.config.daemon_file import ApiSection

@@ -26,9 +26,9 @@ from supervisor.api.ops import Operations
 from supervisor.api.server import IDLE_GAP_S
 from supervisor.api.testing import local_api, single_user_store
 from supervisor.domain.records import Event
-from supervisor.testing.clock import ManualClock
-from supervisor.testing.privileges import NOBODY
-from supervisor.testing.users import python_for_others
+from supervisor.testing.kit.clock import ManualClock
+from supervisor.testing.slurm.privileges import NOBODY
+from supervisor.testing.slurm.users import python_for_others
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a caller of another UID needs root")
 

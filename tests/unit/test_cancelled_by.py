@@ -23,7 +23,7 @@ from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.run import RunState
 from supervisor.ports import TransientError
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 # ---------------------------------------------------------------------------- the parser
 

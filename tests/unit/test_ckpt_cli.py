@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 
 from supervisor.cli import main
 from supervisor.domain.checkpoints.manifest import MANIFEST_NAME, Manifest
-from supervisor.testing.privileges import as_nobody, open_path_to
+from supervisor.testing.slurm.privileges import as_nobody, open_path_to
 
 
 def ssv(*args: str) -> Result:

@@ -14,7 +14,7 @@ import pytest
 
 from supervisor.adapters.checkpoints.backend import StorageError
 from supervisor.adapters.checkpoints.posix import PosixBackend, storage_error
-from supervisor.testing.privileges import as_nobody, open_path_to
+from supervisor.testing.slurm.privileges import as_nobody, open_path_to
 
 
 @pytest.fixture

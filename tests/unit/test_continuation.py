@@ -18,7 +18,7 @@ from supervisor.domain.goodput.account import goodput
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 POLICY = CheckpointPolicy(root=ROOT, scan_interval_s=10.0, full_verify=False)
 SPEC = spec(script="/w/train.sbatch", workdir="/w", output="/logs/%x-%j.out", max_restarts=5, checkpoints=POLICY)

@@ -19,8 +19,8 @@ from supervisor.adapters.web.renderer import ThreadRenderer
 from supervisor.adapters.web.tokens import HOOKS, TokenBook
 from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.domain.run import RunState
-from supervisor.testing.clock import ManualClock
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.clock import ManualClock
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(script="/x.sbatch", partition="gpu")
 READ_TOKEN = "read-token-0123456789abcdef"

@@ -17,10 +17,10 @@ from structlog.testing import capture_logs
 
 from supervisor.adapters.sdnotify import SystemdNotifier, WatchdogTimer
 from supervisor.domain.cluster import ClusterSnapshot
-from supervisor.engine.daemon import Heartbeat, Pacing, StampedScheduler, run_loop
+from supervisor.engine.loop.daemon import Heartbeat, Pacing, StampedScheduler, run_loop
 from supervisor.engine.reconcile import TickResult
 from supervisor.ports import TransientError
-from supervisor.testing.clock import ManualClock
+from supervisor.testing.kit.clock import ManualClock
 
 STALL_LIMIT_S = 120.0
 FAST_WATCHDOG = {"WATCHDOG_USEC": "20000"}  # pinged every 10 ms

@@ -26,7 +26,7 @@ from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.observation import Forgotten
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import RestartMode, RunState
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(script="/s.sh", max_restarts=3)
 A0 = AttemptRecord("llm", 0, 7, 0, 10.0, nodes=("n1", "n2"), started_at=20.0)

@@ -13,7 +13,7 @@ from supervisor.domain.progress import ProgressRecord, parse_text
 from supervisor.domain.spikes.detector import SpikeDetector
 from supervisor.domain.spikes.divergence import mann_kendall_z, theil_sen_slope
 from supervisor.domain.spikes.events import Decision, SpikeKind, SpikeOutcome, SpikeSettings, SpikeStatus, decide
-from supervisor.sim.spike_shapes import PATTERNS, case_set, generate
+from supervisor.sim.faults.spike_shapes import PATTERNS, case_set, generate
 
 CASES = Path(__file__).resolve().parents[1] / "data" / "spike_cases"
 

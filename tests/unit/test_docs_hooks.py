@@ -29,7 +29,7 @@ def test_the_slurm_conf_lines_name_declared_console_scripts_of_that_venv():
     for path in lines.values():
         folder, name = path.rsplit("/", 1)
         assert folder == f"{VENV}/bin" and name in scripts, path
-        assert scripts[name].startswith("supervisor.cli.hooks:"), scripts[name]
+        assert scripts[name].startswith("supervisor.cli.node.hooks:"), scripts[name]
 
 
 def test_the_agent_line_of_the_docs_uses_that_venv():

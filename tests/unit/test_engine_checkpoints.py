@@ -18,7 +18,7 @@ from supervisor.domain.checkpoints.manifest import Level
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import CheckpointPolicy, RunSpec, SparePolicy
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 POLICY = CheckpointPolicy(
     root=ROOT,

@@ -20,7 +20,7 @@ from supervisor.domain.records import EventKind, Verdict
 from supervisor.domain.run import RestartMode, SparePolicy
 from supervisor.engine.reconcile import EngineSettings
 from supervisor.sim.clock import VirtualClock
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 
 @dataclass

@@ -13,7 +13,7 @@ from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RunState
 from supervisor.telemetry.jsonl import encode, megatron_peer_groups
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(script="/w/train.sbatch", nodes=9, workdir="/w", output="/logs/%x-%j.out")
 RANKS_PER_NODE = 2

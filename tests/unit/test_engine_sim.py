@@ -14,9 +14,9 @@ from unit.sim_world import SimWorld
 from supervisor.domain.cluster import JobState, NodeChange
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RestartMode, RunState, SparePolicy
-from supervisor.engine.daemon import Pacing, run_loop
-from supervisor.sim.fence import SimFencer
-from supervisor.testing.specs import spec
+from supervisor.engine.loop.daemon import Pacing, run_loop
+from supervisor.sim.slurm.fence import SimFencer
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(spare_policy=SparePolicy.NAMED, spare_nodes=("n004",), max_restarts=5)
 

@@ -13,7 +13,7 @@ from unit.sim_world import SimWorld
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import CheckpointPolicy, RunSpec, SpikePolicy
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(
     script="/w/train.sbatch",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.sim.failures import (
+from supervisor.sim.faults.failures import (
     TABLE5,
     TABLE5_TOTAL,
     FailureModel,

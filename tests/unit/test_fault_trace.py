@@ -11,11 +11,11 @@ from click.testing import CliRunner
 
 from supervisor.cli import main
 from supervisor.domain.health.quarantine import QuarantineSettings
-from supervisor.sim import fault_trace
-from supervisor.sim.failures import Manifestation
-from supervisor.sim.quarantine_replay import judge
+from supervisor.sim.faults import fault_trace
+from supervisor.sim.faults.failures import Manifestation
+from supervisor.sim.faults.quarantine_replay import judge
 from supervisor.sim.runner import Simulation
-from supervisor.sim.settings import Mode, SimSettings
+from supervisor.sim.training.settings import Mode, SimSettings
 
 H, DAY = 3600.0, 86400.0
 

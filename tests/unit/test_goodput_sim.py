@@ -19,7 +19,7 @@ from supervisor.domain.goodput.account import goodput
 from supervisor.report.goodput import cause_rows, summary_rows
 from supervisor.sim.plan import demo_failures, demo_settings
 from supervisor.sim.runner import RUN, Simulation
-from supervisor.sim.settings import Mode
+from supervisor.sim.training.settings import Mode
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,9 @@ from supervisor.guard.policy import Caller, Limits
 from supervisor.guard.service import Guard
 from supervisor.ports import TransientError
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
-from supervisor.sim.probe import SimProbe
-from supervisor.testing.engine import EngineHarness
+from supervisor.sim.slurm.cluster import SimCluster
+from supervisor.sim.slurm.probe import SimProbe
+from supervisor.testing.kit.engine import EngineHarness
 
 USERS = {"a": Caller(2001, 2001, 1, "ssv-a", frozenset()), "b": Caller(2002, 2002, 2, "ssv-b", frozenset())}
 

@@ -26,8 +26,8 @@ from supervisor.guard.memory import GuardMemory
 from supervisor.guard.policy import Limits
 from supervisor.guard.service import Guard
 from supervisor.guard.slots import SlotLimits, Slots
-from supervisor.testing.privileges import NOBODY
-from supervisor.testing.users import python_for_others
+from supervisor.testing.slurm.privileges import NOBODY
+from supervisor.testing.slurm.users import python_for_others
 
 DAEMON_UID = 1
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="callers of other UIDs need root")

@@ -26,8 +26,8 @@ from supervisor.guard.policy import Limits
 from supervisor.guard.server import GuardServer, bound_socket, passed_socket
 from supervisor.guard.service import Guard
 from supervisor.ports import CapReached, PermanentError, PermissionDenied, TransientError
-from supervisor.testing.privileges import NOBODY
-from supervisor.testing.users import python_for_others
+from supervisor.testing.slurm.privileges import NOBODY
+from supervisor.testing.slurm.users import python_for_others
 
 CLIENT = """
 import json, socket, sys

@@ -13,7 +13,7 @@ from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.progress.ranks import RankProgress, idle_suspects, suspects
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RunState
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 NODES = ("n0", "n1", "n2", "n3")
 

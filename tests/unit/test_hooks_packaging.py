@@ -93,7 +93,7 @@ def test_the_wheel_installs_each_hook_as_an_executable_bound_to_its_environment(
 def test_the_installed_prolog_runs_the_installed_package_not_the_checkout(installed, tmp_path):
     probe = installed / "python"
     where = subprocess.run(
-        [str(probe), "-c", "import supervisor.cli.hooks as h; print(h.__file__)"],
+        [str(probe), "-c", "import supervisor.cli.node.hooks as h; print(h.__file__)"],
         cwd=tmp_path,
         env=_env(),
         capture_output=True,

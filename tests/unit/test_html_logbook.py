@@ -17,12 +17,13 @@ from test_goodput import RUN, T0, scenario
 from supervisor.adapters.logbook_html.page import logbook_page, markdown_to_html, render_html, series_from_events
 from supervisor.adapters.logbook_html.svg import thin
 from supervisor.adapters.sqlite import SqliteStore
-from supervisor.cli import main, render
+from supervisor.cli import main
+from supervisor.cli.views import render
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import RunState
 from supervisor.sim.demo import RUN as DEMO
-from supervisor.testing.clock import ManualClock
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.clock import ManualClock
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(name=RUN, script="t.sbatch", partition="gpu", max_restarts=5, sbatch_args=("--gpus-per-node=8",))
 

@@ -28,8 +28,8 @@ from supervisor.adapters.web.pages import PageCache
 from supervisor.adapters.web.server import HttpServer, Limits, Response, server_tls
 from supervisor.agent.sender import HttpSender
 from supervisor.config import DaemonConfig
-from supervisor.testing.clock import ManualClock
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.clock import ManualClock
+from supervisor.testing.kit.specs import spec
 
 
 def self_signed(tmp: Path) -> tuple[Path, Path]:

@@ -10,7 +10,7 @@ from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeCh
 from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.records import AttemptRecord, Event, EventKind, RunRecord
 from supervisor.domain.run import RestartMode, RunState
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(script="/s.sh", restart_mode=RestartMode.IN_ALLOCATION, hot_spares=1)
 A0 = AttemptRecord("llm", 0, 7, 0, 10.0, nodes=("n1", "n2", "n3"), started_at=20.0)

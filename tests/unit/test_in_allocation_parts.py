@@ -19,9 +19,9 @@ from supervisor.config import load_run_spec
 from supervisor.domain.actions import Submit, SwapStep
 from supervisor.domain.alloc_step import StepGoal
 from supervisor.domain.run import CheckpointPolicy, RestartMode
-from supervisor.engine.intents import action_from, params_of, submit_request
-from supervisor.testing.clock import ManualClock
-from supervisor.testing.specs import spec
+from supervisor.engine.act.intents import action_from, params_of, submit_request
+from supervisor.testing.kit.clock import ManualClock
+from supervisor.testing.kit.specs import spec
 
 
 def test_in_allocation_mode_with_hot_spares_loads(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from supervisor.domain.cluster import JobState
 from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.records import RunRecord
 from supervisor.domain.run import RunState
-from supervisor.engine.intents import params_of, submit_request
+from supervisor.engine.act.intents import params_of, submit_request
 
 ENDED = replace(JOB, state=JobState.FAILED, end_time=90.0)
 

@@ -16,9 +16,9 @@ from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import AttemptRecord, RunRecord
 from supervisor.domain.run import RestartMode, RunState
 from supervisor.domain.spikes.events import SpikeEvent
-from supervisor.engine.progress import ProgressWatch
-from supervisor.testing.logs import MemoryLogs
-from supervisor.testing.specs import spec
+from supervisor.engine.watch.progress import ProgressWatch
+from supervisor.testing.kit.logs import MemoryLogs
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(
     script="/w/t.sh",

@@ -10,8 +10,8 @@ from supervisor.domain.alloc_step import AllocationStep, LauncherReport
 from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.spikes.rollback import RollbackRecord, RollbackStatus, SkipRange
 from supervisor.sim.runner import Simulation
-from supervisor.sim.settings import Mode, SimSettings
-from supervisor.sim.trainer import TrainerSettings
+from supervisor.sim.training.settings import Mode, SimSettings
+from supervisor.sim.training.trainer import TrainerSettings
 
 NOW = A0.started_at + 3600.0
 ALIVE = LauncherReport(7, 0, True, ("n1", "n2"), "n1", at=NOW - 1)

@@ -17,7 +17,7 @@ from supervisor.domain.health.findings import Severity
 from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.domain.health.node_report import SCHEMA_VERSION, GpuSample, NodeReport, XidEvent, to_wire
 from supervisor.ports import HealthFeed
-from supervisor.testing.clock import ManualClock
+from supervisor.testing.kit.clock import ManualClock
 
 TOKENS = {"run-a": "token-a-0123456789", "run-b": "token-b-0123456789"}
 JOBS = {"run-a": frozenset({"gpu001", "a"}), "run-b": frozenset({"gpu001", "b"})}  # each run's job's nodes

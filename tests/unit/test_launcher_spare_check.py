@@ -15,7 +15,7 @@ from test_launcher import Channel, fake_srun, run_in_thread, settings, wait
 from supervisor.agent.launcher import Launcher
 from supervisor.agent.oneshot import CheckResult, as_agent_report
 from supervisor.agent.spare_check import SPARE_CHECK_NAME, SpareCheck, spare_check_argv
-from supervisor.cli.launch import _spare_check
+from supervisor.cli.node.launch import _spare_check
 from supervisor.domain.health.node_report import ReportBatch, check_batch
 
 CHECK = ("check", "--once", "--send")

@@ -13,8 +13,8 @@ from supervisor.adapters.wake_clock import WakeableClock
 from supervisor.adapters.web.launcher_channel import LauncherChannel
 from supervisor.adapters.web.messages import Request
 from supervisor.domain.run import RestartMode
-from supervisor.engine.daemon import Pacing, run_loop
-from supervisor.testing.specs import spec
+from supervisor.engine.loop.daemon import Pacing, run_loop
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(script="/s.sh", restart_mode=RestartMode.IN_ALLOCATION, hot_spares=1)
 ALIVE = {"job_id": 7, "generation": 0, "alive": True, "nodes": ["n1", "n2"], "host": "n1"}

@@ -1,4 +1,4 @@
-"""One leader per instance (issue 33, ``engine.leadership``): two daemons' connections to one
+"""One leader per instance (issue 33, ``engine.loop.leadership``): two daemons' connections to one
 store (SQLite here; PostgreSQL in tests/postgres/test_failover.py), a manual monotonic clock for
 the self-fencing deadline (the lease itself is on the database's clock)."""
 
@@ -12,7 +12,7 @@ import pytest
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.cluster import NodeChange, SubmitRequest
 from supervisor.domain.records import Event, EventKind
-from supervisor.engine.leadership import (
+from supervisor.engine.loop.leadership import (
     GatedFencer,
     GatedGuard,
     GatedScheduler,
@@ -23,9 +23,9 @@ from supervisor.engine.leadership import (
 )
 from supervisor.ports import Fencer, NodeGuard, NotLeading, Scheduler
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
-from supervisor.testing.clock import ManualClock
-from supervisor.testing.specs import spec
+from supervisor.sim.slurm.cluster import SimCluster
+from supervisor.testing.kit.clock import ManualClock
+from supervisor.testing.kit.specs import spec
 
 SETTINGS = LeaseSettings(lease_s=30.0, margin_s=6.0, inflight_s=20.0)
 
@@ -150,8 +150,8 @@ def test_every_command_of_a_port_is_gated_not_passed_through(port: type, gate: t
 
 
 def test_only_the_leader_ticks_and_a_clean_stop_hands_the_runs_to_the_standby(tmp_path: Path) -> None:
-    from supervisor.engine.daemon import Pacing, run_loop
-    from supervisor.testing.engine import EngineHarness
+    from supervisor.engine.loop.daemon import Pacing, run_loop
+    from supervisor.testing.kit.engine import EngineHarness
 
     clock = VirtualClock()
     cluster = SimCluster(clock, 4, "main")

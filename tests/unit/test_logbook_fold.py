@@ -8,10 +8,10 @@ from click.testing import CliRunner
 
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main
-from supervisor.cli.logbook_view import folded_lines
+from supervisor.cli.views.logbook_view import folded_lines
 from supervisor.domain.records import Event, EventKind
 from supervisor.report.fold import Fold, IncidentStart, Line, fold
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 GOLDEN = Path(__file__).parent.parent / "data" / "golden" / "logbook_fold_demo.txt"
 T0 = 1795910400.0  # 2026-11-29 00:00:00 UTC

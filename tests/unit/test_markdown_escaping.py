@@ -10,7 +10,7 @@ from supervisor.adapters.logbook_html.page import render_html
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import RunState
 from supervisor.report.chronicle import render_markdown
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 T0 = 1795910400.0
 NOTE = (

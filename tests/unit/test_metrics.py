@@ -11,7 +11,7 @@ from supervisor.adapters.metrics import metrics_page, metrics_text
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.records import Event, EventKind, NodeVerdict, Verdict
 from supervisor.domain.run import RunState
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,8 +22,8 @@ from supervisor.domain.run import SparePolicy
 from supervisor.engine.reconcile import EngineSettings
 from supervisor.ports import PermanentError
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
-from supervisor.testing.specs import spec
+from supervisor.sim.slurm.cluster import SimCluster
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(spare_policy=SparePolicy.PARTITION_IDLE, max_restarts=20)
 

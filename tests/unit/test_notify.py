@@ -19,7 +19,7 @@ from supervisor.adapters.paging.webhook import (
 )
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.records import Event, EventKind
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 T0 = 1795910400.0
 SECRET = "T000/B000/s3cr3t-token-do-not-log"

@@ -12,13 +12,13 @@ from supervisor.domain.health.findings import HeartbeatSettings
 from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.domain.records import AttemptRecord, RunRecord
 from supervisor.domain.run import RunSpec, RunState
-from supervisor.engine.job_reads import JobReadPlan, plan_job_read
-from supervisor.engine.nodes import NodeWatch
-from supervisor.engine.nulls import NoCheckpoints, NoHealthFeed, NoProgress
-from supervisor.engine.observe import JobScopedScheduler, Observer
-from supervisor.engine.probes import ProbeTracker
+from supervisor.engine.facts.job_reads import JobReadPlan, plan_job_read
+from supervisor.engine.facts.nodes import NodeWatch
+from supervisor.engine.facts.observe import JobScopedScheduler, Observer
+from supervisor.engine.facts.probes import ProbeTracker
+from supervisor.engine.watch.nulls import NoCheckpoints, NoHealthFeed, NoProgress
 from supervisor.ports import Intent
-from supervisor.testing.clock import ManualClock
+from supervisor.testing.kit.clock import ManualClock
 
 
 def run(name: str, job_id: int | None, state: RunState = RunState.RUNNING) -> RunRecord:
@@ -164,7 +164,7 @@ def test_a_scheduler_without_reads_by_id_is_read_as_before():
 
 
 def test_the_daemons_stamped_scheduler_passes_reads_by_id_on():
-    from supervisor.engine.daemon import Heartbeat, StampedScheduler
+    from supervisor.engine.loop.daemon import Heartbeat, StampedScheduler
 
     slurm = Slurm()
     stamped = StampedScheduler(slurm, Heartbeat())  # type: ignore[arg-type]

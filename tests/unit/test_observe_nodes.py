@@ -1,4 +1,4 @@
-"""The engine's view of the nodes (engine/observe.py): whole-table reads carry no node address (the
+"""The engine's view of the nodes (engine/facts/observe.py): whole-table reads carry no node address (the
 formatted sinfo groups nodes), so a node of a job must still come with the address and port its
 own read gives — the probe connects to them."""
 
@@ -11,12 +11,12 @@ from supervisor.domain.health.findings import HeartbeatSettings
 from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.domain.records import AttemptRecord, RunRecord
 from supervisor.domain.run import RunState
-from supervisor.engine.nodes import NodeWatch
-from supervisor.engine.nulls import NoCheckpoints, NoHealthFeed, NoProgress
-from supervisor.engine.observe import Observer
-from supervisor.engine.probes import ProbeTracker
-from supervisor.testing.clock import ManualClock
-from supervisor.testing.specs import spec
+from supervisor.engine.facts.nodes import NodeWatch
+from supervisor.engine.facts.observe import Observer
+from supervisor.engine.facts.probes import ProbeTracker
+from supervisor.engine.watch.nulls import NoCheckpoints, NoHealthFeed, NoProgress
+from supervisor.testing.kit.clock import ManualClock
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(script="/s.sh", nodes=1)
 JOB = JobInfo(7, "llm", JobState.RUNNING, nodes=("n4",), partition="main")

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from supervisor.engine.pacing import Cadence, NextTick, Pacing, PacingState, TickSummary, next_delay
+from supervisor.engine.loop.tick_delay import Cadence, NextTick, Pacing, PacingState, TickSummary, next_delay
 
 PACING = Pacing(poll_interval_s=5.0, max_backoff_s=15.0, max_busy_ticks=5, urgent_interval_s=0.5)
 QUIET = TickSummary(ok=True)

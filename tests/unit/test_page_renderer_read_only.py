@@ -13,7 +13,7 @@ from supervisor.adapters.sqlite import DB_NAME, SqliteStore
 from supervisor.adapters.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, _statements
 from supervisor.adapters.web.renderer import ProcessRenderer
 from supervisor.domain.run import RunSpec
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 
 def _spec() -> RunSpec:

@@ -18,7 +18,7 @@ from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Verdict
 from supervisor.domain.run import RestartMode, RunState, SparePolicy
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(script="/s.sh", spare_policy=SparePolicy.NAMED, spare_nodes=("n4",), max_restarts=3)
 

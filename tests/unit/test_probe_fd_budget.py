@@ -15,7 +15,7 @@ import pytest
 
 from supervisor.adapters.slurm.tcp_probe import TcpProbe
 from supervisor.domain.cluster import ClusterSnapshot, NodeInfo, NodeState
-from supervisor.engine.probes import ProbeTracker
+from supervisor.engine.facts.probes import ProbeTracker
 
 # A probe of NODES nodes, all pointing at one listening port, under a soft RLIMIT_NOFILE of LIMIT:
 # the reproduction (356 nodes under `ulimit -n 256`).

@@ -11,7 +11,7 @@ from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.progress.outputs import output_path
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RunState
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(script="/w/train.sbatch", workdir="/w", output="/logs/%x-%j.out", max_restarts=3)
 

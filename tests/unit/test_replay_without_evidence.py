@@ -15,10 +15,10 @@ from pathlib import Path
 
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.records import Event
-from supervisor.sim.failures import TABLE5, Category, Failure, Manifestation
+from supervisor.sim.faults.failures import TABLE5, Category, Failure, Manifestation
 from supervisor.sim.runner import Simulation
-from supervisor.sim.settings import Mode, SimSettings
-from supervisor.sim.trainer import TrainerSettings
+from supervisor.sim.training.settings import Mode, SimSettings
+from supervisor.sim.training.trainer import TrainerSettings
 
 HOUR = 3600.0
 

@@ -62,7 +62,7 @@ def test_an_exclusion_intent_is_settled_only_by_the_list_it_asked_for():
     the longer list still in Slurm holds the asked one, and was taken for the intent's effect."""
     from supervisor.domain.actions import ActionKind
     from supervisor.domain.cluster import ClusterSnapshot, JobInfo
-    from supervisor.engine.intents import effect_present
+    from supervisor.engine.act.intents import effect_present
 
     job = JobInfo(7, "llm", JobState.PENDING, excluded_nodes=("n001", "n004"))
     snap = ClusterSnapshot(0.0, {7: job}, {})

@@ -15,7 +15,7 @@ from supervisor.domain.decide.backoff import fast_failures, restart_backoff
 from supervisor.domain.records import AttemptRecord, EventKind
 from supervisor.domain.run import RestartPacing, SparePolicy
 from supervisor.engine.reconcile import EngineSettings
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 PACING = RestartPacing(fast_failure_s=600.0, base_s=30.0, max_s=1800.0, jitter=0.2, crash_loop_after=6)
 

@@ -19,7 +19,7 @@ from supervisor.domain.checkpoints.resume import (
     resume_env,
     resume_plan,
 )
-from supervisor.engine.intents import action_from, params_of
+from supervisor.engine.act.intents import action_from, params_of
 
 ROOT = "s3://ckpt/llm/"
 

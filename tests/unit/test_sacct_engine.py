@@ -14,8 +14,8 @@ from unit.sim_world import SimWorld
 
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RestartMode, RunState
-from supervisor.engine.forgotten import NO_ACCOUNTING
-from supervisor.testing.specs import spec
+from supervisor.engine.facts.forgotten import NO_ACCOUNTING
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(max_restarts=5)
 PAST_MIN_JOB_AGE = 400.0

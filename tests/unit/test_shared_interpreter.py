@@ -1,4 +1,4 @@
-"""The interpreter other accounts run in multi-account tests (``testing.users``): on a host whose
+"""The interpreter other accounts run in multi-account tests (``testing.slurm.users``): on a host whose
 own Python is private (pyenv under /root) and whose system has no Python of this version (Debian
 13 ships 3.13), a world-readable copy is made; nobody can run it with this project importable."""
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from supervisor.testing.users import python_for_others, shared_interpreter
+from supervisor.testing.slurm.users import python_for_others, shared_interpreter
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="copies into /var/cache and runs as nobody: root only")
 NOBODY = 65534

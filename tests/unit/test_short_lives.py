@@ -9,7 +9,7 @@ from unit.sim_world import SimWorld
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import SparePolicy
 from supervisor.engine.reconcile import EngineSettings
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 SPEC = spec(spare_policy=SparePolicy.PARTITION_IDLE)
 

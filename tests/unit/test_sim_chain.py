@@ -1,5 +1,5 @@
 """Issue 31, item 7: the simulator knows time limits, chains of jobs, the queue and preemption
-(supervisor/sim/chain.py, time_limits.py). A 4-node run with no failures on a partition with a
+(supervisor/sim/training/chain.py, time_limits.py). A 4-node run with no failures on a partition with a
 2 h limit: under the supervisor each job saves on the signal and is continued, its pre-queued
 successor running within a poll of its end; the hand-made chain (the job script saves on
 --signal and submits itself again) waits in the queue each time."""
@@ -14,12 +14,12 @@ from click.testing import CliRunner
 
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main
-from supervisor.sim.chain import ChainSettings, signal_lead
-from supervisor.sim.failures import TABLE5, Failure
+from supervisor.sim.faults.failures import TABLE5, Failure
 from supervisor.sim.runner import RUN, Simulation
-from supervisor.sim.settings import Mode, SimSettings
-from supervisor.sim.time_limits import chain_summary
-from supervisor.sim.trainer import TrainerSettings
+from supervisor.sim.training.chain import ChainSettings, signal_lead
+from supervisor.sim.training.settings import Mode, SimSettings
+from supervisor.sim.training.time_limits import chain_summary
+from supervisor.sim.training.trainer import TrainerSettings
 
 LIMIT_S = 2 * 3600.0
 WAIT_S = 600.0

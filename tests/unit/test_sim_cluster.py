@@ -10,7 +10,7 @@ import pytest
 from supervisor.domain.cluster import JobState, NodeChange, NodeState, SubmitRequest
 from supervisor.ports import Clock, PermanentError, PermissionDenied, Scheduler, TransientError
 from supervisor.sim.clock import DEFAULT_START, VirtualClock
-from supervisor.sim.cluster import SimCluster
+from supervisor.sim.slurm.cluster import SimCluster
 
 
 def request(

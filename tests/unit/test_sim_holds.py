@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from supervisor.domain.cluster import JobHold, SubmitRequest
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
+from supervisor.sim.slurm.cluster import SimCluster
 
 
 def request(requeue: bool = True) -> SubmitRequest:

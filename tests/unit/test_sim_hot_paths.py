@@ -14,12 +14,12 @@ from supervisor.domain.hostnames import fold
 from supervisor.domain.observation import fmt_nodes
 from supervisor.domain.progress import pauses
 from supervisor.domain.records import NodeVerdict, Verdict
-from supervisor.sim.checkpoints import SimCheckpointStore
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.health import SimHealthFeed
+from supervisor.sim.faults.health import SimHealthFeed
 from supervisor.sim.runner import Simulation
-from supervisor.sim.settings import Mode, SimSettings
-from supervisor.testing.specs import spec
+from supervisor.sim.training.checkpoints import SimCheckpointStore
+from supervisor.sim.training.settings import Mode, SimSettings
+from supervisor.testing.kit.specs import spec
 
 NEWEST_CHECKPOINTS = "SELECT * FROM checkpoints WHERE run = ? ORDER BY step DESC, first_seen DESC LIMIT ?"
 

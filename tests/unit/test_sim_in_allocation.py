@@ -10,10 +10,10 @@ from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.cluster import JobState, NodeChange, SubmitRequest
 from supervisor.domain.records import EventKind
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.cluster import SimCluster
-from supervisor.sim.failures import TABLE5, Failure
+from supervisor.sim.faults.failures import TABLE5, Failure
 from supervisor.sim.runner import Simulation
-from supervisor.sim.settings import Mode, SimSettings
+from supervisor.sim.slurm.cluster import SimCluster
+from supervisor.sim.training.settings import Mode, SimSettings
 
 CATS = {c.component: c for c in TABLE5}
 # 4 nodes for the step, 1 hot spare in the job, 2 idle nodes in the partition for a resubmission.

@@ -1,4 +1,4 @@
-"""The simulated trainer that saves on failure (just-in-time checkpointing, supervisor/sim/survivors.py):
+"""The simulated trainer that saves on failure (just-in-time checkpointing, supervisor/sim/training/survivors.py):
 when one node's ranks die (XID, ECC, NIC) the surviving replicas save the step in progress and exit;
 a restart resumes from it, in every mode, unless something stops them before the save is written."""
 
@@ -12,15 +12,15 @@ import pytest
 from click.testing import CliRunner
 
 from supervisor.cli import main
-from supervisor.sim.checkpoints import SimCheckpointStore
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.failures import TABLE5, Failure, FailureModel, Manifestation
+from supervisor.sim.faults.failures import TABLE5, Failure, FailureModel, Manifestation
 from supervisor.sim.plan import assumptions, make_plan
-from supervisor.sim.results import SimResult
 from supervisor.sim.runner import Simulation, checkpoint_policy
-from supervisor.sim.settings import Mode, SimSettings
-from supervisor.sim.survivors import covers, daemon_grace_s, lost_work_mtbf_s, save_on_failure, step_at
-from supervisor.sim.trainer import SimTrainer, TrainerSettings
+from supervisor.sim.training.checkpoints import SimCheckpointStore
+from supervisor.sim.training.results import SimResult
+from supervisor.sim.training.settings import Mode, SimSettings
+from supervisor.sim.training.survivors import covers, daemon_grace_s, lost_work_mtbf_s, save_on_failure, step_at
+from supervisor.sim.training.trainer import SimTrainer, TrainerSettings
 
 CATS = {c.component: c for c in TABLE5}
 SAVE_S = 20.0

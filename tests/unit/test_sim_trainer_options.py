@@ -10,12 +10,12 @@ import pytest
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.progress import parser_for
 from supervisor.domain.progress.loads import LoadMark, LoadWatch, load_mark
-from supervisor.sim.checkpoints import SimCheckpointStore
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.failures import FailureModel
+from supervisor.sim.faults.failures import FailureModel
 from supervisor.sim.runner import RUN, Simulation
-from supervisor.sim.settings import Mode, SimSettings
-from supervisor.sim.trainer import ENV_RESUME_STEP, SimTrainer, TrainerSettings
+from supervisor.sim.training.checkpoints import SimCheckpointStore
+from supervisor.sim.training.settings import Mode, SimSettings
+from supervisor.sim.training.trainer import ENV_RESUME_STEP, SimTrainer, TrainerSettings
 
 BASE = TrainerSettings(
     step_s=1.0, log_every=10, checkpoint_steps=100, save_s=2.0, restore_s=5.0, startup_s=5.0, step_noise=0.0

@@ -14,13 +14,13 @@ from supervisor.domain.checkpoints.manifest import Level, Outcome
 from supervisor.domain.health.findings import Severity
 from supervisor.domain.progress import parser_for
 from supervisor.domain.records import EventKind
-from supervisor.sim.checkpoints import SimCheckpointStore
 from supervisor.sim.clock import VirtualClock
-from supervisor.sim.failures import TABLE5, Failure
-from supervisor.sim.health import SimHealthFeed
+from supervisor.sim.faults.failures import TABLE5, Failure
+from supervisor.sim.faults.health import SimHealthFeed
 from supervisor.sim.runner import Simulation
-from supervisor.sim.settings import Mode, SimSettings
-from supervisor.sim.trainer import SimTrainer, TrainerSettings
+from supervisor.sim.training.checkpoints import SimCheckpointStore
+from supervisor.sim.training.settings import Mode, SimSettings
+from supervisor.sim.training.trainer import SimTrainer, TrainerSettings
 
 CATS = {c.component: c for c in TABLE5}
 SMALL = SimSettings(gpus=32, gpus_per_node=8, spares=2, days=1.0, seed=5)

@@ -633,7 +633,7 @@ def test_a_slurm_without_the_pinned_data_parser_is_read_with_its_default_from_th
 
 
 def test_the_whole_table_is_read_grouped_and_known_addresses_are_kept():
-    from supervisor.engine.observe import with_addresses
+    from supervisor.engine.facts.observe import with_addresses
 
     rows = [{"name": "x[1-3]", "state": "down+not_responding", "partitions": "main", "reason": "gone"}]
     rows.append({"name": "n1", "state": "idle", "partitions": "main", "reason": "none"})

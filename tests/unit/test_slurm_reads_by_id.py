@@ -85,7 +85,7 @@ def test_one_job_or_a_large_account_is_read_by_id():
 
 
 def test_a_job_slurm_no_longer_knows_is_absent():
-    """Purged after MinJobAge: accounting answers for it (engine/forgotten.py)."""
+    """Purged after MinJobAge: accounting answers for it (engine/facts/forgotten.py)."""
     assert set(SnapshotReader(SlurmById({11}), "root").jobs(frozenset({11, 99}))) == {11}
     assert set(SnapshotReader(SlurmById({11}), "alice").jobs(frozenset({11, 99}))) == {11}
 

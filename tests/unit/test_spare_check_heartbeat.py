@@ -19,8 +19,8 @@ from supervisor.domain.decide.policy import Observation
 from supervisor.domain.health.findings import HeartbeatSettings
 from supervisor.domain.health.gpu_health import HealthRules
 from supervisor.domain.health.node_report import SCHEMA_VERSION, NodeReport, to_wire
-from supervisor.engine.nodes import NodeWatch
-from supervisor.testing.clock import ManualClock
+from supervisor.engine.facts.nodes import NodeWatch
+from supervisor.testing.kit.clock import ManualClock
 
 TOKEN = "llm-token-0123456789abcdef"
 

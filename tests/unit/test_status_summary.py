@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from supervisor.adapters.logbook_html.page import render_html
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import main
-from supervisor.cli import render as cli_render
+from supervisor.cli.views import render as cli_render
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
 from supervisor.report.chronicle import render_markdown

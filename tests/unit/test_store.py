@@ -8,7 +8,7 @@ from supervisor.domain.decide.blast import NodeChangeRecord
 from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.records import Event, EventKind
 from supervisor.domain.spikes.rollback import SkipRange
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 
 def test_wal_and_schema_version(tmp_path):

@@ -12,7 +12,7 @@ from supervisor.domain.decide.policy import Observation, Policy, decide
 from supervisor.domain.health.findings import NodeFinding, Severity
 from supervisor.domain.records import AttemptRecord, Event, RunRecord
 from supervisor.domain.run import CheckpointPolicy, RestartMode, RunState
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 SAVES = CheckpointPolicy(root="/ckpt", save_on_failure_s=120.0)
 SPEC = spec(script="/s.sh", restart_mode=RestartMode.IN_ALLOCATION, hot_spares=1, checkpoints=SAVES)

@@ -17,7 +17,7 @@ from supervisor.telemetry.orders import MAX_RESUME_FILE_BYTES, ResumeFileError, 
 def written(tmp_path, plan: ResumePlan | dict | str | bytes) -> dict[str, str]:
     """The environment of a pre-queued job whose resume file holds ``plan``."""
     path = tmp_path / "resume.json"
-    if isinstance(plan, ResumePlan):  # as engine/checkpoints.py writes it
+    if isinstance(plan, ResumePlan):  # as engine/watch/checkpoints.py writes it
         plan = json.dumps({"run": "run42", **plan.to_json()}, indent=1)
     elif isinstance(plan, dict):
         plan = json.dumps(plan)

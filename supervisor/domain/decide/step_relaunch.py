@@ -115,7 +115,7 @@ def rollback_relaunch(
 ) -> Decision:
     """A loss spike that did not heal: the step's next generation on the same nodes, one restart
     spent. Its resume plan, made when the swap is performed, is the rollback's: the checkpoint
-    before the onset, the data skipped, the LR scaled (engine/resume.py); the rollback's logbook
+    before the onset, the data skipped, the LR scaled (engine/watch/resume.py); the rollback's logbook
     line was written when it was planned."""
     why = f"rollback to step {rollback.checkpoint_step} after the loss spike at step {rollback.onset_step}"
     return Decision((), (SwapStep(run.name, a.job_id, generation + 1, current, (), (), why, restart=True),))

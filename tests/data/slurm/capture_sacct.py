@@ -1,5 +1,5 @@
 """Regenerate the sacct golden files in this folder from a real private cluster with accounting
-(a private MariaDB and slurmdbd: supervisor/testing/accounting.py).
+(a private MariaDB and slurmdbd: supervisor/testing/slurm/accounting.py).
 
 Run as root on a host where LocalSlurm works and slurmdbd + mariadb-server are installed:
 

@@ -1,0 +1,1 @@
+"""The commands that need no daemon: simulate, the demo, analyze."""

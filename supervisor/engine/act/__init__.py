@@ -1,0 +1,1 @@
+"""What a tick does: the one writer (records applied, actions journaled and performed), intents, swaps."""

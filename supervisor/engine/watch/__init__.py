@@ -1,0 +1,1 @@
+"""The watchers a tick consults per run: training logs, pace, loss spikes, checkpoints and the resume choice."""
