@@ -3,7 +3,8 @@
 Protocol: the client connects, writes one JSON object and a newline (at most ``MAX_LINE`` bytes),
 the guard answers with one JSON object and a newline, and closes. Requests:
 ``{"op": "DOWN"|"DRAIN", "node", "run", "cause"}``, ``{"op": "RESUME"|"CLEAR", "node"}``,
-``{"op": "QUARANTINE"}``. Answers: ``{"ok", "granted", "rule", "why", "job", "reason", "frees_at",
+``{"op": "QUARANTINE"}``, and the remedies ``{"op": "RESERVE"|"REBOOT"|"UNRESERVE", "node", "run",
+"cause"}``. Answers: ``{"ok", "granted", "rule", "why", "job", "reason", "frees_at",
 "transient"}``, plus ``"quarantined": [...]`` for QUARANTINE. Who asks is the kernel's word
 (SO_PEERCRED), so a request names no user.
 
@@ -56,6 +57,10 @@ class GuardClient:
     def set_node_state(self, node: str, change: NodeChange, run: str, reason: str) -> None:
         cause = reason.removeprefix(f"slurm-supervisor: run {run}: ")
         check(self.ask({"op": change.value, "node": node, "run": run, "cause": cause}))
+
+    def remedy(self, op: str, node: str, run: str = "", cause: str = "") -> None:
+        """RESERVE, REBOOT, UNRESERVE or RESUME one node this account drained (docs/guard.md)."""
+        check(self.ask({"op": op, "node": node, "run": run, "cause": cause}))
 
     def quarantined(self) -> dict[str, Quarantine]:
         items = check(self.ask({"op": "QUARANTINE"})).get("quarantined")

@@ -31,6 +31,10 @@ class GuardSection(Section):
         default=8, ge=0, json_schema_extra=fix_hint("set how many nodes all instances together may drain per window")
     )
     window_s: FloatField = Field(default=3600.0, gt=0, json_schema_extra=fix_hint("set seconds, e.g. 3600"))
+    # A maintenance reservation (remedy RESERVE) ends by itself after this, should nobody remove it.
+    reservation_minutes: StrictInt = Field(
+        default=120, ge=5, le=7 * 24 * 60, json_schema_extra=fix_hint("set minutes from 5 to 10080, e.g. 120")
+    )
     # A client sends its line as soon as it connects; a silent one costs a descriptor for this long.
     request_timeout_s: FloatField = Field(
         default=1.0, gt=0, le=60, json_schema_extra=fix_hint("set seconds above 0 and at most 60, e.g. 1")
@@ -52,7 +56,7 @@ class GuardSection(Section):
         return absolute(value, info) if isinstance(value, str) else value
 
     def limits(self) -> Limits:
-        return Limits(frozenset(self.admin_groups), self.max_drains, self.window_s)
+        return Limits(frozenset(self.admin_groups), self.max_drains, self.window_s, self.reservation_minutes)
 
 
 class SharedQuarantineSection(Section):

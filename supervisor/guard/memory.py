@@ -7,7 +7,11 @@ for the QUARANTINE reads, which do not wait for a decision (WAL: readers do not 
 Faults are kept per account and node (``uid:node``: a later one replaces the earlier), and one
 account holds at most ``max_faults_per_uid`` of them within the quarantine's reach, so no caller
 can grow the table, or every instance's QUARANTINE answer, beyond the nodes it really had out of
-service (review 2026-12-02, finding 2)."""
+service (review 2026-12-02, finding 2).
+
+The remedies (remedy.py) read two more things here: the node's latest DOWN or DRAIN through the
+guard (``own_drain``: a RESUME or an admin's clear after it ends it), and the maintenance
+reservations the guard made (``reservations``: one per node, with its owner's UID)."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import threading
 from pathlib import Path
 
 from supervisor.domain.health.quarantine import Fault
-from supervisor.guard.policy import Grant
+from supervisor.guard.policy import Grant, Reservation
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS grants (at REAL NOT NULL, node TEXT NOT NULL, uid INTEGER NOT NULL,
@@ -26,6 +30,9 @@ CREATE TABLE IF NOT EXISTS faults (key TEXT PRIMARY KEY, node TEXT NOT NULL, at 
                                    run TEXT NOT NULL, reason TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS faults_at ON faults(at);
 CREATE TABLE IF NOT EXISTS clears (node TEXT PRIMARY KEY, at REAL NOT NULL, by TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS grants_node ON grants(node, at);
+CREATE TABLE IF NOT EXISTS reservations (node TEXT PRIMARY KEY, uid INTEGER NOT NULL, name TEXT NOT NULL,
+                                         at REAL NOT NULL, until REAL NOT NULL);
 """
 MAX_FAULTS_PER_UID = 4096  # nodes one account may have in the shared memory at once
 
@@ -59,6 +66,39 @@ class GuardMemory:
         return tuple(
             Grant(n, uid, c, at, job, tuple(filter(None, nodes.split(",")))) for n, uid, c, at, job, nodes in rows
         )
+
+    def own_drain(self, node: str) -> Grant | None:
+        """The node's latest DOWN or DRAIN through the guard, unless a RESUME (a grant too) or a
+        clear came after it."""
+        row = self._db.execute(
+            "SELECT node, uid, change, at, job, job_nodes FROM grants WHERE node = ? ORDER BY at DESC, rowid DESC LIMIT 1",
+            (node,),
+        ).fetchone()
+        if row is None or row[2] not in ("DOWN", "DRAIN"):
+            return None
+        cleared = self._db.execute("SELECT at FROM clears WHERE node = ?", (node,)).fetchone()
+        if cleared is not None and cleared[0] >= row[3]:
+            return None
+        n, uid, change, at, job, nodes = row
+        return Grant(n, uid, change, at, job, tuple(filter(None, nodes.split(","))))
+
+    def reservation(self, node: str) -> Reservation | None:
+        row = self._db.execute("SELECT node, uid, name, at, until FROM reservations WHERE node = ?", (node,)).fetchone()
+        return Reservation(*row) if row is not None else None
+
+    def record_reservation(self, r: Reservation) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO reservations(node, uid, name, at, until) VALUES (?, ?, ?, ?, ?)",
+            (r.node, r.uid, r.name, r.at, r.until),
+        )
+
+    def drop_reservation(self, node: str) -> None:
+        self._db.execute("DELETE FROM reservations WHERE node = ?", (node,))
+
+    def forgive(self, uid: int, node: str) -> None:
+        """Forget one account's fault of the node (its own, after the node passed its validation)."""
+        self._db.execute("DELETE FROM faults WHERE key = ?", (f"{uid}:{node}",))
+        self.version += 1
 
     def record_fault(self, fault: Fault, uid: int, since: float) -> bool:
         """Keep ``fault`` under its key (a later fault of the same key replaces the earlier one);

@@ -4,15 +4,16 @@ request's), what Slurm shows at that moment and the grants the guard remembers. 
 Rules, in order (the first that applies decides; its name goes into the answer and the audit log):
 
 * ``bad-request``: an unknown operation, a malformed node or run name.
-* RESUME and quarantine CLEAR: ``admin`` (root or a member of an admin group), else ``admin-only``.
+* RESUME and quarantine CLEAR: ``admin`` (root or a member of an admin group), else ``admin-only``
+  (a non-admin's RESUME, and the remedies RESERVE, REBOOT, UNRESERVE, are ``remedy.py``'s).
 * DOWN and DRAIN need a reason to touch the node: ``admin``; ``shared-node`` (refused: a job of
   another user, or of no known user, holds the node too: with ``cons_tres`` nodes are shared unless
   a job is ``--exclusive``, and a DOWN kills every job on the node); ``own-job`` (every job holding
   the node is the caller's, one of them RUNNING); ``follow-up`` (the node was in a job of the
   caller's UID when the guard changed a node of that job for the caller, within ``FOLLOW_UP_S``,
   and no other user's job holds it now: a DOWN ends or requeues the job at once, so the DRAIN that
-  follows and the job's other faulty nodes are no longer "in a running job"); else
-  ``not-own-node``.
+  follows and the job's other faulty nodes are no longer "in a running job"); ``own-remedy`` (the
+  node is in the caller's maintenance reservation: its validation failed); else ``not-own-node``.
 * then the cluster-wide cap: at most ``max_drains`` distinct nodes downed or drained through the
   guard within ``window_s``, for all callers together; beyond it ``cluster-cap``. Only a granted
   change counts as a fault of the node (``Verdict.fault``): a refusal takes nothing out of service,
@@ -36,6 +37,7 @@ RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")  # the run spec's own rule
 MAX_REASON = 200
 MAX_CAUSE_IN = 2000  # longer causes are refused before they are cleaned
 FOLLOW_UP_S = 600.0
+OUT_OF_SERVICE = ("DOWN", "DRAIN")  # the grants the cap and the follow-up rule count
 
 
 class Op(StrEnum):
@@ -44,6 +46,9 @@ class Op(StrEnum):
     RESUME = "RESUME"
     CLEAR = "CLEAR"  # forget the node's faults in the shared quarantine
     QUARANTINE = "QUARANTINE"  # list the shared quarantine (read only, anyone)
+    RESERVE = "RESERVE"  # a maintenance reservation of the node for the caller (remedy.py)
+    REBOOT = "REBOOT"  # scontrol reboot ASAP nextstate=RESUME, into the caller's reservation
+    UNRESERVE = "UNRESERVE"  # the caller's maintenance reservation removed, the node left as it is
 
 
 @dataclass(frozen=True)
@@ -81,10 +86,22 @@ class Grant:
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """A maintenance reservation the guard made for one caller on one node (remedy.py)."""
+
+    node: str
+    uid: int
+    name: str
+    at: float
+    until: float
+
+
+@dataclass(frozen=True)
 class Limits:
     admin_groups: frozenset[str] = frozenset()
     max_drains: int = 8
     window_s: float = 3600.0
+    reservation_minutes: int = 120  # a maintenance reservation ends by itself after this (remedy.py)
 
 
 @dataclass(frozen=True)
@@ -92,6 +109,8 @@ class Facts:
     now: float
     jobs: tuple[JobInfo, ...] = ()  # the jobs on the node, read at the moment of the request (DOWN/DRAIN only)
     grants: tuple[Grant, ...] = ()  # the guard's grants within the window
+    own_drain: Grant | None = None  # the node's latest DOWN/DRAIN through the guard, unless resumed or cleared since
+    reservation: Reservation | None = None  # the guard's maintenance reservation of the node, if any
 
 
 @dataclass(frozen=True)
@@ -130,7 +149,7 @@ def problem(req: Request) -> str:
         return f"unknown op {req.op[:20]!r}; one of {', '.join(Op)}"
     if req.op != Op.QUARANTINE and not NODE_NAME.match(req.node):
         return "node: 1-64 letters, digits, '.', '_' or '-'"
-    if req.op in (Op.DOWN, Op.DRAIN) and not RUN_NAME.match(req.run):
+    if req.op in (Op.DOWN, Op.DRAIN, Op.REBOOT, Op.RESERVE) and not RUN_NAME.match(req.run):
         return "run: 1-63 lowercase letters, digits, '.', '_' or '-' (the run spec's rule)"
     if len(req.cause) > MAX_CAUSE_IN:
         return f"cause: at most {MAX_CAUSE_IN} characters"
@@ -159,8 +178,17 @@ def _owner(caller: Caller, req: Request, facts: Facts, admin: bool) -> Verdict:
             f"{req.node} was in job {grant.job} of {caller.name} when the guard changed {grant.node} at {grant.at:.0f}"
         )
         return Verdict(True, "follow-up", why, grant.job, grant.job_nodes)
+    if not others and in_own_reservation(caller, facts):
+        why = f"{req.node} is in {caller.name}'s maintenance reservation (the guard's own remedy)"
+        return Verdict(True, "own-remedy", why, mine[0].job_id if mine else None)
     why = f"{req.node} is not allocated to a running job of {caller.name} (uid {caller.uid})"
     return Verdict(False, "not-own-node", why)
+
+
+def in_own_reservation(caller: Caller, facts: Facts) -> bool:
+    """The node is in the caller's live maintenance reservation, made by the guard."""
+    r = facts.reservation
+    return r is not None and r.uid == caller.uid and facts.now < r.until
 
 
 def holds(job: JobInfo, node: str) -> bool:
@@ -172,6 +200,8 @@ def holds(job: JobInfo, node: str) -> bool:
 def _followed_up(caller: Caller, req: Request, facts: Facts) -> Grant | None:
     """The caller's recent grant whose job held this node, if any."""
     for g in facts.grants:
+        if g.change not in OUT_OF_SERVICE:  # a RESUME after a remedy is in the memory too
+            continue
         if g.uid == caller.uid and req.node in (g.node, *g.job_nodes) and facts.now - g.at <= FOLLOW_UP_S:
             return g
     return None
@@ -181,7 +211,7 @@ def _capped(node: str, facts: Facts, limits: Limits) -> Verdict | None:
     """The cluster-wide cap, if this node would go over it; None when there is room."""
     last: dict[str, float] = {}
     for g in facts.grants:
-        if facts.now - limits.window_s <= g.at <= facts.now:
+        if g.change in OUT_OF_SERVICE and facts.now - limits.window_s <= g.at <= facts.now:
             last[g.node] = max(g.at, last.get(g.node, g.at))
     if node in last or len(last) < limits.max_drains:
         return None

@@ -12,7 +12,10 @@ What any local user can make it do is bounded (review 2026-12-02, finding 4): a 
 checked before Slurm is read, a UID's DOWN/DRAIN requests that reach Slurm are rate-limited
 (``ratelimit``), and its repeated refusals are folded in the audit log. QUARANTINE reads take no
 decision lock: they are answered from a copy at most ``QUARANTINE_FRESH_S`` old, rebuilt after
-every change of the memory."""
+every change of the memory.
+
+The remedies (RESERVE, REBOOT, UNRESERVE, a non-admin's RESUME) are decided by ``remedy`` and
+carried out by ``remedies``."""
 
 from __future__ import annotations
 
@@ -44,6 +47,8 @@ from supervisor.guard.policy import (
     problem,
 )
 from supervisor.guard.ratelimit import RateLimit
+from supervisor.guard.remedies import carry_out_remedy
+from supervisor.guard.remedy import decide_request, is_remedy
 from supervisor.guard.slurm_node_jobs import NodeSlurm
 from supervisor.ports import PortError, TransientError
 
@@ -85,7 +90,9 @@ class Guard:
             return {"ok": True, "granted": True, "rule": "read", "quarantined": self.quarantine_json(now)}
         transient = False
         try:
-            verdict = self._limited(caller, req, now) or decide(caller, req, self._facts(req, now), self.limits)
+            verdict = self._limited(caller, req, now)  # before Slurm is read
+            if verdict is None:
+                verdict = decide_request(caller, req, self._facts(req, now), self.limits)
             verdict = self._carry_out(caller, req, verdict, now)
         except PortError as exc:  # Slurm did not answer, or refused the guard itself
             verdict, transient = Verdict(False, "slurm-error", str(exc)[:500]), isinstance(exc, TransientError)
@@ -94,7 +101,9 @@ class Guard:
 
     def _limited(self, caller: Caller, req: Request, now: float) -> Verdict | None:
         """A refusal when this well-formed DOWN/DRAIN of a non-admin would read Slurm too often."""
-        if req.op not in (Op.DOWN, Op.DRAIN) or problem(req) or caller.admin(self.limits.admin_groups):
+        if caller.admin(self.limits.admin_groups) or problem(req):
+            return None
+        if req.op not in (Op.DOWN, Op.DRAIN) and not is_remedy(caller, req, self.limits):
             return None
         if self.rate.allow(caller.uid, now):
             return None
@@ -114,10 +123,12 @@ class Guard:
             return self._read[2]
 
     def _facts(self, req: Request, now: float) -> Facts:
-        """Slurm is read only for a well-formed DOWN or DRAIN, and only about its node."""
-        if req.op not in (Op.DOWN, Op.DRAIN) or problem(req):
+        """Slurm is read only for a well-formed DOWN, DRAIN or RESERVE, and only about its node."""
+        if req.op == Op.QUARANTINE or problem(req):
             return Facts(now)
-        return Facts(now, self.slurm.jobs_on(req.node), self._recent_grants(now))
+        jobs = self.slurm.jobs_on(req.node) if req.op in (Op.DOWN, Op.DRAIN, Op.RESERVE) else ()
+        grants = self._recent_grants(now)
+        return Facts(now, jobs, grants, self.memory.own_drain(req.node), self.memory.reservation(req.node))
 
     def _recent_grants(self, now: float) -> tuple[Grant, ...]:
         return self.memory.grants(now - max(self.limits.window_s, FOLLOW_UP_S))
@@ -125,7 +136,9 @@ class Guard:
     def _carry_out(self, caller: Caller, req: Request, verdict: Verdict, now: float) -> Verdict:
         if not verdict.granted:
             return verdict
-        if req.op in (Op.DOWN, Op.DRAIN):
+        if is_remedy(caller, req, self.limits):
+            carry_out_remedy(self.slurm, self.memory, caller, req, verdict, now, self.limits.reservation_minutes)
+        elif req.op in (Op.DOWN, Op.DRAIN):
             verdict = self._change_node(caller, req, verdict, now)
             if verdict.fault and verdict.granted:  # the node went out of service: a fault of it
                 self._record_fault(caller, req, now)
@@ -139,7 +152,7 @@ class Guard:
     def _change_node(self, caller: Caller, req: Request, verdict: Verdict, now: float) -> Verdict:
         if req.op == Op.DOWN and verdict.rule != "admin":
             self._set(caller, req.node, Op.DRAIN, verdict, now)  # no job starts on it from here on
-            again = decide(caller, req, Facts(now, self.slurm.jobs_on(req.node), self._recent_grants(now)), self.limits)
+            again = decide(caller, req, self._facts(req, now), self.limits)
             if not again.granted:
                 return replace(again, why=f"{again.why}; the node was drained (no job starts there), not downed")
         self._set(caller, req.node, req.op, verdict, now)

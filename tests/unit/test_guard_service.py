@@ -110,12 +110,12 @@ def test_a_granted_drain_changes_slurm_with_the_guards_reason_and_is_audited(gua
 def test_refusals_touch_nothing_and_are_audited(guard, slurm, tmp_path):
     assert ask(guard, ALICE, op="DRAIN", node="n3", run="llm", cause="x")["rule"] == "not-own-node"  # bob's
     assert ask(guard, ALICE, op="DOWN", node="n9", run="llm", cause="x")["rule"] == "not-own-node"  # idle
-    assert ask(guard, ALICE, op="RESUME", node="n1")["rule"] == "admin-only"
+    assert ask(guard, ALICE, op="RESUME", node="n1")["rule"] == "not-own-remedy"  # never drained by alice
     assert slurm.reasons == {}
     guard.audit.flush_due(float("inf"))  # a repeat of one caller's refusal is folded into one line
     assert [(a["node"], a["granted"], a["rule"], a.get("repeats")) for a in audit(tmp_path)] == [
         ("n3", False, "not-own-node", None),
-        ("n1", False, "admin-only", None),
+        ("n1", False, "not-own-remedy", None),
         ("n9", False, "not-own-node", 1),
     ]
 

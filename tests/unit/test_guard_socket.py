@@ -101,11 +101,11 @@ def test_the_caller_is_who_the_kernel_says_not_who_the_request_claims(served):
     assert as_nobody(path, claim)["rule"] == "not-own-node"
     slurm.run(7, NOBODY, "n1")  # now nobody does run a job on n1
     assert as_nobody(path, claim)["rule"] == "own-job"
-    assert as_nobody(path, {"op": "RESUME", "node": "n1"})["rule"] == "admin-only"
+    assert as_nobody(path, {"op": "RESUME", "node": "n1"})["rule"] == "not-own-remedy"  # not in its reservation
     assert [(a["uid"], a["user"], a["rule"]) for a in audit(audit_path)] == [
         (NOBODY, "nobody", "not-own-node"),
         (NOBODY, "nobody", "own-job"),
-        (NOBODY, "nobody", "admin-only"),
+        (NOBODY, "nobody", "not-own-remedy"),
     ]
     assert slurm.reasons["n1"] == ("DRAIN", "slurm-supervisor: run r: c")
 

@@ -102,7 +102,8 @@ def drain(node: str, run: str, cause: str, down: bool, socket_path: str) -> None
 @click.argument("node")
 @_socket_option
 def resume(node: str, socket_path: str) -> None:
-    """Return NODE to service and clear its quarantine (admins only)."""
+    """Return NODE to service: an admin's clears its quarantine; yours must be a node you drained
+    and hold in your maintenance reservation (it passed validation), and forgives your own fault."""
     _report(_ask(socket_path, {"op": "RESUME", "node": node}))
 
 
@@ -112,6 +113,33 @@ def resume(node: str, socket_path: str) -> None:
 def clear(node: str, socket_path: str) -> None:
     """Forget NODE's faults in the shared quarantine (admins only)."""
     _report(_ask(socket_path, {"op": "CLEAR", "node": node}))
+
+
+@guard.command()
+@click.argument("node")
+@click.option("--run", "run", required=True, help="The run whose fault drained the node.")
+@_socket_option
+def reserve(node: str, run: str, socket_path: str) -> None:
+    """Hold NODE, which you drained, in a maintenance reservation for your account (to validate it)."""
+    _report(_ask(socket_path, {"op": "RESERVE", "node": node, "run": run}))
+
+
+@guard.command()
+@click.argument("node")
+@click.option("--run", "run", required=True, help="The run whose fault drained the node.")
+@click.option("--cause", required=True, help="Why it is rebooted (goes into the Slurm reason, cleaned).")
+@_socket_option
+def reboot(node: str, run: str, cause: str, socket_path: str) -> None:
+    """Reboot NODE through Slurm, back into your maintenance reservation (RESERVE it first)."""
+    _report(_ask(socket_path, {"op": "REBOOT", "node": node, "run": run, "cause": cause}))
+
+
+@guard.command()
+@click.argument("node")
+@_socket_option
+def unreserve(node: str, socket_path: str) -> None:
+    """Remove your maintenance reservation of NODE, leaving its state as it is."""
+    _report(_ask(socket_path, {"op": "UNRESERVE", "node": node}))
 
 
 @guard.command("quarantine")

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 import structlog
 
-from supervisor.testing.slurm import _conf
+from supervisor.testing.slurm import _conf, _reboot
 from supervisor.testing.slurm._cgroup import Cgroup, find_cgroup_parent
 from supervisor.testing.slurm._daemon import (
     Daemon,
@@ -55,6 +55,9 @@ class LocalSlurm:
     MariaDB (``accounting``, see supervisor.testing.slurm.accounting): ``sacct`` answers.
     ``extra_nodes`` (``ExtraNodes``) adds thousands of nodes to the node table and the partition
     whose slurmd never starts (a large cluster's controller load, for benchmarks).
+    With ``reboot=True`` slurm.conf names a ``RebootProgram`` and ``scontrol reboot`` reboots a
+    node the way a reboot would (``_reboot``: its processes die, its slurmd comes back after
+    ``boot_s`` with a new boot time); ``reboots`` lists the reboots done.
     """
 
     def __init__(
@@ -70,6 +73,8 @@ class LocalSlurm:
         keep_dir: bool = False,
         accounting: bool = False,
         extra_nodes: _conf.ExtraNodes | None = None,
+        reboot: bool = False,
+        boot_s: float = 1.0,
     ) -> None:
         self.nodes = [f"{prefix}{i}" for i in range(1, nodes + 1)]
         self.partition = partition
@@ -90,6 +95,9 @@ class LocalSlurm:
         self.accounting: Accounting | None = None
         self._with_accounting = accounting
         self.extra_nodes = extra_nodes  # defined only: their slurmd never starts
+        self._with_reboot, self.boot_s = reboot, boot_s
+        self._rebooter: _reboot.Rebooter | None = None
+        self._base_argv: dict[str, list[str]] = {}  # each slurmd's argv outside any time namespace
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -115,7 +123,11 @@ class LocalSlurm:
             self.start_controller()
             for name in self.nodes:
                 self._slurmd[name] = self._daemon(f"slurmd {name}", ["slurmd", "-D", "-N", name], f"slurmd-{name}")
-                self._slurmd[name].spawn(self._env())
+                self._base_argv[name] = list(self._slurmd[name].argv)
+                self._slurmd[name].spawn(self._node_env(name))
+            if self._with_reboot:
+                requests = self.root / "reboots"
+                self._rebooter = _reboot.Rebooter(requests, self._reboot_node, self.nodes).start()
             self.wait_nodes_idle(timeout=self.ready_timeout)
         except BaseException:
             self.stop()
@@ -132,6 +144,8 @@ class LocalSlurm:
         """Kill every daemon and job process (by cgroup and recorded PID), remove the cgroups and
         (unless ``keep_dir``) the directory. Best effort: a failing step is logged, the rest runs."""
         steps: list[tuple[str, Callable[[], None]]] = [(d.name, d.kill) for d in self._slurmd.values()]
+        if self._rebooter is not None:
+            steps.insert(0, ("reboots", self._rebooter.stop))
         for daemon in (self._ctld, self.accounting, self._munged):  # slurmdbd after slurmctld, before munged
             if daemon is not None:
                 steps.append((daemon.name, functools.partial(daemon.terminate, timeout=5.0)))
@@ -177,11 +191,16 @@ class LocalSlurm:
     def render_conf(self) -> str:
         settings = _conf.base_settings(self.root, self.ctld_port, self.munge_socket)
         settings.update(self.accounting.slurm_settings() if self.accounting is not None else {})
+        if self._with_reboot:
+            settings.update(_reboot.conf_settings(_reboot.write_program(self.root)))
         settings.update(self.extra_conf)
         return _conf.render(settings, self.node_ports, self.partition, self.cpus_per_node, self.extra_nodes)
 
     def _env(self) -> dict[str, str]:
         return clean_env(self.env)
+
+    def _node_env(self, name: str) -> dict[str, str]:
+        return {**self._env(), _reboot.NODE_ENV: name}
 
     def _daemon(self, name: str, argv: list[str], stem: str) -> Daemon:
         assert self._cgroup_root is not None
@@ -316,12 +335,20 @@ class LocalSlurm:
         daemon = self._node(name)
         self._node_cgroup(name).freeze(False)
         daemon.kill()
-        daemon.spawn(self._env())
+        daemon.spawn(self._node_env(name))
         log.info("localslurm.restarted", node=name)
         if wait:
             self.wait_for(
                 lambda: not self.node_states().get(name, "*").endswith("*"), timeout, message=f"{name} responding"
             )
+
+    def _reboot_node(self, name: str) -> None:
+        _reboot.reboot_daemon(self._node(name), self._base_argv[name], self._node_env(name), self.boot_s)
+
+    @property
+    def reboots(self) -> list[tuple[str, float]]:
+        """(node, when) of each reboot the RebootProgram asked for and the harness made."""
+        return list(self._rebooter.rebooted) if self._rebooter is not None else []
 
     def stop_controller(self, *, kill: bool = False) -> None:
         """Stop slurmctld (SIGTERM, saving its state; SIGKILL with ``kill``). Nodes keep running."""

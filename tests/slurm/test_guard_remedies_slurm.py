@@ -1,0 +1,84 @@
+"""The guard's remedies on a real Slurm with the harness's RebootProgram (``LocalSlurm(reboot=True)``):
+a user who drained a node of its own job holds it in a maintenance reservation, reboots it through
+Slurm (the node really "reboots": its slurmd comes back with a new boot time, into the
+reservation), runs a job there that nobody else's job may share, and returns it to service; another
+user may do none of it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from test_guard_slurm import GuardProcess, cli_as, node, public_tmp, running_nodes, user_env, users
+
+from supervisor.testing import LocalSlurm
+from supervisor.testing.slurm.users import as_user
+
+pytestmark = pytest.mark.slurm
+__all__ = ["public_tmp"]  # the fixture, used by name
+
+
+def boot_time(cluster: LocalSlurm, name: str) -> str:
+    shown = cluster.run(["scontrol", "-o", "show", "node", name], check=True).stdout
+    found = re.search(r"BootTime=(\S+)", shown)
+    assert found, shown
+    return found.group(1)
+
+
+def sbatch(cluster: LocalSlurm, user: str, *args: str) -> int:
+    argv = ["sbatch", "--parsable", "-N1", "--output=/dev/null", *args]
+    done = as_user(user, argv, env=user_env(cluster, user), cwd="/tmp")
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip())
+
+
+def job_state(cluster: LocalSlurm, job: int) -> str:
+    return cluster.run(["squeue", "-h", "-j", str(job), "-o", "%T"]).stdout.strip() or "GONE"
+
+
+def test_an_own_drain_is_reserved_rebooted_validated_and_resumed(
+    make_slurm: Callable[..., LocalSlurm], public_tmp: Path
+) -> None:
+    users("ssv-ga", "ssv-gb")
+    cluster = make_slurm(2, reboot=True)
+    target = cluster.nodes[0]
+    (held,) = running_nodes(cluster, sbatch(cluster, "ssv-ga", f"--nodelist={target}", "--wrap", "sleep 600"))
+    with GuardProcess(cluster, public_tmp / "guard") as guard:
+
+        def ask(user: str, *args: str) -> str:
+            done = cli_as(cluster, user, "guard", *args, "--socket", str(guard.socket))
+            return (done.stdout + done.stderr).strip()
+
+        assert "granted (own-job" in ask("ssv-ga", "drain", held, "--run", "llm", "--cause", "XID 79 on GPU 0")
+        cluster.run(["scancel", "--user=ssv-ga"], check=True)  # the XID ended the job
+        assert "refused (not-own-remedy)" in ask("ssv-gb", "reserve", held, "--run", "other")
+        assert "refused (not-own-remedy)" in ask("ssv-ga", "reboot", held, "--run", "llm", "--cause", "XID 79")
+        assert "granted (own-remedy" in ask("ssv-ga", "reserve", held, "--run", "llm")
+        shown = cluster.run(["scontrol", "-o", "show", "reservation", f"ssv-maint-{held}"], check=True).stdout
+        assert "Users=ssv-ga" in shown and "MAINT" in shown, shown
+        before = boot_time(cluster, held)
+        assert "granted (own-remedy" in ask("ssv-ga", "reboot", held, "--run", "llm", "--cause", "XID 79 on GPU 0")
+        cluster.wait_for(lambda: [n for n, _ in cluster.reboots] == [held], 30, message="the reboot")
+        cluster.wait_for(lambda: not node(cluster, held).drained and node(cluster, held).responding, 60, message="up")
+        assert boot_time(cluster, held) > before  # a reboot, as slurmctld counts one
+
+        others = sbatch(cluster, "ssv-gb", f"--nodelist={held}", "--wrap", "true")  # kept off by the reservation
+        check = sbatch(cluster, "ssv-ga", f"--nodelist={held}", f"--reservation=ssv-maint-{held}", "--wrap", "true")
+        cluster.wait_for(lambda: job_state(cluster, check) == "GONE", 30, message="the validation job done")
+        assert job_state(cluster, others) == "PENDING"
+        assert "refused (not-own-remedy)" in ask("ssv-gb", "resume", held)
+        assert "granted (own-remedy" in ask("ssv-ga", "resume", held)
+        cluster.wait_for(lambda: job_state(cluster, others) == "GONE", 30, message="the other user's job run")
+        assert cluster.run(["scontrol", "show", "reservation"]).stdout.strip() == "No reservations in the system"
+    rules = [(a["user"], a["op"], a["granted"], a["rule"]) for a in guard.audit()]
+    assert rules == [
+        ("ssv-ga", "DRAIN", True, "own-job"),
+        ("ssv-gb", "RESERVE", False, "not-own-remedy"),
+        ("ssv-ga", "REBOOT", False, "not-own-remedy"),
+        ("ssv-ga", "RESERVE", True, "own-remedy"),
+        ("ssv-ga", "REBOOT", True, "own-remedy"),
+        ("ssv-ga", "RESUME", True, "own-remedy"),
+        ("ssv-gb", "RESUME", False, "not-own-remedy"),  # bob's second refusal by that rule, folded
+    ]

@@ -1,0 +1,207 @@
+"""The guard's remedies (guard/remedy.py, guard/remedies.py): RESERVE, REBOOT, UNRESERVE and a
+non-admin's RESUME, each granted only for a node the caller drained itself through the guard
+(``own-remedy``), each refused for another user's node; the argv each one gives Slurm.
+
+Slurm is a small stateful fake of the guard's NodeSlurm (jobs, node states, reservations,
+reboots); the real one is in tests/slurm/test_guard_remedies_slurm.py."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from supervisor.domain.cluster import JobInfo, JobState, NodeChange
+from supervisor.domain.health.quarantine import QuarantineSettings
+from supervisor.guard.audit import AuditLog
+from supervisor.guard.memory import GuardMemory
+from supervisor.guard.policy import Caller, Limits
+from supervisor.guard.service import Guard
+from supervisor.guard.slurm_node_jobs import reboot_argv, reserve_argv, unreserve_argv
+from supervisor.ports import PermanentError
+
+ALICE = Caller(1001, 1001, 11, "alice", frozenset({"alice"}))
+BOB = Caller(1002, 1002, 12, "bob", frozenset({"bob"}))
+ADMIN = Caller(1003, 1003, 13, "carol", frozenset({"hpc-admins"}))
+
+
+@dataclass
+class FakeSlurm:
+    jobs: dict[int, JobInfo] = field(default_factory=dict)
+    states: dict[str, str] = field(default_factory=dict)  # node -> "DRAIN", "DOWN", "RESUME" (in service)
+    reservations: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # name -> (node, user, minutes)
+    reboots: list[tuple[str, str]] = field(default_factory=list)  # (node, reason)
+    calls: list[str] = field(default_factory=list)
+
+    def jobs_on(self, node: str) -> tuple[JobInfo, ...]:
+        return tuple(j for j in self.jobs.values() if node in j.nodes)
+
+    def set_node_state(self, node: str, change: NodeChange, reason: str) -> None:
+        self.calls.append(f"{change.value} {node}")
+        if change is NodeChange.RESUME and self.states.get(node, "RESUME") == "RESUME":
+            raise PermanentError("scontrol exited 1: slurm_update error: Invalid node state specified")
+        self.states[node] = change.value
+
+    def reserve(self, name: str, node: str, user: str, minutes: int) -> None:
+        self.calls.append(f"reserve {name}")
+        if name in self.reservations:
+            raise PermanentError("scontrol exited 1: Error creating the reservation: Duplicate reservation name")
+        self.reservations[name] = (node, user, minutes)
+
+    def unreserve(self, name: str) -> None:
+        self.calls.append(f"unreserve {name}")
+        self.reservations.pop(name, None)
+
+    def reboot(self, node: str, reason: str) -> None:
+        self.calls.append(f"reboot {node}")
+        self.reboots.append((node, reason))
+        self.states[node] = "RESUME"  # nextstate=RESUME, into the reservation
+
+
+class Clock:
+    t = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def slurm() -> FakeSlurm:
+    s = FakeSlurm()
+    s.jobs[7] = JobInfo(job_id=7, name="j", state=JobState.RUNNING, nodes=("n1", "n2"), user_id=ALICE.uid)
+    s.jobs[8] = JobInfo(job_id=8, name="j", state=JobState.RUNNING, nodes=("n3",), user_id=BOB.uid)
+    return s
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def guard(tmp_path: Path, slurm: FakeSlurm, clock: Clock) -> Guard:
+    return Guard(
+        slurm=slurm,  # type: ignore[arg-type]
+        memory=GuardMemory(tmp_path / "state"),
+        audit=AuditLog(tmp_path / "audit.jsonl"),
+        limits=Limits(frozenset({"hpc-admins"}), max_drains=4, window_s=3600, reservation_minutes=60),
+        quarantine=QuarantineSettings(faults=1, base_s=86400),
+        clock=clock,
+    )
+
+
+def ask(guard: Guard, caller: Caller, **request: str) -> dict:
+    return json.loads(guard.handle_line(caller, json.dumps(request).encode()))
+
+
+def drained_by_alice(guard: Guard, slurm: FakeSlurm) -> None:
+    """Alice drains n1 of her job, and the job ends (the XID killed it)."""
+    assert ask(guard, ALICE, op="DRAIN", node="n1", run="llm", cause="XID 79")["rule"] == "own-job"
+    del slurm.jobs[7]
+
+
+def quarantined(guard: Guard) -> list[str]:
+    return [q["node"] for q in ask(guard, BOB, op="QUARANTINE")["quarantined"]]
+
+
+def test_the_whole_remedy_of_an_own_drain_reserve_reboot_resume(guard, slurm):
+    drained_by_alice(guard, slurm)
+    assert quarantined(guard) == ["n1"]
+    reserved = ask(guard, ALICE, op="RESERVE", node="n1", run="llm")
+    assert (reserved["granted"], reserved["rule"]) == (True, "own-remedy")
+    assert slurm.reservations == {"ssv-maint-n1": ("n1", "alice", 60)}
+    rebooted = ask(guard, ALICE, op="REBOOT", node="n1", run="llm", cause="XID 79\x1b[2J")
+    assert rebooted["granted"] and slurm.reboots == [("n1", "slurm-supervisor: run llm: reboot: XID 79 [2J")]
+    resumed = ask(guard, ALICE, op="RESUME", node="n1")  # validated: back to every user
+    assert (resumed["granted"], resumed["rule"]) == (True, "own-remedy")
+    assert slurm.reservations == {} and quarantined(guard) == []  # alice's own fault forgiven
+    # the remedy is over: another RESERVE or REBOOT of the node is refused
+    assert ask(guard, ALICE, op="REBOOT", node="n1", run="llm", cause="x")["rule"] == "not-own-remedy"
+    assert ask(guard, ALICE, op="RESERVE", node="n1", run="llm")["rule"] == "not-own-remedy"
+
+
+def test_a_remedy_of_another_users_drain_is_refused(guard, slurm):
+    drained_by_alice(guard, slurm)
+    for op in ("RESERVE", "REBOOT", "UNRESERVE", "RESUME"):
+        answer = ask(guard, BOB, op=op, node="n1", run="bobs", cause="x")
+        assert (answer["granted"], answer["rule"]) == (False, "not-own-remedy"), op
+    assert ask(guard, ALICE, op="RESERVE", node="n1", run="llm")["granted"]
+    for op in ("REBOOT", "UNRESERVE", "RESUME", "DRAIN"):  # alice's reservation is not bob's either
+        answer = ask(guard, BOB, op=op, node="n1", run="bobs", cause="x")
+        assert not answer["granted"] and answer["rule"] in ("not-own-remedy", "not-own-node"), op
+    assert slurm.reboots == [] and slurm.reservations == {"ssv-maint-n1": ("n1", "alice", 60)}
+    assert slurm.states == {"n1": "DRAIN"}
+
+
+def test_reboot_and_resume_need_the_callers_reservation_first(guard, slurm):
+    drained_by_alice(guard, slurm)
+    assert ask(guard, ALICE, op="REBOOT", node="n1", run="llm", cause="x")["rule"] == "not-own-remedy"
+    assert ask(guard, ALICE, op="RESUME", node="n1")["rule"] == "not-own-remedy"
+    assert slurm.calls == ["DRAIN n1"]
+
+
+def test_a_node_never_drained_or_held_by_another_users_job_is_not_reserved(guard, slurm):
+    assert ask(guard, ALICE, op="RESERVE", node="n9", run="llm")["rule"] == "not-own-remedy"  # never drained
+    drained_by_alice(guard, slurm)
+    slurm.jobs[9] = JobInfo(job_id=9, name="j", state=JobState.RUNNING, nodes=("n1",), user_id=BOB.uid)
+    assert ask(guard, ALICE, op="RESERVE", node="n1", run="llm")["rule"] == "shared-node"  # someone resumed it
+    assert slurm.reservations == {}
+
+
+def test_an_admins_resume_or_clear_ends_the_own_remedy(guard, slurm):
+    drained_by_alice(guard, slurm)
+    assert ask(guard, ADMIN, op="CLEAR", node="n1")["granted"]
+    assert ask(guard, ALICE, op="RESERVE", node="n1", run="llm")["rule"] == "not-own-remedy"
+
+
+def test_a_failed_validation_drains_the_node_again_inside_the_reservation(guard, slurm, clock):
+    drained_by_alice(guard, slurm)
+    assert ask(guard, ALICE, op="RESERVE", node="n1", run="llm")["granted"]
+    assert ask(guard, ALICE, op="REBOOT", node="n1", run="llm", cause="XID 79")["granted"]
+    clock.t += 700  # past the follow-up rule's 10 minutes: only the reservation makes it alice's
+    again = ask(guard, ALICE, op="DRAIN", node="n1", run="llm", cause="validation failed: burn-in")
+    assert (again["granted"], again["rule"]) == (True, "own-remedy") and slurm.states["n1"] == "DRAIN"
+    assert ask(guard, ALICE, op="UNRESERVE", node="n1")["granted"]  # needs repair: the node stays drained
+    assert slurm.reservations == {} and slurm.states["n1"] == "DRAIN" and quarantined(guard) == ["n1"]
+
+
+def test_remedies_are_idempotent(guard, slurm):
+    drained_by_alice(guard, slurm)
+    for _ in range(2):
+        assert ask(guard, ALICE, op="RESERVE", node="n1", run="llm")["granted"]
+    assert slurm.calls.count("reserve ssv-maint-n1") == 1
+    assert ask(guard, ALICE, op="RESUME", node="n1")["granted"]  # in service already: only unreserved
+    assert slurm.reservations == {}
+
+
+def test_an_ended_reservation_gives_no_remedy(guard, slurm, clock):
+    drained_by_alice(guard, slurm)
+    assert ask(guard, ALICE, op="RESERVE", node="n1", run="llm")["granted"]
+    clock.t += 3601  # past reservation_minutes: Slurm ended it
+    assert ask(guard, ALICE, op="REBOOT", node="n1", run="llm", cause="x")["rule"] == "not-own-remedy"
+
+
+def test_an_admin_may_do_every_remedy(guard, slurm):
+    assert ask(guard, ADMIN, op="RESERVE", node="n5", run="ops")["rule"] == "admin"
+    assert ask(guard, ADMIN, op="REBOOT", node="n5", run="ops", cause="firmware")["rule"] == "admin"
+    assert ask(guard, ADMIN, op="UNRESERVE", node="n5")["rule"] == "admin"
+    assert slurm.reservations == {} and slurm.reboots == [("n5", "slurm-supervisor: run ops: reboot: firmware")]
+
+
+def test_malformed_remedies_are_bad_requests(guard, slurm):
+    assert ask(guard, ALICE, op="REBOOT", node="n1;reboot", run="llm")["rule"] == "bad-request"
+    assert ask(guard, ALICE, op="RESERVE", node="n1", run="Bad Run")["rule"] == "bad-request"
+    assert slurm.calls == []
+
+
+def test_the_argv_of_each_remedy():
+    assert reserve_argv("ssv-maint-n1", "n1", "alice", 120) == [
+        "scontrol", "create", "reservation", "ReservationName=ssv-maint-n1", "Nodes=n1", "StartTime=now",
+        "Duration=120", "Users=alice", "Flags=MAINT,IGNORE_JOBS",
+    ]  # fmt: skip
+    assert unreserve_argv("ssv-maint-n1") == ["scontrol", "delete", "ReservationName=ssv-maint-n1"]
+    assert reboot_argv("n1", "RESUME", "slurm-supervisor: run r: reboot: a\nb  c") == [
+        "scontrol", "reboot", "ASAP", "nextstate=RESUME", "reason=slurm-supervisor: run r: reboot: a b c", "n1",
+    ]  # fmt: skip
