@@ -18,6 +18,7 @@ from supervisor.domain.checkpoints.resume import ResumePlan
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, NodeChange, NodeInfo, SubmitRequest
 from supervisor.domain.decide.blast import NodeChangeRecord
 from supervisor.domain.health.findings import NodeFinding
+from supervisor.domain.health.ladder import NodeCare
 from supervisor.domain.health.quarantine import Fault, Quarantine
 from supervisor.domain.lease import Lease
 from supervisor.domain.progress.hang import HangPace
@@ -280,6 +281,17 @@ class NodeMemory(Protocol):
     def quarantine_clears(self) -> dict[str, float]: ...
 
 
+class NodeCareLedger(Protocol):
+    """Each node's place on the remediation ladder (``domain.health.ladder``): one record a node,
+    kept while the node is on the ladder (crash-only: a restarted daemon resumes it there)."""
+
+    def keep_node_care(self, care: NodeCare, now: float) -> None: ...
+
+    def drop_node_care(self, node: str) -> None: ...
+
+    def node_cares(self) -> dict[str, NodeCare]: ...
+
+
 class CheckpointLedger(Protocol):
     """Checkpoints seen in each run's storage, their verifications, those passed over and why, and
     the resume plan handed to each attempt."""
@@ -357,6 +369,7 @@ class Store(
     IntentJournal,
     Logbook,
     NodeMemory,
+    NodeCareLedger,
     CheckpointLedger,
     RollbackLedger,
     ProgressLedger,

@@ -32,6 +32,7 @@ from supervisor.domain.checkpoints.manifest import CheckpointRef, Guarantee
 from supervisor.domain.checkpoints.resume import ResumePlan
 from supervisor.domain.decide.blast import NodeChangeRecord
 from supervisor.domain.health.findings import NodeFinding, Severity
+from supervisor.domain.health.ladder import NodeCare, Rung
 from supervisor.domain.health.quarantine import Fault
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.records import Event, EventKind
@@ -369,6 +370,24 @@ def test_opening_a_store_again_migrates_nothing_and_loses_nothing(world: StoreWo
     world.close(twice)
 
 
+def test_a_nodes_place_on_the_ladder_is_one_record_kept_across_a_restart(world: StoreWorld, store: Store) -> None:
+    drained = NodeCare("gpu-7", Rung.DRAINED, 10.0, "XID 79: GPU has fallen off the bus", "xid-79@1")
+    store.keep_node_care(drained, 10.0)
+    store.keep_node_care(drained, 10.0)  # again after a crash: still one record
+    rebooting = replace(drained, rung=Rung.REBOOTING, since=20.0, boot_before=5.0, evidence={"boot_time": 5.0})
+    store.keep_node_care(rebooting, 20.0)
+    store.keep_node_care(NodeCare("gpu-1", Rung.PROBATION, 30.0, "XID 48", until=1e9, failures=1), 30.0)
+    again = reopened(world, store)
+    assert again.node_cares() == {
+        "gpu-1": NodeCare("gpu-1", Rung.PROBATION, 30.0, "XID 48", until=1e9, failures=1),
+        "gpu-7": rebooting,
+    }
+    again.drop_node_care("gpu-7")
+    again.drop_node_care("gpu-7")  # gone already: no error
+    assert list(again.node_cares()) == ["gpu-1"]
+    world.close(again)
+
+
 def test_each_store_has_its_own_instance_id(world: StoreWorld) -> None:
     other = world.elsewhere()
     a, b = world.open(), other.open()
@@ -502,6 +521,8 @@ def _superseded(store: Store, second: Store) -> None:
 
 def test_every_write_of_an_older_epoch_is_refused_and_leaves_nothing(store: Store, second: Store) -> None:
     intent = store.begin_action(RUN, "submit", {"nonce": "x"}, 1.5)
+    cared = NodeCare("n2", Rung.DRAINED, 1.5, "XID 79")
+    store.keep_node_care(cared, 1.5)
     _superseded(store, second)
     event = Event(RUN, EventKind.NOTE, "late", f"{RUN}:note:late", 2.0)
     refused: list[Callable[[], object]] = [
@@ -511,6 +532,8 @@ def test_every_write_of_an_older_epoch_is_refused_and_leaves_nothing(store: Stor
         lambda: store.add_attempt(RUN, 300, 0, 2.0),
         lambda: store.set_state(RUN, RunState.QUEUED, 2.0),
         lambda: store.record_node_fault(Fault("n1", RUN, 2.0, "xid")),
+        lambda: store.keep_node_care(NodeCare("n1", Rung.DRAINED, 2.0, "XID 79"), 2.0),
+        lambda: store.drop_node_care("n2"),
     ]
     for write in refused:
         with pytest.raises(NotLeading):
@@ -519,7 +542,7 @@ def test_every_write_of_an_older_epoch_is_refused_and_leaves_nothing(store: Stor
         store.record_event(event)
     assert [i.id for i in second.open_actions()] == [intent]
     assert second.events(RUN) == [] and second.get_run(RUN).attempt is None
-    assert second.node_faults(0.0) == []
+    assert second.node_faults(0.0) == [] and second.node_cares() == {"n2": cared}
     assert store.open_actions()[0].id == intent  # reads are never fenced
 
 

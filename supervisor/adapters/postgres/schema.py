@@ -1,6 +1,6 @@
 """The PostgreSQL store's schema, versioned in ``schema_migrations``; each migration runs once, in order.
 
-The tables and columns are SQLite's (``adapters.sqlite.schema`` at its version 18) under the same
+The tables and columns are SQLite's (``adapters.sqlite.schema`` at its version 19) under the same
 names, so one decoder reads both (``adapters.store_rows``); the types are PostgreSQL's: times are
 ``double precision`` seconds since the epoch as the engine's clock gives them, flags ``boolean``,
 numbers ``bigint`` (Slurm job ids are 32 bits unsigned), ids identities. Names that are sorted
@@ -235,6 +235,21 @@ MIGRATIONS: tuple[str, ...] = (
         expires DOUBLE PRECISION NOT NULL
     );
     ALTER TABLE actions ADD COLUMN epoch BIGINT;
+    """,
+    # 4: each node's place on the remediation ladder (issue 34: domain.health.ladder), one row a node
+    """
+    CREATE TABLE node_care (
+        node TEXT COLLATE "C" PRIMARY KEY,
+        rung TEXT NOT NULL,
+        since DOUBLE PRECISION NOT NULL,
+        cause TEXT NOT NULL,
+        rule TEXT NOT NULL,
+        failures BIGINT NOT NULL,
+        boot_before DOUBLE PRECISION,
+        until DOUBLE PRECISION,
+        evidence TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    );
     """,
 )
 

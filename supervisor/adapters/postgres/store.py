@@ -2,7 +2,7 @@
 as ``adapters.sqlite.store`` composes SQLite's.
 
 Runs and attempts (``runs``), the intent journal (``journal``), the logbook for people
-(``logbook``), node memory (``nodes``), the checkpoint ledger (``checkpoints``), rollbacks
+(``logbook``), node memory (``nodes``), the remediation ladder (``node_care``), the checkpoint ledger (``checkpoints``), rollbacks
 (``rollbacks``), the progress series (``progress``), in-allocation steps (``alloc_steps``), the leader lease (``lease``; every
 write fenced by its epoch in ``base``).
 """
@@ -15,6 +15,7 @@ from supervisor.adapters.postgres.checkpoints import PostgresCheckpoints
 from supervisor.adapters.postgres.journal import PostgresJournal
 from supervisor.adapters.postgres.lease import PostgresLease
 from supervisor.adapters.postgres.logbook import PostgresLogbook
+from supervisor.adapters.postgres.node_care import PostgresNodeCare
 from supervisor.adapters.postgres.nodes import PostgresNodes
 from supervisor.adapters.postgres.progress import PostgresProgress
 from supervisor.adapters.postgres.rollbacks import PostgresRollbacks
@@ -28,6 +29,7 @@ class PostgresStore(
     PostgresJournal,
     PostgresLogbook,
     PostgresNodes,
+    PostgresNodeCare,
     PostgresCheckpoints,
     PostgresRollbacks,
     PostgresProgress,

@@ -301,6 +301,21 @@ MIGRATIONS: tuple[str, ...] = (
     );
     ALTER TABLE actions ADD COLUMN epoch INTEGER;
     """,
+    # each node's place on the remediation ladder (issue 34: domain.health.ladder), one row a node
+    """
+    CREATE TABLE node_care (
+        node TEXT PRIMARY KEY,
+        rung TEXT NOT NULL,
+        since REAL NOT NULL,
+        cause TEXT NOT NULL,
+        rule TEXT NOT NULL,
+        failures INTEGER NOT NULL,
+        boot_before REAL,
+        until REAL,
+        evidence TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

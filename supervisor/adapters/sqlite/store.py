@@ -14,6 +14,7 @@ from supervisor.adapters.sqlite.checkpoints import SqliteCheckpoints
 from supervisor.adapters.sqlite.journal import SqliteJournal
 from supervisor.adapters.sqlite.lease import SqliteLease
 from supervisor.adapters.sqlite.logbook import SqliteLogbook
+from supervisor.adapters.sqlite.node_care import SqliteNodeCare
 from supervisor.adapters.sqlite.nodes import SqliteNodes
 from supervisor.adapters.sqlite.progress import SqliteProgress
 from supervisor.adapters.sqlite.rollbacks import SqliteRollbacks
@@ -27,6 +28,7 @@ class SqliteStore(
     SqliteJournal,
     SqliteLogbook,
     SqliteNodes,
+    SqliteNodeCare,
     SqliteCheckpoints,
     SqliteRollbacks,
     SqliteProgress,

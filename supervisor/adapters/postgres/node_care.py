@@ -1,0 +1,31 @@
+"""Each node's place on the remediation ladder (``node_care``), as ``adapters.sqlite.node_care``."""
+
+from __future__ import annotations
+
+from supervisor.adapters.node_care_rows import from_row, to_row
+from supervisor.adapters.postgres.base import PostgresBase
+from supervisor.domain.health.ladder import NodeCare
+
+_KEEP = (
+    "INSERT INTO node_care(node, rung, since, cause, rule, failures, boot_before, until, evidence, updated_at)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (node) DO UPDATE SET rung = excluded.rung,"
+    " since = excluded.since, cause = excluded.cause, rule = excluded.rule, failures = excluded.failures,"
+    " boot_before = excluded.boot_before, until = excluded.until, evidence = excluded.evidence,"
+    " updated_at = excluded.updated_at"
+)
+_READ = (
+    "SELECT node, rung, since, cause, rule, failures, boot_before, until, evidence, updated_at"
+    " FROM node_care ORDER BY node"
+)
+
+
+class PostgresNodeCare(PostgresBase):
+    def keep_node_care(self, care: NodeCare, now: float) -> None:
+        self._write(_KEEP, to_row(care, now))
+
+    def drop_node_care(self, node: str) -> None:
+        self._write("DELETE FROM node_care WHERE node = %s", (node,))
+
+    def node_cares(self) -> dict[str, NodeCare]:
+        rows = self._all(_READ, ())
+        return {r["node"]: from_row(r) for r in rows}
