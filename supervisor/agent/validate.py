@@ -16,9 +16,11 @@ the node under validation (rank 0) and one on each of two known-good peers (rank
 Every step has its own time bound; a step that fails says why in ``errors`` (the verdict then
 fails on it). Rank 0 prints one JSON object: ``ValidationFigures.to_json()``.
 
-``python -P -m supervisor.agent.validate --burn-s 20 --collective-mb 64`` under ``srun -N2
---ntasks-per-node=1``; the rendezvous comes from ``MASTER_ADDR``/``MASTER_PORT`` (or the first
-node of ``SLURM_JOB_NODELIST``), ``RANK``/``WORLD_SIZE`` (or ``SLURM_PROCID``/``SLURM_NTASKS``).
+``python -P -m supervisor.agent.validate --node NODE --burn-s 20 --collective-mb 64`` under ``srun
+-N3 --ntasks-per-node=1``: the task on NODE (``SLURMD_NODENAME``) is the node under validation,
+wherever Slurm ranked it, the others its good peers. The rendezvous comes from
+``MASTER_ADDR``/``MASTER_PORT`` (or srun's ``SLURM_LAUNCH_NODE_IPADDR``, the batch host that runs
+the first task), ``RANK``/``WORLD_SIZE`` (or ``SLURM_PROCID``/``SLURM_NTASKS``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class Options:
     peers_gbps: float | None = None
     dcgm_level: int = 2
     oneshot_timeout_s: float = 10.0
-    rendezvous_timeout_s: float = 60.0
+    rendezvous_timeout_s: float = 180.0  # tasks start together, but torch imports slowly on a busy node
+    node: str = ""  # the node under validation (SLURMD_NODENAME); empty: rank 0's
 
 
 def oneshot_findings(timeout_s: float) -> tuple[tuple[str, ...], str | None]:
@@ -115,30 +118,39 @@ def collective(group: object, size_mb: int, rounds: int) -> float:
     return tensor.numel() * 4 * 2 * (2 - 1) / 2 / seconds / 1e9  # nccl-tests' bus bandwidth for 2 ranks
 
 
-def pair_bandwidths(rank: int, world: int, options: Options) -> tuple[float, float | None]:
-    """(rank 0 with peer 1, peer 1 with peer 2) all_reduce bandwidth, each pair in turn; every rank
-    gets both (gathered). The second is None in a world of two."""
+def pair_bandwidths(rank: int, order: list[int], options: Options) -> tuple[float, float | None]:
+    """(the node with peer 1, peer 1 with peer 2) all_reduce bandwidth, each pair in turn; ``order``:
+    the ranks as node, peer 1, peer 2. Every rank gets both (gathered); the second is None in a
+    world of two."""
     import torch.distributed as dist
 
-    pairs = [dist.new_group([0, 1])] + ([dist.new_group([1, 2])] if world >= 3 else [])
+    pairs = [order[0:2]] + ([order[1:3]] if len(order) >= 3 else [])
+    groups = [dist.new_group(pair) for pair in pairs]  # every rank makes every group
     mine = [0.0, 0.0]
-    for i, group in enumerate(pairs):
-        if rank in (i, i + 1):
+    for i, (pair, group) in enumerate(zip(pairs, groups, strict=True)):
+        if rank in pair:
             gbps = collective(group, options.collective_mb, options.collective_rounds)
-            mine[i] = gbps if rank == i else mine[i]
+            mine[i] = gbps if rank == pair[0] else mine[i]
         dist.barrier()
-    gathered: list[list[float]] = [[0.0, 0.0]] * world
+    gathered: list[list[float]] = [[0.0, 0.0]] * len(order)
     dist.all_gather_object(gathered, mine)
-    return gathered[0][0], (gathered[1][1] if world >= 3 else None)
+    return gathered[order[0]][0], (gathered[order[1]][1] if len(order) >= 3 else None)
 
 
 def rendezvous(env: Mapping[str, str]) -> tuple[int, int, dict[str, str]]:
     """(rank, world size, the env:// variables) from torchrun's or Slurm's variables."""
     rank = int(env.get("RANK") or env.get("SLURM_PROCID") or 0)
     world = int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1)
-    addr = env.get("MASTER_ADDR") or _first_node(env.get("SLURM_JOB_NODELIST", "")) or "127.0.0.1"
+    # the batch host runs the job's first task; srun names its address (a node name may not resolve)
+    addr = (
+        env.get("MASTER_ADDR") or env.get("SLURM_LAUNCH_NODE_IPADDR") or _first_node(env.get("SLURM_JOB_NODELIST", ""))
+    )
     port = env.get("MASTER_PORT") or str(29400 + int(env.get("SLURM_JOB_ID", "0")) % 1000)
-    return rank, world, {"MASTER_ADDR": addr, "MASTER_PORT": port, "RANK": str(rank), "WORLD_SIZE": str(world)}
+    return (
+        rank,
+        world,
+        {"MASTER_ADDR": addr or "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank), "WORLD_SIZE": str(world)},
+    )
 
 
 def _first_node(nodelist: str) -> str:
@@ -150,40 +162,59 @@ def _first_node(nodelist: str) -> str:
 
 
 def validate(options: Options, env: Mapping[str, str]) -> ValidationFigures | None:
-    """Run every check; rank 0 returns the figures, the peer None."""
+    """Run every check; the task on the node under validation (``options.node``, else rank 0)
+    returns the figures, the peers None."""
     import torch.distributed as dist
 
     started = time.monotonic()
     rank, world, rdzv = rendezvous(env)
     os.environ.update(rdzv)
-    errors: dict[str, str] = {}
-    findings, why = oneshot_findings(options.oneshot_timeout_s) if rank == 0 else ((), None)
-    if why:
-        errors["oneshot"] = why
-    dcgm_result, why = dcgm(options.dcgm_level) if rank == 0 else (None, None)
-    if why:
-        errors["dcgm"] = why
     if world < 2:
-        mine = burn(options.burn_s)
-        errors["collective"] = "no known-good peer in the validation job (world size 1)"
-        return ValidationFigures(node_name(), findings, mine, None, dcgm_result, None, None, _since(started), errors)
+        return _alone(options, started)
     from datetime import timedelta
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=options.rendezvous_timeout_s))
     try:
-        mine = burn(options.burn_s)
-        figures = [0.0] * world
-        dist.all_gather_object(figures, mine)
-        gbps, good_pair = pair_bandwidths(rank, world, options)
+        names: list[str] = [""] * world
+        dist.all_gather_object(names, node_name())
+        mine_is = names.index(options.node) if options.node in names else 0  # the rank on the node
+        order = [mine_is, *(r for r in range(world) if r != mine_is)]
+        checks = _node_checks(options) if rank == mine_is else None
+        burns = [0.0] * world
+        dist.all_gather_object(burns, burn(options.burn_s))
+        gbps, good_pair = pair_bandwidths(rank, order, options)
     finally:
         dist.destroy_process_group()
-    if rank != 0:
+    if checks is None:
         return None
-    expected = sorted(figures[1:])[(world - 1) // 2]  # the peers' median: a good node on the same work
+    findings, dcgm_result, errors = checks
+    expected = sorted(burns[r] for r in order[1:])[(world - 1) // 2]  # the peers' median on the same work
     peers = good_pair if good_pair is not None else options.peers_gbps
     if peers is None:
         errors["collective"] = "nothing to compare with: two tasks and no --peers-gbps"
-    return ValidationFigures(node_name(), findings, mine, expected, dcgm_result, gbps, peers, _since(started), errors)
+    mine = burns[mine_is]
+    return ValidationFigures(
+        names[mine_is], findings, mine, expected, dcgm_result, gbps, peers, _since(started), errors
+    )
+
+
+def _node_checks(options: Options) -> tuple[tuple[str, ...], str | None, dict[str, str]]:
+    """The one-shot check and dcgmi, on the node under validation only."""
+    errors: dict[str, str] = {}
+    findings, why = oneshot_findings(options.oneshot_timeout_s)
+    if why:
+        errors["oneshot"] = why
+    dcgm_result, why = dcgm(options.dcgm_level)
+    if why:
+        errors["dcgm"] = why
+    return findings, dcgm_result, errors
+
+
+def _alone(options: Options, started: float) -> ValidationFigures:
+    findings, dcgm_result, errors = _node_checks(options)
+    errors["collective"] = "no known-good peer in the validation job (world size 1)"
+    mine = burn(options.burn_s)
+    return ValidationFigures(node_name(), findings, mine, None, dcgm_result, None, None, _since(started), errors)
 
 
 def _since(started: float) -> float:
@@ -196,8 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collective-mb", type=int, default=Options.collective_mb)
     parser.add_argument("--peers-gbps", type=float, default=None, help="a good pair's all_reduce bus bandwidth")
     parser.add_argument("--dcgm-level", type=int, choices=(1, 2, 3, 4), default=Options.dcgm_level)
+    parser.add_argument("--node", default="", help="the node under validation (default: rank 0's)")
     args = parser.parse_args(argv)
-    options = Options(args.burn_s, args.collective_mb, peers_gbps=args.peers_gbps, dcgm_level=args.dcgm_level)
+    options = Options(
+        args.burn_s, args.collective_mb, peers_gbps=args.peers_gbps, dcgm_level=args.dcgm_level, node=args.node
+    )
     figures = validate(options, os.environ)
     if figures is not None:
         sys.stdout.write(json.dumps(figures.to_json(), sort_keys=True) + "\n")

@@ -49,7 +49,8 @@ def node_jobs_argv(node: str, seps: fmt.Separators) -> list[str]:
 def reserve_argv(name: str, node: str, user: str, minutes: int) -> list[str]:
     """A maintenance reservation of one node for one user, from now, ending by itself after
     ``minutes`` (a guard that forgets it leaves no node held for ever). MAINT: its time is booked as
-    maintenance, not idle; IGNORE_JOBS: made even on a node whose job is still completing."""
+    maintenance, not idle; IGNORE_JOBS: made even on a node whose job is still completing; FLEX: a
+    job of the reservation may use nodes outside it too (the validation job's good peers)."""
     return [
         "scontrol",
         "create",
@@ -59,7 +60,7 @@ def reserve_argv(name: str, node: str, user: str, minutes: int) -> list[str]:
         "StartTime=now",
         f"Duration={minutes}",
         f"Users={user}",
-        "Flags=MAINT,IGNORE_JOBS",
+        "Flags=MAINT,IGNORE_JOBS,FLEX",
     ]
 
 

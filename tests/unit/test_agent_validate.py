@@ -23,6 +23,15 @@ def test_the_rendezvous_comes_from_torchrun_or_slurm():
         {"SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "gpu[7-9]", "SLURM_JOB_ID": "1234"}
     )
     assert (rank, world, env["MASTER_ADDR"], env["MASTER_PORT"]) == (2, 3, "gpu7", "29634")
+    _, _, env = rendezvous(
+        {
+            "SLURM_PROCID": "0",
+            "SLURM_NTASKS": "3",
+            "SLURM_JOB_NODELIST": "gpu[7-9]",
+            "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7",
+        }
+    )
+    assert env["MASTER_ADDR"] == "10.0.0.7"  # srun's batch host: a node name may not resolve
 
 
 def test_dcgmi_results():

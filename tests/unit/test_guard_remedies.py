@@ -199,7 +199,7 @@ def test_malformed_remedies_are_bad_requests(guard, slurm):
 def test_the_argv_of_each_remedy():
     assert reserve_argv("ssv-maint-n1", "n1", "alice", 120) == [
         "scontrol", "create", "reservation", "ReservationName=ssv-maint-n1", "Nodes=n1", "StartTime=now",
-        "Duration=120", "Users=alice", "Flags=MAINT,IGNORE_JOBS",
+        "Duration=120", "Users=alice", "Flags=MAINT,IGNORE_JOBS,FLEX",
     ]  # fmt: skip
     assert unreserve_argv("ssv-maint-n1") == ["scontrol", "delete", "ReservationName=ssv-maint-n1"]
     assert reboot_argv("n1", "RESUME", "slurm-supervisor: run r: reboot: a\nb  c") == [

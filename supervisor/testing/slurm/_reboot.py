@@ -26,6 +26,7 @@ from supervisor.testing.slurm._daemon import Daemon, find_binary
 log = structlog.get_logger()
 
 NODE_ENV = "LOCALSLURM_NODE"
+MIN_BOOT_S = 3.0
 FRESH_UPTIME_S = 0  # whole seconds of uptime a rebooted node starts with (its boot time must follow the request)
 
 
@@ -66,7 +67,9 @@ def write_program(root: Path) -> Path:
 def reboot_daemon(daemon: Daemon, base_argv: list[str], env: dict[str, str], boot_s: float) -> None:
     """Every process of the node dies, and after ``boot_s`` its slurmd starts with a new boot time."""
     daemon.kill()
-    time.sleep(boot_s)  # the node is away, as during a reboot
+    # The node is away, as during a reboot, and long enough that the new boot time slurmd reports
+    # (whole seconds, the uptime rounded up by sysinfo) lies after the second the reboot was asked.
+    time.sleep(max(boot_s, MIN_BOOT_S))
     daemon.argv = booted_argv(base_argv)
     daemon.spawn(env)
 

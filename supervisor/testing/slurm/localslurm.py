@@ -74,7 +74,7 @@ class LocalSlurm:
         accounting: bool = False,
         extra_nodes: _conf.ExtraNodes | None = None,
         reboot: bool = False,
-        boot_s: float = 1.0,
+        boot_s: float = 3.0,
     ) -> None:
         self.nodes = [f"{prefix}{i}" for i in range(1, nodes + 1)]
         self.partition = partition
