@@ -5,8 +5,10 @@ A remedy is for a node this account took out of service itself (the ``own-remedy
 from the guard's own records, never from the request:
 
 * RESERVE (a maintenance reservation of the node for the caller): the node's latest DOWN or DRAIN
-  through the guard was the caller's, and no admin resumed or cleared it since; no job of another
-  user holds the node (Slurm read at the moment of the request).
+  through the guard was the caller's, less than ``REMEDY_WINDOW_S`` ago, and no admin resumed or
+  cleared it since; no job of another user holds the node (Slurm read at the moment of the request).
+  The window: a node an admin returned with a plain ``scontrol`` months ago is no longer the
+  caller's to hold apart.
 * REBOOT, RESUME, UNRESERVE: the node is in the caller's live maintenance reservation (made by a
   RESERVE of the caller). So a node a caller reboots comes back into its reservation (``nextstate=
   RESUME`` into a reservation only the caller's jobs may use), and a RESUME returns to every user
@@ -35,6 +37,7 @@ from supervisor.guard.policy import (
 
 REMEDIES = frozenset({Op.RESERVE, Op.REBOOT, Op.UNRESERVE})
 RESERVATION_PREFIX = "ssv-maint-"
+REMEDY_WINDOW_S = 7 * 86400.0  # how long after its own drain an account may still reserve the node
 REBOOT_NEXT_STATE = "RESUME"  # into the caller's reservation: only its validation job may use the node
 
 
@@ -61,6 +64,9 @@ def _own_drain(caller: Caller, req: Request, facts: Facts) -> Verdict:
     if drain is None or drain.uid != caller.uid:
         by = "nobody through the guard" if drain is None else f"uid {drain.uid}"
         why = f"{req.node} was last taken out of service by {by}, not by {caller.name}: a remedy is for your own drain"
+        return Verdict(False, "not-own-remedy", why)
+    if facts.now - drain.at > REMEDY_WINDOW_S:
+        why = f"{req.node} was drained by {caller.name} more than {REMEDY_WINDOW_S / 86400:.0f} days ago: ask an admin"
         return Verdict(False, "not-own-remedy", why)
     others = [j for j in facts.jobs if holds(j, req.node) and j.user_id != caller.uid]
     if others:
