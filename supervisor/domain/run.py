@@ -200,22 +200,3 @@ class RunSpec:
     def save_on_failure_s(self) -> float:
         """How long the trainer's survivors need to save when a rank fails (0: they do not)."""
         return self.checkpoints.save_on_failure_s if self.checkpoints is not None else 0.0
-
-
-@dataclass(frozen=True)
-class RestartBudget:
-    """Restarts spent against the spec's limit."""
-
-    limit: int
-    spent: int = 0
-
-    @property
-    def left(self) -> int:
-        return max(0, self.limit - self.spent)
-
-    @property
-    def exhausted(self) -> bool:
-        return self.spent >= self.limit
-
-    def spend(self) -> RestartBudget:
-        return RestartBudget(self.limit, self.spent + 1)

@@ -1,6 +1,6 @@
 import pytest
 
-from supervisor.domain.run import TRANSITIONS, IllegalTransition, RestartBudget, RunState, transition
+from supervisor.domain.run import TRANSITIONS, IllegalTransition, RunState, transition
 
 
 @pytest.mark.parametrize("source", list(RunState))
@@ -21,10 +21,3 @@ def test_allowed_and_illegal():
     assert transition("r", RunState.RUNNING, RunState.RUNNING) is RunState.RUNNING
     with pytest.raises(IllegalTransition, match="recovering -> registered"):
         transition("r", RunState.RECOVERING, RunState.REGISTERED)
-
-
-def test_restart_budget():
-    b = RestartBudget(2)
-    assert not b.exhausted and b.left == 2
-    b = b.spend().spend()
-    assert b.exhausted and b.left == 0
