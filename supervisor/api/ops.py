@@ -20,6 +20,7 @@ from supervisor.domain.cluster import ClusterSnapshot, SubmitRequest
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import RunSpec
 from supervisor.engine.act.intents import submit_request
+from supervisor.engine.act.register import register_run
 from supervisor.ports import Clock, PermanentError, PortError, Store
 
 log = structlog.get_logger("supervisor.api")
@@ -187,19 +188,16 @@ class Operations:
         self._allow(may_submit(caller, self._inst), None)
         spec = self._checked_spec(request.spec, request.slurm_check)  # outside the lock: Slurm may be slow
         now = self._clock.now()
-        with self._lock, self._store.transaction():
-            self._store.add_run(spec, now, owner_uid=caller.uid)
-            self._store.record_event(
-                Event(
-                    spec.name,
-                    EventKind.REGISTERED,
-                    f"run registered by {caller.name}: {spec.nodes} nodes on {spec.partition}, "
-                    f"up to {spec.max_restarts} restarts",
-                    f"{spec.name}:registered:{now:.6f}",
-                    now,
-                    actor=caller.name,
-                    evidence={"spec": request.spec, "uid": caller.uid},
-                )
+        with self._lock:
+            register_run(
+                self._store,
+                spec,
+                now,
+                actor=caller.name,
+                message=f"run registered by {caller.name}: {spec.nodes} nodes on {spec.partition}, "
+                f"up to {spec.max_restarts} restarts",
+                owner_uid=caller.uid,
+                evidence={"spec": request.spec, "uid": caller.uid},
             )
         return spec.name
 

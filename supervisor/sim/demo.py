@@ -17,6 +17,7 @@ from pathlib import Path
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.records import Event, EventKind, NodeVerdict, RunRecord
 from supervisor.domain.run import RunSpec, SparePolicy
+from supervisor.engine.act.register import register_run
 from supervisor.engine.loop.daemon import Pacing, run_loop
 from supervisor.engine.reconcile import Engine, EngineSettings
 from supervisor.sim.clock import VirtualClock
@@ -55,16 +56,12 @@ def build(settings: DemoSettings, state_dir: Path) -> tuple[VirtualClock, SimClu
     )
     store = SqliteStore(state_dir)
     now = clock.now()
-    store.add_run(spec, now)
-    store.record_event(
-        Event(
-            RUN,
-            EventKind.REGISTERED,
-            f"run registered: {spec.nodes} nodes on gpu, spares {','.join(spec.spare_nodes)}",
-            f"{RUN}:registered",
-            now,
-            actor="demo",
-        )
+    register_run(
+        store,
+        spec,
+        now,
+        actor="demo",
+        message=f"run registered: {spec.nodes} nodes on gpu, spares {','.join(spec.spare_nodes)}",
     )
     engine = Engine(
         scheduler=cluster,

@@ -28,8 +28,8 @@ from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.cluster import SubmitRequest
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.progress.outputs import output_path
-from supervisor.domain.records import Event, EventKind
 from supervisor.domain.run import CheckpointPolicy, ContinuationPolicy, RestartMode, RunSpec, SparePolicy
+from supervisor.engine.act.register import register_run
 from supervisor.engine.loop.tick_delay import Pacing, PacingState, next_delay
 from supervisor.engine.reconcile import Engine, EngineSettings
 from supervisor.engine.watch.checkpoints import CheckpointWatch
@@ -180,21 +180,17 @@ class Simulation:
         clock = world.clock
         now = clock.now()
         spec = replace(spec, checkpoints=checkpoint_policy(s, world.checkpoints.root))
-        store.add_run(spec, now)
+        register_run(
+            store,
+            spec,
+            now,
+            actor="simulator",
+            message=f"simulated run registered: {spec.nodes} nodes x {s.gpus_per_node} GPUs, "
+            f"{len(spec.spare_nodes)} named spares, seed {s.seed}",
+        )
         if world.launcher is not None:
             store.channel_listening(now)  # the daemon's launcher channel listens from its start
             world.launcher.attach(store, spec.name)
-        store.record_event(
-            Event(
-                spec.name,
-                EventKind.REGISTERED,
-                f"simulated run registered: {spec.nodes} nodes x {s.gpus_per_node} GPUs, "
-                f"{len(spec.spare_nodes)} named spares, seed {s.seed}",
-                f"{spec.name}:registered",
-                now,
-                actor="simulator",
-            )
-        )
         progress = ProgressWatch(world.trainer.opener, HangSettings(multiple=s.hang_multiple), ledger=store)
         # The real checkpoint watch: every restart is handed the newest *verified* save (a torn
         # one is never resumed from), checked through the CheckpointStore port like S3 or Lustre.
