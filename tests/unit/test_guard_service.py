@@ -21,6 +21,7 @@ from supervisor.guard.memory import GuardMemory
 from supervisor.guard.policy import Caller, Limits
 from supervisor.guard.service import Guard, parse_request
 from supervisor.ports import PermanentError, TransientError
+from supervisor.testing.kit.clock import ManualClock
 
 ALICE = Caller(1001, 1001, 11, "alice", frozenset({"alice"}))
 BOB = Caller(1002, 1002, 12, "bob", frozenset({"bob"}))
@@ -53,14 +54,6 @@ class FakeSlurm:
             self.jobs[started.job_id] = started
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @pytest.fixture
 def slurm() -> FakeSlurm:
     s = FakeSlurm()
@@ -70,19 +63,19 @@ def slurm() -> FakeSlurm:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock(1_000_000.0)
 
 
 @pytest.fixture
-def guard(tmp_path: Path, slurm: FakeSlurm, clock: Clock) -> Guard:
+def guard(tmp_path: Path, slurm: FakeSlurm, clock: ManualClock) -> Guard:
     return Guard(
         slurm=slurm,  # type: ignore[arg-type]
         memory=GuardMemory(tmp_path / "state"),
         audit=AuditLog(tmp_path / "audit.jsonl"),
         limits=Limits(frozenset({"hpc-admins"}), max_drains=2, window_s=3600),
         quarantine=QuarantineSettings(faults=1, base_s=86400),
-        clock=clock,
+        clock=clock.now,
     )
 
 
@@ -169,7 +162,7 @@ def test_quarantine_reads_are_not_audited_and_clears_are_for_admins(guard, slurm
     assert [q["node"] for q in ask(guard, BOB, op="QUARANTINE")["quarantined"]] == ["n1"]
     assert len(audit(tmp_path)) == lines
     assert ask(guard, BOB, op="CLEAR", node="n1")["rule"] == "admin-only"
-    clock.t += 1
+    clock.advance(1)
     assert ask(guard, ADMIN, op="CLEAR", node="n1")["granted"]
     assert ask(guard, BOB, op="QUARANTINE")["quarantined"] == []
     assert audit(tmp_path)[-1]["rule"] == "admin" and audit(tmp_path)[-1]["user"] == "carol"
@@ -177,7 +170,7 @@ def test_quarantine_reads_are_not_audited_and_clears_are_for_admins(guard, slurm
 
 def test_an_admin_resume_returns_the_node_and_forgives_its_faults(guard, slurm, clock):
     ask(guard, ALICE, op="DRAIN", node="n1", run="llm", cause="xid")
-    clock.t += 1
+    clock.advance(1)
     assert ask(guard, ADMIN, op="RESUME", node="n1")["granted"]
     assert slurm.reasons["n1"] == ("RESUME", "")
     assert ask(guard, ALICE, op="QUARANTINE")["quarantined"] == []
@@ -190,13 +183,13 @@ def test_faults_of_two_instances_add_up(tmp_path, slurm, clock):
         audit=AuditLog(tmp_path / "audit.jsonl"),
         limits=Limits(max_drains=10),
         quarantine=QuarantineSettings(faults=2),
-        clock=clock,
+        clock=clock.now,
     )
     ask(g, ALICE, op="DRAIN", node="n1", run="a", cause="xid")
     assert ask(g, ALICE, op="QUARANTINE")["quarantined"] == []
     del slurm.jobs[7]  # alice's job ended; bob's job 9 gets n1 (an admin resumed it)
     slurm.run(9, BOB.uid, "n1")
-    clock.t += 60
+    clock.advance(60)
     ask(g, BOB, op="DRAIN", node="n1", run="b", cause="ecc")
     (held,) = ask(g, ALICE, op="QUARANTINE")["quarantined"]
     assert held["node"] == "n1" and [f["run"] for f in held["faults"]] == ["alice/a", "bob/b"]
@@ -210,7 +203,7 @@ def test_memory_and_audit_outlive_the_guard(tmp_path, slurm, clock):
             audit=AuditLog(tmp_path / "audit.jsonl"),
             limits=Limits(max_drains=1),
             quarantine=QuarantineSettings(faults=1),
-            clock=clock,
+            clock=clock.now,
         )
 
     assert ask(fresh(), ALICE, op="DRAIN", node="n1", run="a", cause="x")["granted"]
