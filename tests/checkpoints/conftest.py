@@ -24,21 +24,12 @@ from pathlib import Path
 import pytest
 from ckpt_env import StoreEnv
 from memory_checkpoints import MemoryBackend
+from required import started
 
 from supervisor.testing.servers.s3servers import CephRgw, MotoS3, S3Server, session_server
 from supervisor.testing.servers.shared_servers import shared_server
 
 S3_KINDS = ("moto", "rgw")
-
-
-def _under_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() == "true"
-
-
-def _cannot_run(what: str, reason: str) -> None:
-    if _under_ci():
-        pytest.fail(f"{what} is required under CI=true but cannot run: {reason}", pytrace=False)
-    pytest.skip(f"{what} not available: {reason}")
 
 
 @pytest.fixture(scope="session")
@@ -53,18 +44,12 @@ def _rgw_session() -> Iterator[S3Server | str]:
 
 @pytest.fixture
 def moto_s3(_moto_session: S3Server | str) -> S3Server:
-    if isinstance(_moto_session, str):
-        _cannot_run("moto S3 server", _moto_session)
-    assert isinstance(_moto_session, S3Server)
-    return _moto_session
+    return started(_moto_session, "moto S3 server")
 
 
 @pytest.fixture
 def ceph_rgw(_rgw_session: S3Server | str) -> S3Server:
-    if isinstance(_rgw_session, str):
-        _cannot_run("Ceph RADOS Gateway", _rgw_session)
-    assert isinstance(_rgw_session, S3Server)
-    return _rgw_session
+    return started(_rgw_session, "Ceph RADOS Gateway")
 
 
 def _s3_env(kind: str, server: S3Server, monkeypatch: pytest.MonkeyPatch) -> StoreEnv:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, spared_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.s3]
 
@@ -74,12 +74,9 @@ def test_node_dies_while_checkpoint_n_plus_1_is_half_uploaded_restart_gets_n(slu
     marks = tmp_path / "marks.txt"
     trainer = tmp_path / "trainer.py"
     trainer.write_text(TRAINER)
-    spec = write_run(
+    spec = spared_run(
+        slurm_cluster,
         tmp_path,
-        "llm",
-        nodes=2,
-        partition=slurm_cluster.partition,
-        spares=slurm_cluster.nodes[-1],
         script_body=f'srun --ntasks-per-node=1 sleep 3600 &\nexec "{sys.executable}" "{trainer}"\n',
         # the trainer's own credentials: the daemon's never reach a job
         env={

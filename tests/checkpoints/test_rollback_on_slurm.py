@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, spared_run
 
 pytestmark = pytest.mark.slurm
 
@@ -55,12 +55,9 @@ def run_until_attempt(slurm_cluster, tmp_path, trainer_text: str, attempt: int, 
     marks = tmp_path / "marks.txt"
     trainer = tmp_path / "trainer.py"
     trainer.write_text(trainer_text)
-    spec = write_run(
+    spec = spared_run(
+        slurm_cluster,
         tmp_path,
-        "llm",
-        nodes=2,
-        partition=slurm_cluster.partition,
-        spares=slurm_cluster.nodes[-1],
         script_body=f'exec "{sys.executable}" "{trainer}"\n',
         env={"MARKS": str(marks), "CKPT_ROOT": str(root)},
     )

@@ -17,21 +17,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from required import cannot_run, started
 
 from supervisor.testing.servers.s3servers import CephRgw, S3Server
 from supervisor.testing.servers.shared_servers import shared_server
 
 
-def _cannot_run(what: str, reason: str) -> None:
-    if os.environ.get("CI", "").strip().lower() == "true":
-        pytest.fail(f"{what} is required under CI=true but cannot run: {reason}", pytrace=False)
-    pytest.skip(f"{what} not available: {reason}")
-
-
 @pytest.fixture
 def torch_ready() -> None:
     if importlib.util.find_spec("torch") is None:
-        _cannot_run("PyTorch", "torch is not installed (pip install -e '.[torch]')")
+        cannot_run("PyTorch", "torch is not installed (pip install -e '.[torch]')")
 
 
 @pytest.fixture(scope="session")
@@ -41,10 +36,7 @@ def _e2e_rgw_session() -> Iterator[S3Server | str]:
 
 @pytest.fixture
 def ceph_rgw(_e2e_rgw_session: S3Server | str) -> S3Server:
-    if isinstance(_e2e_rgw_session, str):
-        _cannot_run("Ceph RADOS Gateway", _e2e_rgw_session)
-    assert isinstance(_e2e_rgw_session, S3Server)
-    return _e2e_rgw_session
+    return started(_e2e_rgw_session, "Ceph RADOS Gateway")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from answers import read_answer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -113,13 +114,7 @@ def send_in_pieces(port: int, data: bytes, cuts: list[int]) -> bytes:
             sock.shutdown(socket.SHUT_WR)
         except OSError:
             return b""  # hung up on us already: allowed
-        answer = b""
-        try:
-            while chunk := sock.recv(65536):
-                answer += chunk
-        except ConnectionResetError:
-            pass
-        return answer  # a TimeoutError here is a hang: the test fails
+        return read_answer(sock)  # a TimeoutError here is a hang: the test fails
 
 
 @FUZZ

@@ -17,7 +17,7 @@ import pytest
 
 from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.testing.kit.nvml_standin import NvmlStandin
-from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, spared_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.nvml]
 
@@ -35,12 +35,9 @@ def nodes_of(cluster, library: Path, state_dir: Path) -> dict[str, NvmlStandin]:
 
 def start(cluster, tmp_path, standin_library, heartbeat: str = ""):
     gpus = nodes_of(cluster, standin_library, tmp_path / "nvml")
-    spec = write_run(
+    spec = spared_run(
+        cluster,
         tmp_path,
-        "llm",
-        nodes=2,
-        partition=cluster.partition,
-        spares=cluster.nodes[-1],
         script_body=SCRIPT,
         env={"STATE_DIR": str(tmp_path / "nvml"), "PY": sys.executable, "NVML_LIB_DIR": str(standin_library.parent)},
     )

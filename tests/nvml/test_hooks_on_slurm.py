@@ -19,7 +19,7 @@ from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.records import Verdict
 from supervisor.testing.kit.nvml_standin import NvmlStandin
-from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, spared_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.nvml]
 
@@ -66,12 +66,9 @@ def test_a_prolog_fault_drains_the_node_and_the_run_starts_on_healthy_nodes(
     gpus = {n: NvmlStandin(standin_library, tmp_path / "nvml" / f"{n}.state") for n in cluster.nodes}
     bad = cluster.nodes[0]  # the first node Slurm gives the run
     gpus[bad].gpu(3, lost=1)
-    spec = write_run(
+    spec = spared_run(
+        cluster,
         tmp_path,
-        "llm",
-        nodes=2,
-        partition=cluster.partition,
-        spares=cluster.nodes[-1],
         script_body="srun --ntasks-per-node=1 sleep 3600\n",
     )
     with spec.open("a") as f:

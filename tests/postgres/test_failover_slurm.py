@@ -23,7 +23,7 @@ from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.testing.servers import netns
 from supervisor.testing.servers.postgres import LocalPostgres, LocalPostgresError
 from supervisor.testing.servers.postgres import unavailable_reason as postgres_unavailable
-from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, spared_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
 
@@ -69,12 +69,9 @@ class Pair:
         ]
         self.marks = tmp_path / "marks.txt"
         self.marks.touch()
-        self.spec = write_run(
+        self.spec = spared_run(
+            cluster,
             tmp_path,
-            "llm",
-            nodes=2,
-            partition=cluster.partition,
-            spares=cluster.nodes[-1],
             script_body=HEARTBEAT,
             env={"MARKS": str(self.marks)},
         )

@@ -26,10 +26,6 @@ pytestmark = pytest.mark.postgres
 SPEC = spec(spare_policy=SparePolicy.NAMED, spare_nodes=("n004",), max_restarts=5)
 
 
-class Crash(BaseException):
-    """The daemon process dying at an action boundary (BaseException: nothing may catch it)."""
-
-
 class World(EngineHarness[SimCluster]):
     def __init__(self, state_dir: Path, open_store: Callable[[Path], Store]) -> None:
         clock = VirtualClock()
@@ -47,23 +43,10 @@ class World(EngineHarness[SimCluster]):
 
 def _recover(world: World, boundary: str | None = None, kind: str | None = None) -> list[tuple[str, str]]:
     world.until(world.running)
-    fired: list[tuple[str, str]] = []
-
-    def hook(at: str, action: str) -> None:
-        if at == boundary and action == kind and not fired:
-            fired.append((at, action))
-            raise Crash(at)
-
     world.new_engine()
-    world.crash_hook = hook if boundary else None
+    fired = world.crash_once(boundary, kind) if boundary and kind else []
     world.cluster.crash_node("n001")
-    try:
-        world.until(lambda: world.running() and world.run().attempt.seq == 1)
-    except Crash:
-        world.crash_hook = None
-        world.new_engine()  # the daemon starts again on the same store
-        world.engine.adopt()
-        world.until(lambda: world.running() and world.run().attempt.seq == 1)
+    world.survive_crash(lambda: world.until(lambda: world.running() and world.run().attempt.seq == 1))
     world.ticks(5)
     return fired
 

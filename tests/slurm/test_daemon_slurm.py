@@ -16,7 +16,7 @@ import pytest
 from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.cluster import JobState
-from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, spared_run, write_run
 
 pytestmark = pytest.mark.slurm
 
@@ -25,23 +25,23 @@ srun bash -c 'while true; do echo "beat $SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} 
 """
 
 
-def incarnation_spans(marks: Path) -> dict[tuple[str, str], tuple[float, float]]:
+def beat_spans(marks: Path, column: int) -> dict[tuple[str, str], tuple[float, float]]:
+    """(job, the heartbeat's ``column``: 2 the restart count, 3 the node) -> the first and last heartbeat."""
     spans: dict[tuple[str, str], list[float]] = defaultdict(list)
     for line in marks.read_text().splitlines():
         parts = line.split()
         if len(parts) == 5 and parts[0] == "beat":
-            spans[(parts[1], parts[2])].append(float(parts[4]))
+            spans[(parts[1], parts[column])].append(float(parts[4]))
     return {k: (min(v), max(v)) for k, v in spans.items()}
+
+
+def incarnation_spans(marks: Path) -> dict[tuple[str, str], tuple[float, float]]:
+    return beat_spans(marks, 2)
 
 
 def node_spans(marks: Path) -> dict[tuple[str, str], tuple[float, float]]:
     """(job, node) -> the first and last heartbeat there."""
-    spans: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for line in marks.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 5 and parts[0] == "beat":
-            spans[(parts[1], parts[3])].append(float(parts[4]))
-    return {k: (min(v), max(v)) for k, v in spans.items()}
+    return beat_spans(marks, 3)
 
 
 def assert_no_overlap(marks: Path) -> None:
@@ -58,12 +58,10 @@ def snapshot(cluster):
 def start_run(cluster, tmp_path, name="llm", **kw):
     marks = tmp_path / "marks.txt"
     marks.touch()
-    spec = write_run(
+    spec = spared_run(
+        cluster,
         tmp_path,
-        name,
-        nodes=2,
-        partition=cluster.partition,
-        spares=cluster.nodes[-1],
+        name=name,
         script_body=HEARTBEAT,
         env={"MARKS": str(marks)},
         **kw,

@@ -28,6 +28,7 @@ from supervisor.api.testing import local_api, single_user_store
 from supervisor.domain.records import Event
 from supervisor.testing.kit.clock import ManualClock
 from supervisor.testing.slurm.privileges import NOBODY
+from supervisor.testing.slurm.runas import python_as
 from supervisor.testing.slurm.users import python_for_others
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a caller of another UID needs root")
@@ -69,16 +70,7 @@ def open_folder() -> Iterator[Path]:
 @needs_root
 def test_a_stranger_holding_connections_does_not_lock_the_account_out(tmp_path, open_folder):
     with local_api(tmp_path / "state", socket=open_folder / "api.sock") as server:
-        python, env = python_for_others()
-        holder = subprocess.Popen(
-            [*python, "-I", "-c", HOLDER, str(server.path), "24", "5"],
-            env=env,
-            user=NOBODY,
-            group=NOBODY,
-            extra_groups=[],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        holder = python_as(NOBODY, HOLDER, str(server.path), "24", "5")
         try:
             assert holder.stdout is not None
             assert holder.stdout.readline() == "holding\n"  # the stranger holds what it can get

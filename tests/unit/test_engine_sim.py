@@ -21,8 +21,22 @@ from supervisor.testing.kit.specs import spec
 SPEC = spec(spare_policy=SparePolicy.NAMED, spare_nodes=("n004",), max_restarts=5)
 
 
-class SimulatedCrash(BaseException):
-    """The daemon process dying at an action boundary (BaseException: nothing may catch it)."""
+def crash_and_restart(w: SimWorld, node: str, limit: int = 300) -> None:
+    """The run's first job runs, ``node`` crashes, the run runs again in its second attempt."""
+    w.until(w.running)
+    w.cluster.crash_node(node)
+    w.until(lambda: w.running() and w.run().attempt.seq == 1, limit=limit)
+
+
+def crash_under_the_loop(w: SimWorld, after_s: float, urgent_interval_s: float) -> float:
+    """The daemon's loop (5 s polls) runs the run; n001 crashes ``after_s`` in, the loop stops 30 s
+    after that. Returns when it crashed."""
+    w.until(w.running)
+    crash_at = w.clock.now() + after_s
+    w.clock.call_at(crash_at, w.cluster.crash_node, "n001")
+    w.clock.call_at(crash_at + 30.0, w.clock.stop)
+    run_loop(w.engine, Pacing(poll_interval_s=5.0, urgent_interval_s=urgent_interval_s))
+    return crash_at
 
 
 def event_keys(w):
@@ -75,9 +89,7 @@ def test_without_a_fence_the_logbook_says_what_could_not_be_confirmed(tmp_path):
 
 def test_spare_stands_in_when_no_other_node_is_idle(tmp_path):
     w = SimWorld(tmp_path, SPEC)
-    w.until(w.running)
-    w.cluster.crash_node("n001")
-    w.until(lambda: w.running() and w.run().attempt.seq == 1)
+    crash_and_restart(w, "n001")
     w.cluster.crash_node("n003")
     w.until(lambda: w.running() and w.run().attempt.seq == 2)
     assert set(w.job().nodes) == {"n002", "n004"}
@@ -85,17 +97,13 @@ def test_spare_stands_in_when_no_other_node_is_idle(tmp_path):
 
 def test_without_probe_slurm_signals_are_enough(tmp_path):
     w = SimWorld(tmp_path, SPEC, probe=False)
-    w.until(w.running)
-    w.cluster.crash_node("n002")
-    w.until(lambda: w.running() and w.run().attempt.seq == 1, limit=100)
+    crash_and_restart(w, "n002", limit=100)
     assert "n002" not in w.job().nodes
 
 
 def test_without_node_rights_the_node_is_excluded_not_drained(tmp_path):
     w = SimWorld(tmp_path, SPEC, node_rights=False)
-    w.until(w.running)
-    w.cluster.crash_node("n001")
-    w.until(lambda: w.running() and w.run().attempt.seq == 1, limit=100)
+    crash_and_restart(w, "n001", limit=100)
     assert "n001" not in w.job().nodes
     assert not w.cluster.node_info("n001").reason.startswith("slurm-supervisor")
     msgs = [e.message for e in w.store.events("llm") if e.kind is EventKind.NODE_EXCLUDED]
@@ -182,23 +190,10 @@ KINDS = ["node_state", "cancel", "submit"]
 def _recover_with_crash(tmp_path, boundary=None, kind=None):
     w = SimWorld(tmp_path, SPEC)
     w.until(w.running)
-    fired = []
-
-    def hook(at, action):
-        if at == boundary and action == kind and not fired:  # armed after the first job runs
-            fired.append((at, action))
-            raise SimulatedCrash(at)
-
     w.new_engine()
-    w.crash_hook = hook if boundary else None
+    fired = w.crash_once(boundary, kind) if boundary else []  # armed after the first job runs
     w.cluster.crash_node("n001")
-    try:
-        w.until(lambda: w.running() and w.run().attempt.seq == 1)
-    except SimulatedCrash:
-        w.crash_hook = None
-        w.new_engine()  # the daemon starts again on the same state directory
-        w.engine.adopt()
-        w.until(lambda: w.running() and w.run().attempt.seq == 1)
+    w.survive_crash(lambda: w.until(lambda: w.running() and w.run().attempt.seq == 1))
     w.ticks(5)
     return w, fired
 
@@ -238,11 +233,7 @@ def test_node_info_is_read_every_third_quiet_tick_and_every_tick_in_motion(tmp_p
 
 def test_daemon_ticks_fast_while_recovering(tmp_path):
     w = SimWorld(tmp_path, SPEC)
-    w.until(w.running)
-    crash_at = w.clock.now() + 12.0
-    w.clock.call_at(crash_at, w.cluster.crash_node, "n001")
-    w.clock.call_at(crash_at + 30.0, w.clock.stop)
-    run_loop(w.engine, Pacing(poll_interval_s=5.0, urgent_interval_s=0.5))
+    crash_at = crash_under_the_loop(w, after_s=12.0, urgent_interval_s=0.5)
     events = w.store.events("llm")
     restarted = next(e for e in events if e.kind is EventKind.RESTARTED)
     assert restarted.at - crash_at <= 5.0 + 1.0 + 0.5  # one regular tick to notice, then fast ticks
@@ -252,11 +243,7 @@ def test_a_suspect_node_is_confirmed_dead_when_its_failures_span_the_confirmatio
     """The probe that confirms a death runs when the failures span ``probe_confirm_s`` (1 s), not at
     the next urgent tick after it (failures at 0, 0.5 and 1.0 s, not 0, 0.5, 1.0+0.5)."""
     w = SimWorld(tmp_path, SPEC)
-    w.until(w.running)
-    crash_at = w.clock.now() + 2.0
-    w.clock.call_at(crash_at, w.cluster.crash_node, "n001")
-    w.clock.call_at(crash_at + 30.0, w.clock.stop)
-    run_loop(w.engine, Pacing(poll_interval_s=5.0, urgent_interval_s=0.4))
+    crash_under_the_loop(w, after_s=2.0, urgent_interval_s=0.4)
     fault = next(e for e in w.store.events("llm") if e.kind is EventKind.FAULT)
     spans = [float(x) for x in re.findall(r"failed \d+ times over ([0-9.]+) s", fault.message)]
     assert spans and all(1.0 <= span <= 1.05 for span in spans), fault.message

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from supervisor.guard.policy import Limits
 from supervisor.guard.service import Guard
 from supervisor.guard.slots import SlotLimits, Slots
 from supervisor.testing.slurm.privileges import NOBODY
-from supervisor.testing.slurm.users import python_for_others
+from supervisor.testing.slurm.runas import python_as
 
 DAEMON_UID = 1
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="callers of other UIDs need root")
@@ -64,25 +63,12 @@ for _ in range(int(sys.argv[2])):
 """
 
 
-def as_uid(uid: int, script: str, *args: str) -> subprocess.Popen[str]:
-    python, env = python_for_others()
-    return subprocess.Popen(
-        [*python, "-I", "-c", script, *args],
-        env=env,
-        user=uid,
-        group=uid,
-        extra_groups=[],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-
-
 @needs_root
 def test_silent_connections_of_one_user_do_not_lock_another_out(served):  # noqa: F811
     path, _, _ = served
-    flood = as_uid(NOBODY, SILENT_FLOOD, str(path), "4")
+    flood = python_as(NOBODY, SILENT_FLOOD, str(path), "4")
     time.sleep(1.0)  # the flood holds whatever it can get
-    honest = as_uid(DAEMON_UID, HONEST, str(path), "15")
+    honest = python_as(DAEMON_UID, HONEST, str(path), "15")
     answers = honest.communicate(timeout=60)[0].split()
     flood.wait(30)
     assert answers == ["ok"] * 15

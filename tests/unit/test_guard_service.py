@@ -7,6 +7,8 @@ change); the real one is in tests/slurm/test_guard_slurm.py."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +56,24 @@ class FakeSlurm:
             self.jobs[started.job_id] = started
 
 
+def guard_in(
+    directory: Path,
+    slurm: FakeSlurm,
+    limits: Limits,
+    quarantine: QuarantineSettings,
+    clock: Callable[[], float] = time.time,
+) -> Guard:
+    """A guard whose memory (``state/``) and audit log lie in ``directory``."""
+    return Guard(
+        slurm=slurm,  # type: ignore[arg-type]
+        memory=GuardMemory(directory / "state"),
+        audit=AuditLog(directory / "audit.jsonl"),
+        limits=limits,
+        quarantine=quarantine,
+        clock=clock,
+    )
+
+
 @pytest.fixture
 def slurm() -> FakeSlurm:
     s = FakeSlurm()
@@ -69,13 +89,12 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def guard(tmp_path: Path, slurm: FakeSlurm, clock: ManualClock) -> Guard:
-    return Guard(
-        slurm=slurm,  # type: ignore[arg-type]
-        memory=GuardMemory(tmp_path / "state"),
-        audit=AuditLog(tmp_path / "audit.jsonl"),
-        limits=Limits(frozenset({"hpc-admins"}), max_drains=2, window_s=3600),
-        quarantine=QuarantineSettings(faults=1, base_s=86400),
-        clock=clock.now,
+    return guard_in(
+        tmp_path,
+        slurm,
+        Limits(frozenset({"hpc-admins"}), max_drains=2, window_s=3600),
+        QuarantineSettings(faults=1, base_s=86400),
+        clock.now,
     )
 
 
@@ -177,14 +196,7 @@ def test_an_admin_resume_returns_the_node_and_forgives_its_faults(guard, slurm, 
 
 
 def test_faults_of_two_instances_add_up(tmp_path, slurm, clock):
-    g = Guard(
-        slurm=slurm,  # type: ignore[arg-type]
-        memory=GuardMemory(tmp_path / "s"),
-        audit=AuditLog(tmp_path / "audit.jsonl"),
-        limits=Limits(max_drains=10),
-        quarantine=QuarantineSettings(faults=2),
-        clock=clock.now,
-    )
+    g = guard_in(tmp_path, slurm, Limits(max_drains=10), QuarantineSettings(faults=2), clock.now)
     ask(g, ALICE, op="DRAIN", node="n1", run="a", cause="xid")
     assert ask(g, ALICE, op="QUARANTINE")["quarantined"] == []
     del slurm.jobs[7]  # alice's job ended; bob's job 9 gets n1 (an admin resumed it)
@@ -197,14 +209,7 @@ def test_faults_of_two_instances_add_up(tmp_path, slurm, clock):
 
 def test_memory_and_audit_outlive_the_guard(tmp_path, slurm, clock):
     def fresh() -> Guard:
-        return Guard(
-            slurm=slurm,  # type: ignore[arg-type]
-            memory=GuardMemory(tmp_path / "s"),
-            audit=AuditLog(tmp_path / "audit.jsonl"),
-            limits=Limits(max_drains=1),
-            quarantine=QuarantineSettings(faults=1),
-            clock=clock.now,
-        )
+        return guard_in(tmp_path, slurm, Limits(max_drains=1), QuarantineSettings(faults=1), clock.now)
 
     assert ask(fresh(), ALICE, op="DRAIN", node="n1", run="a", cause="x")["granted"]
     again = fresh()  # socket activation: a new process per burst of requests

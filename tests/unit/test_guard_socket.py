@@ -15,16 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_guard_service import FakeSlurm
+from test_guard_service import FakeSlurm, guard_in
 
 from supervisor.adapters.guard_client import GuardClient, GuardRefused, check
 from supervisor.domain.cluster import NodeChange
 from supervisor.domain.health.quarantine import QuarantineSettings
-from supervisor.guard.audit import AuditLog
-from supervisor.guard.memory import GuardMemory
 from supervisor.guard.policy import Limits
 from supervisor.guard.server import GuardServer, bound_socket, passed_socket
-from supervisor.guard.service import Guard
 from supervisor.ports import CapReached, PermanentError, PermissionDenied, TransientError
 from supervisor.testing.slurm.privileges import NOBODY
 from supervisor.testing.slurm.users import python_for_others
@@ -42,13 +39,7 @@ print(s.makefile("rb").readline().decode(), end="")
 def served(tmp_path: Path):
     """A guard on a socket in tmp_path, served from a thread; yields (path, slurm, audit path)."""
     slurm = FakeSlurm()
-    guard = Guard(
-        slurm=slurm,  # type: ignore[arg-type]
-        memory=GuardMemory(tmp_path / "state"),
-        audit=AuditLog(tmp_path / "audit.jsonl"),
-        limits=Limits(max_drains=4),
-        quarantine=QuarantineSettings(faults=1),
-    )
+    guard = guard_in(tmp_path, slurm, Limits(max_drains=4), QuarantineSettings(faults=1))
     public = Path(tempfile.mkdtemp(prefix="ssv-guard-", dir="/tmp"))  # not under pytest's 0700 folders
     public.chmod(0o755)
     path = public / "guard.sock"

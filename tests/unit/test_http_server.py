@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from answers import read_answer
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -115,13 +116,7 @@ def test_the_default_bind_is_loopback_in_the_config_and_the_class() -> None:
 def raw(server: HttpServer, data: bytes, timeout: float = 5.0) -> bytes:
     with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as s:
         s.sendall(data)
-        answer = b""
-        try:
-            while chunk := s.recv(65536):
-                answer += chunk
-        except ConnectionResetError:
-            pass
-        return answer
+        return read_answer(s)
 
 
 @pytest.fixture

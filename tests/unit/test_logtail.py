@@ -16,6 +16,18 @@ def append(path: Path, data: bytes) -> None:
         f.write(data)
 
 
+def opened(log: Path, content: bytes = b"") -> LogTail:
+    """A tail on ``log``, written with ``content`` first."""
+    log.write_bytes(content)
+    return LogTail(log)
+
+
+def at(log: Path, offset: int) -> TailPosition:
+    """Where a tail stands ``offset`` bytes into the file now at ``log``."""
+    st = os.stat(log)
+    return TailPosition(st.st_dev, st.st_ino, offset)
+
+
 def test_missing_file_then_appearing(tmp_path: Path) -> None:
     log = tmp_path / "slurm-1.out"
     tail = LogTail(log)
@@ -23,14 +35,12 @@ def test_missing_file_then_appearing(tmp_path: Path) -> None:
     assert tail.position is None
     append(log, b"hello\n")
     assert tail.read_lines() == ["hello"]
-    st = os.stat(log)
-    assert tail.position == TailPosition(st.st_dev, st.st_ino, 6)
+    assert tail.position == at(log, 6)
 
 
 def test_appends_in_pieces_and_partial_lines(tmp_path: Path) -> None:
     log = tmp_path / "out"
-    log.write_bytes(b"")
-    tail = LogTail(log)
+    tail = opened(log)
     assert tail.read_lines() == []
     append(log, b"iteration 1 | lo")
     assert tail.read_lines() == []
@@ -78,8 +88,7 @@ def test_crlf_and_cr_progress_bars(tmp_path: Path) -> None:
 
 def test_crlf_split_across_reads_is_one_break(tmp_path: Path) -> None:
     log = tmp_path / "out"
-    log.write_bytes(b"one\r")
-    tail = LogTail(log)
+    tail = opened(log, b"one\r")
     assert tail.read_lines() == ["one"]
     append(log, b"\ntwo\n")
     assert tail.read_lines() == ["two"]
@@ -87,8 +96,7 @@ def test_crlf_split_across_reads_is_one_break(tmp_path: Path) -> None:
 
 def test_invalid_utf8_is_replaced(tmp_path: Path) -> None:
     log = tmp_path / "out"
-    log.write_bytes(b"ok \xff\xfe bad\n\xe2\x82")  # then a euro sign cut across writes
-    tail = LogTail(log)
+    tail = opened(log, b"ok \xff\xfe bad\n\xe2\x82")  # then a euro sign cut across writes
     assert tail.read_lines() == ["ok \ufffd\ufffd bad"]
     append(log, b"\xac\n")
     assert tail.read_lines() == ["\u20ac"]
@@ -127,8 +135,7 @@ def test_one_mib_default_bounds_memory(tmp_path: Path) -> None:
 
 def test_truncation_restarts_from_zero(tmp_path: Path) -> None:
     log = tmp_path / "out"
-    log.write_bytes(b"attempt 1 line 1\nattempt 1 line 2\npart")
-    tail = LogTail(log)
+    tail = opened(log, b"attempt 1 line 1\nattempt 1 line 2\npart")
     assert tail.read_lines() == ["attempt 1 line 1", "attempt 1 line 2"]
     log.write_bytes(b"attempt 2\n")  # requeue without --open-mode=append: truncated, rewritten
     assert tail.read_lines() == ["part", "attempt 2"]
@@ -139,8 +146,7 @@ def test_truncation_restarts_from_zero(tmp_path: Path) -> None:
 
 def test_open_mode_append_across_requeue(tmp_path: Path) -> None:
     log = tmp_path / "out"
-    log.write_bytes(b"attempt 1\n")
-    tail = LogTail(log)
+    tail = opened(log, b"attempt 1\n")
     assert tail.read_lines() == ["attempt 1"]
     append(log, b"attempt 2\n")
     assert tail.read_lines() == ["attempt 2"]
@@ -149,22 +155,19 @@ def test_open_mode_append_across_requeue(tmp_path: Path) -> None:
 
 def test_rotation_drains_old_file_then_reads_new(tmp_path: Path) -> None:
     log = tmp_path / "out"
-    log.write_bytes(b"old 1\n")
-    tail = LogTail(log)
+    tail = opened(log, b"old 1\n")
     assert tail.read_lines() == ["old 1"]
     append(log, b"old 2\nold tail")  # written before the rotation, not read yet
     os.rename(log, tmp_path / "out.1")
     log.write_bytes(b"new 1\n")
     assert tail.read_lines() == ["old 2", "old tail", "new 1"]
     assert tail.reopenings == 1
-    st = os.stat(log)
-    assert tail.position == TailPosition(st.st_dev, st.st_ino, 6)
+    assert tail.position == at(log, 6)
 
 
 def test_rotation_read_in_bounded_steps(tmp_path: Path) -> None:
     log = tmp_path / "out"
-    log.write_bytes(b"")
-    tail = LogTail(log)
+    tail = opened(log)
     assert tail.read_lines() == []  # opened: the tail follows this file from now on
     append(log, b"".join(b"old %03d\n" % i for i in range(50)))
     os.rename(log, tmp_path / "out.1")
@@ -177,8 +180,7 @@ def test_rotation_read_in_bounded_steps(tmp_path: Path) -> None:
 
 def test_removed_file_then_recreated(tmp_path: Path) -> None:
     log = tmp_path / "out"
-    log.write_bytes(b"first\nlast")
-    tail = LogTail(log)
+    tail = opened(log, b"first\nlast")
     assert tail.read_lines() == ["first"]
     log.unlink()
     assert tail.read_lines() == ["last"]

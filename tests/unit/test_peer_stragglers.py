@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from unit.straggler_runs import first_named
 
 from supervisor.domain.pace.peer_groups import PeerGroups
 from supervisor.domain.pace.stragglers import StragglerScorer, node_peer_groups
@@ -33,14 +34,6 @@ def trace(
     for node, s in (slow or {}).items():
         x[onset:, node] += s
     return x
-
-
-def first_named(scorer: StragglerScorer, x: np.ndarray) -> dict[int, int]:
-    named: dict[int, int] = {}
-    for t, row in enumerate(x):
-        for v in scorer.update(row):
-            named.setdefault(v.node, t)
-    return named
 
 
 def stages(pp: int) -> np.ndarray:

@@ -103,6 +103,17 @@ def test_a_long_announced_save_is_waited_for_and_a_real_hang_after_it_is_not(tmp
     assert hang.at - saved_at > 120
 
 
+def _steps_logged(w: SimWorld, steps: range, every: float) -> str:
+    """The first attempt runs and logs ``steps``, one each ``every`` seconds; returns its log's path."""
+    w.until(lambda: w.running(0))
+    path = f"/logs/llm-{w.run().attempt.job_id}.out"
+    w.until(lambda: path in w.logs, limit=5)
+    for step in steps:
+        w.logs[path].append(megatron(step))
+        w.tick(every)
+    return path
+
+
 @pytest.mark.parametrize("restart_daemon", [False, True])
 def test_a_restarted_daemon_judges_a_hang_on_the_pace_it_already_learned(tmp_path, restart_daemon):
     """40 steps at 10 s, then the trainer hangs just as the daemon restarts: the new daemon knows
@@ -110,12 +121,7 @@ def test_a_restarted_daemon_judges_a_hang_on_the_pace_it_already_learned(tmp_pat
     after the start-up grace meant for attempts whose pace nobody knows yet."""
     settings = HangSettings(multiple=3, floor_s=5, cap_s=600, startup_grace_s=900)
     w = SimWorld(tmp_path, SPEC, probe=False, hang=settings)
-    w.until(lambda: w.running(0))
-    path = f"/logs/llm-{w.run().attempt.job_id}.out"
-    w.until(lambda: path in w.logs, limit=5)
-    for step in range(1, 41):
-        w.logs[path].append(megatron(step))
-        w.tick(10.0)
+    _steps_logged(w, range(1, 41), every=10.0)
     if restart_daemon:
         w.new_engine()
     hung_at = w.clock.now()
@@ -133,12 +139,7 @@ def test_the_save_cost_is_measured_from_the_log_and_feeds_the_checkpoint_advice(
 
     settings = HangSettings(multiple=3, floor_s=60, cap_s=600, startup_grace_s=900)
     w = SimWorld(tmp_path, SPEC, probe=False, hang=settings)
-    w.until(lambda: w.running(0))
-    path = f"/logs/llm-{w.run().attempt.job_id}.out"
-    w.until(lambda: path in w.logs, limit=5)
-    for step in range(1, 11):
-        w.logs[path].append(megatron(step))
-        w.tick(5.0)
+    path = _steps_logged(w, range(1, 11), every=5.0)
     w.logs[path].append("saving checkpoint at iteration      10 to /ckpt")
     w.ticks(6, 5.0)  # a 30 s synchronous save
     w.logs[path].append("  successfully saved checkpoint from iteration      10 to /ckpt")

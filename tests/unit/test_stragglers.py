@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from unit.straggler_runs import first_named
 
 from supervisor.domain.pace.slowdown import SlowdownDetector, SlowdownState
 from supervisor.domain.pace.stragglers import (
@@ -28,15 +29,6 @@ def trace(seed: int, steps: int, slow: dict[int, float] | None = None, onset: in
     for node, s in (slow or {}).items():
         x[onset:, node] += s
     return x
-
-
-def first_named(scorer: StragglerScorer, x: np.ndarray) -> dict[int, int]:
-    """Step at which each node was first named."""
-    named: dict[int, int] = {}
-    for t, row in enumerate(x):
-        for v in scorer.update(row):
-            named.setdefault(v.node, t)
-    return named
 
 
 @pytest.mark.parametrize("seed", range(5))

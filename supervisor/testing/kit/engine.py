@@ -10,7 +10,8 @@ and ``Clock`` will do), and the optional collaborators, as attributes a test may
 * ``hang``: when set, a ``ProgressWatch`` following ``logs`` (a ``MemoryLogs`` opener);
 * ``ckpt``: when set, a ``CheckpointWatch`` over that ``CheckpointStore``, working inline, writing
   resume files into ``files`` through ``write_resume``;
-* ``crash_hook``: read at every action boundary of whichever engine is current;
+* ``crash_hook``: read at every action boundary of whichever engine is current (``crash_once``
+  arms one that kills the daemon once, ``survive_crash`` restarts it as systemd would);
 * ``accounting``: the Accounting port (sacct) the next engine reads forgotten jobs from (None: a
   cluster without slurmdbd).
 
@@ -50,6 +51,10 @@ from supervisor.ports import (
 from supervisor.testing.kit.logs import MemoryLogs
 
 S = TypeVar("S", bound=Scheduler)
+
+
+class DaemonCrash(BaseException):
+    """The daemon process dying at an action boundary (BaseException: nothing may catch it)."""
 
 
 class EngineHarness(Generic[S]):
@@ -131,6 +136,30 @@ class EngineHarness(Generic[S]):
     def _crash(self, boundary: str, kind: str) -> None:
         if self.crash_hook is not None:
             self.crash_hook(boundary, kind)
+
+    def crash_once(self, boundary: str, kind: str) -> list[tuple[str, str]]:
+        """The daemon dies (``DaemonCrash``) the first time it reaches ``boundary`` for an action of
+        ``kind``; returns the list that crash is recorded in."""
+        fired: list[tuple[str, str]] = []
+
+        def hook(at: str, action: str) -> None:
+            if at == boundary and action == kind and not fired:
+                fired.append((at, action))
+                raise DaemonCrash(at)
+
+        self.crash_hook = hook
+        return fired
+
+    def survive_crash(self, step: Callable[[], object]) -> None:
+        """``step()``; when the daemon dies in it, it starts again on the same store (hook disarmed,
+        its runs adopted) and ``step()`` runs again."""
+        try:
+            step()
+        except DaemonCrash:
+            self.crash_hook = None
+            self.new_engine()
+            self.engine.adopt()
+            step()
 
     # ------------------------------------------------------------------ time
 

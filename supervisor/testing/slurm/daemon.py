@@ -195,3 +195,21 @@ def write_run(
         f"[restart]\nmax_restarts = {max_restarts}\n"
     )
     return spec
+
+
+def spared_run(
+    cluster: LocalSlurm,
+    workdir: Path,
+    *,
+    script_body: str,
+    env: Mapping[str, str] | None = None,
+    name: str = "llm",
+    max_restarts: int = 5,
+) -> Path:
+    """The tests' usual run on a LocalSlurm (``write_run``): two nodes of its partition, its last node
+    the named spare; returns the spec's path."""
+    spares = cluster.nodes[-1]
+    return write_run(
+        workdir, name, nodes=2, partition=cluster.partition, spares=spares, script_body=script_body, env=env,
+        max_restarts=max_restarts,
+    )  # fmt: skip

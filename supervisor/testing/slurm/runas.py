@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,3 +27,18 @@ def as_account(
         "extra_groups": os.getgrouplist(name, entry.pw_gid),
         "env": {"HOME": entry.pw_dir, "PATH": path, "LANG": "C.UTF-8", **python_env, **(env or {})},
     }
+
+
+def python_as(uid: int, script: str, *args: str) -> subprocess.Popen[str]:
+    """``python -I -c SCRIPT ARGS`` started as ``uid`` (its group the same number, no others: as
+    'nobody' or a daemon account), in the interpreter's plain environment; stdout piped, as text."""
+    python, env = python_for_others()
+    return subprocess.Popen(
+        [*python, "-I", "-c", script, *args],
+        env=env,
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
