@@ -120,7 +120,7 @@ class StoreCollector:
 def collector_text(collector: StoreCollector) -> bytes:
     """The exposition text of every metric the collector gives, now."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)  # type: ignore[arg-type]
+    registry.register(collector)
     return generate_latest(registry)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 import structlog
@@ -24,6 +24,7 @@ from supervisor.engine.act.register import register_run
 from supervisor.ports import Clock, PermanentError, PortError, Store
 
 log = structlog.get_logger("supervisor.api")
+T = TypeVar("T")
 
 
 class SlurmCheck(Protocol):
@@ -112,7 +113,7 @@ class Operations:
         return self._allow(self._check_run(caller, record, verb), record)
 
     @staticmethod
-    def _allow(decision: Decision, value: Any) -> Any:
+    def _allow(decision: Decision, value: T) -> T:
         if not decision.allowed:
             raise Refusal(wire.Failure.DENIED, decision.rule)
         return value

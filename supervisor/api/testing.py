@@ -45,8 +45,8 @@ def single_user_store(state_dir: Path, run: str = "legacy", state: str = "comple
     import json
     import sqlite3
 
-    from supervisor.adapters.sqlite.runs import _spec_to_json
     from supervisor.adapters.sqlite.schema import MIGRATIONS, _statements
+    from supervisor.adapters.store_rows import spec_to_json
     from supervisor.domain.run import RunSpec
 
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -59,6 +59,6 @@ def single_user_store(state_dir: Path, run: str = "legacy", state: str = "comple
     db.execute(
         "INSERT INTO runs(name, spec, state, restarts_spent, created_at, updated_at, cancel_requested, end_reason)"
         " VALUES (?, ?, ?, 1, 1.0, 2.0, 0, NULL)",
-        (run, json.dumps(_spec_to_json(spec)), state),
+        (run, json.dumps(spec_to_json(spec)), state),
     )
     db.close()

@@ -26,7 +26,8 @@ from supervisor.config.daemon_file import (
 )
 from supervisor.config.errors import ConfigError, ConfigProblem, did_you_mean, syntax_problem, toml_value, translate
 from supervisor.config.hooks_file import HooksConfig
-from supervisor.config.run_file import RestartSection, RunFile, RunSection, SparesSection
+from supervisor.config.restart_section import RestartSection
+from supervisor.config.run_file import RunFile, RunSection, SparesSection
 from supervisor.domain.run import RunSpec
 
 __all__ = [

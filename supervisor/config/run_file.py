@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import hostlist  # type: ignore[import-untyped]
+import hostlist
 from pydantic import Field, StrictInt, StrictStr, ValidationInfo, field_validator, model_validator
 
 from supervisor.config._shared import FloatField, Section, absolute, base_dir, missing_path_fix, not_empty

@@ -189,7 +189,8 @@ class SkipIterations:
         ssv = supervisor_callback(self)
         if ssv is not None and self.state.global_step + 1 in ssv.skip:
             return torch.zeros((), device=self.args.device)  # adds nothing to the logged loss
-        return super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
+        loss: torch.Tensor = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
+        return loss
 
     def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         ssv = supervisor_callback(self)

@@ -160,11 +160,11 @@ class S3Backend:
             config = Config(
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
-                retries={"mode": retry_mode, "max_attempts": max_attempts},  # type: ignore[typeddict-item]
+                retries={"mode": retry_mode, "max_attempts": max_attempts},
                 max_pool_connections=max_pool_connections,
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
-                s3={"addressing_style": addressing_style} if addressing_style else None,  # type: ignore[typeddict-item]
+                s3={"addressing_style": addressing_style} if addressing_style else None,
             )
             client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
         self.client = client

@@ -26,7 +26,7 @@ log line; errors name the URL without it (``safe_url``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -75,7 +75,7 @@ class PostgresBase:
         connect_timeout_s: float = 10.0,
     ) -> None:
         self.url = safe_url(url)
-        self._reconnect = lambda: connect(url, password, connect_timeout_s)
+        self._reconnect: Callable[[], Connection] = lambda: connect(url, password, connect_timeout_s)
         self._conn = self._reconnect()
         self._read_only = read_only
         self._in_block = False

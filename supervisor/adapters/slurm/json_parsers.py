@@ -250,7 +250,8 @@ def parse_job(job: Mapping[str, Any]) -> JobInfo:
 def _document(doc: Any, key: str) -> list[Any]:
     if not isinstance(doc, Mapping) or not isinstance(doc.get(key), list):
         raise ParseError(f"expected a JSON object with a {key!r} list")
-    return doc[key]
+    items: list[Any] = doc[key]
+    return items
 
 
 def document_errors(doc: Mapping[str, Any]) -> list[str]:

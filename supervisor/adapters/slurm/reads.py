@@ -147,7 +147,7 @@ class SnapshotReader:
         """None (False), all (True) or at least the named nodes (an empty collection: none)."""
         if wanted is False or (wanted is not True and not wanted):
             return {}
-        names = None if wanted is True else hostlist_of(wanted)  # type: ignore[arg-type]
+        names = None if wanted is True else hostlist_of(wanted)
         if self.user is None or self._json_filters():
             return parse_sinfo(self._json(lambda flag: sinfo_json_argv(names, json_flag=flag)))
         seps = fmt.Separators.fresh()

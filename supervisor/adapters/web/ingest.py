@@ -36,7 +36,7 @@ import threading
 from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping
 from operator import attrgetter
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
@@ -251,7 +251,7 @@ def _put(lru: OrderedDict[_K, _V], key: _K, value: _V, cap: int) -> list[_K]:
     return [lru.popitem(last=False)[0] for _ in range(len(lru) - cap)]
 
 
-_NONE: list = []  # what _put evicted, nearly always (never appended to)
+_NONE: list[Any] = []  # what _put evicted, nearly always (never appended to)
 
 
 class IngestServer(HttpServer):

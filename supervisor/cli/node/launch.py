@@ -11,7 +11,7 @@ import sys
 from types import FrameType
 
 import click
-import hostlist  # type: ignore[import-untyped]
+import hostlist
 
 from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.agent.launcher import Launcher, LaunchSettings

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -354,7 +355,7 @@ def _state_dir(o: _Options, root: Path) -> Path:
 
 
 def _print(plan: object, figures: dict[str, dict[str, object]], assumed: list[tuple[str, str]]) -> None:
-    rows = [
+    rows: list[tuple[str, Callable[[dict[str, object]], str]]] = [
         ("ETTR (mean over seeds)", lambda f: f"{float(f['ettr']):.2%}"),  # type: ignore[arg-type]
         ("unexpected interruptions", lambda f: f"{float(f['interruptions']):.1f}"),  # type: ignore[arg-type]
         ("lost GPU-hours", lambda f: f"{float(f['lost_gpu_hours']):,.0f}"),  # type: ignore[arg-type]

@@ -174,7 +174,7 @@ class LocalPrometheus:
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query's result (a vector: ``[{"metric": {...}, "value": [t, "v"]}, ...]``)."""
         data = self.api("query", query=expr)
-        return data["result"] if data["resultType"] == "vector" else [data]  # type: ignore[no-any-return]
+        return data["result"] if data["resultType"] == "vector" else [data]
 
     def wait_for(
         self,

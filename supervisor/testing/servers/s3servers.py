@@ -83,7 +83,7 @@ class S3Server:
         config = Config(
             connect_timeout=5.0,
             read_timeout=read_timeout,
-            retries={"mode": "standard", "max_attempts": max_attempts},  # type: ignore[typeddict-item]
+            retries={"mode": "standard", "max_attempts": max_attempts},
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
             max_pool_connections=32,

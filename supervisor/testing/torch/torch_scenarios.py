@@ -103,7 +103,8 @@ def last_step(run: TorchRun, attempt: int) -> int:
 
 
 def completed(sup: SupervisorProcess, run: str = "gpt") -> bool:
-    return sup.status(run)["state"] == "completed"
+    state: object = sup.status(run)["state"]
+    return state == "completed"
 
 
 def s3_run(
