@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from supervisor.testing.kit.clock import ManualClock
+
 
 @pytest.fixture
 def unanswering() -> Iterator[int]:
@@ -19,3 +21,9 @@ def unanswering() -> Iterator[int]:
     yield server.getsockname()[1]
     filler.close()
     server.close()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A test's manual clock (``supervisor.testing.kit.clock``), at the guard tests' usual start."""
+    return ManualClock(1_000_000.0)

@@ -12,19 +12,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from test_guard_service import (
+    ADMIN,
+    ALICE,
+    BOB,
+    guard_in,
+)
 
 from supervisor.domain.cluster import JobInfo, JobState, NodeChange
 from supervisor.domain.health.quarantine import QuarantineSettings
-from supervisor.guard.audit import AuditLog
-from supervisor.guard.memory import GuardMemory
 from supervisor.guard.policy import Caller, Limits
 from supervisor.guard.service import Guard
 from supervisor.guard.slurm_node_jobs import reboot_argv, reserve_argv, unreserve_argv
 from supervisor.ports import PermanentError
-
-ALICE = Caller(1001, 1001, 11, "alice", frozenset({"alice"}))
-BOB = Caller(1002, 1002, 12, "bob", frozenset({"bob"}))
-ADMIN = Caller(1003, 1003, 13, "carol", frozenset({"hpc-admins"}))
+from supervisor.testing.kit.clock import ManualClock
 
 
 @dataclass
@@ -60,13 +61,6 @@ class FakeSlurm:
         self.states[node] = "RESUME"  # nextstate=RESUME, into the reservation
 
 
-class Clock:
-    t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @pytest.fixture
 def slurm() -> FakeSlurm:
     s = FakeSlurm()
@@ -76,20 +70,9 @@ def slurm() -> FakeSlurm:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def guard(tmp_path: Path, slurm: FakeSlurm, clock: Clock) -> Guard:
-    return Guard(
-        slurm=slurm,  # type: ignore[arg-type]
-        memory=GuardMemory(tmp_path / "state"),
-        audit=AuditLog(tmp_path / "audit.jsonl"),
-        limits=Limits(frozenset({"hpc-admins"}), max_drains=4, window_s=3600, reservation_minutes=60),
-        quarantine=QuarantineSettings(faults=1, base_s=86400),
-        clock=clock,
-    )
+def guard(tmp_path: Path, slurm: FakeSlurm, clock: ManualClock) -> Guard:
+    limits = Limits(frozenset({"hpc-admins"}), max_drains=4, window_s=3600, reservation_minutes=60)
+    return guard_in(tmp_path, slurm, limits, QuarantineSettings(faults=1, base_s=86400), clock.now)
 
 
 def ask(guard: Guard, caller: Caller, **request: str) -> dict:
@@ -160,7 +143,7 @@ def test_a_failed_validation_drains_the_node_again_inside_the_reservation(guard,
     drained_by_alice(guard, slurm)
     assert ask(guard, ALICE, op="RESERVE", node="n1", run="llm")["granted"]
     assert ask(guard, ALICE, op="REBOOT", node="n1", run="llm", cause="XID 79")["granted"]
-    clock.t += 700  # past the follow-up rule's 10 minutes: only the reservation makes it alice's
+    clock.advance(700)  # past the follow-up rule's 10 minutes: only the reservation makes it alice's
     again = ask(guard, ALICE, op="DRAIN", node="n1", run="llm", cause="validation failed: burn-in")
     assert (again["granted"], again["rule"]) == (True, "own-remedy") and slurm.states["n1"] == "DRAIN"
     assert ask(guard, ALICE, op="UNRESERVE", node="n1")["granted"]  # needs repair: the node stays drained
@@ -186,7 +169,7 @@ def test_an_own_drain_older_than_a_week_gives_no_remedy(guard, slurm, clock):
 def test_an_ended_reservation_gives_no_remedy(guard, slurm, clock):
     drained_by_alice(guard, slurm)
     assert ask(guard, ALICE, op="RESERVE", node="n1", run="llm")["granted"]
-    clock.t += 3601  # past reservation_minutes: Slurm ended it
+    clock.advance(3601)  # past reservation_minutes: Slurm ended it
     assert ask(guard, ALICE, op="REBOOT", node="n1", run="llm", cause="x")["rule"] == "not-own-remedy"
 
 

@@ -58,7 +58,7 @@ class FakeSlurm:
 
 def guard_in(
     directory: Path,
-    slurm: FakeSlurm,
+    slurm: object,  # a fake of the guard's NodeSlurm
     limits: Limits,
     quarantine: QuarantineSettings,
     clock: Callable[[], float] = time.time,
@@ -80,11 +80,6 @@ def slurm() -> FakeSlurm:
     s.run(7, ALICE.uid, "n1", "n2")
     s.run(8, BOB.uid, "n3", "n4")
     return s
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(1_000_000.0)
 
 
 @pytest.fixture

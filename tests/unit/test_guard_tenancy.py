@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from test_guard_service import ALICE, BOB, Clock, FakeSlurm, ask
+from test_guard_service import ALICE, BOB, FakeSlurm, ask
 from test_guard_socket import served  # noqa: F401 - a fixture
 
 from supervisor.adapters.guard_client import GuardClient
@@ -22,19 +22,20 @@ from supervisor.guard.audit import AuditLog
 from supervisor.guard.memory import GuardMemory
 from supervisor.guard.policy import Limits
 from supervisor.guard.service import Guard
+from supervisor.testing.kit.clock import ManualClock
 
 DAY = 86400.0
 
 
 @pytest.fixture
-def guard(tmp_path: Path, slurm: FakeSlurm, clock: Clock) -> Guard:
+def guard(tmp_path: Path, slurm: FakeSlurm, clock: ManualClock) -> Guard:
     return Guard(
         slurm=slurm,
         memory=GuardMemory(tmp_path / "state"),
         audit=AuditLog(tmp_path / "audit.jsonl"),
         limits=Limits(max_drains=2, window_s=3600),
         quarantine=QuarantineSettings(faults=1, base_s=DAY, max_s=30 * DAY),
-        clock=clock,
+        clock=clock.now,
     )
 
 
@@ -45,11 +46,6 @@ def slurm() -> FakeSlurm:
     s.run(8, BOB.uid, "n3")  # bob's job on n3 ...
     s.run(9, ALICE.uid, "n3")  # ... and a 1-CPU job of alice's next to it (cons_tres shares nodes)
     return s
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.mark.parametrize("op", ["DOWN", "DRAIN"])
@@ -83,7 +79,7 @@ def test_a_job_that_starts_between_the_read_and_the_down_is_not_killed(guard, sl
 
 def test_an_account_counts_once_per_node_whatever_run_name_it_gives(guard, clock):
     for i in range(6):
-        clock.t += 1
+        clock.advance(1)
         assert ask(guard, ALICE, op="DRAIN", node="n1", run=f"r{i}", cause="xid")["granted"]
     (held,) = ask(guard, BOB, op="QUARANTINE")["quarantined"]
     assert [f["run"] for f in held["faults"]] == ["alice/r5"]  # the latest, alone
@@ -120,7 +116,7 @@ def test_thousands_of_faults_on_a_node_hold_it_at_most_max_s():
 def test_a_guard_db_with_thousands_of_faults_still_answers(guard, clock):
     """Faults kept under the old keys (run name in them) by a guard before this one."""
     for i in range(1100):
-        guard.memory.record_fault(Fault("n1", clock.t - 1100 + i, f"alice/r{i}", "xid", f"old:{i}"), 1001, 0.0)
+        guard.memory.record_fault(Fault("n1", clock.now() - 1100 + i, f"alice/r{i}", "xid", f"old:{i}"), 1001, 0.0)
     (held,) = ask(guard, BOB, op="QUARANTINE")["quarantined"]
     assert held["until"] - held["since"] == pytest.approx(30 * DAY)
 
