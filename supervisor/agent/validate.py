@@ -106,11 +106,11 @@ def collective(group: object, size_mb: int, rounds: int) -> float:
     gpu = torch.cuda.is_available() and dist.get_backend(group) == "nccl"  # type: ignore[arg-type]
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     tensor = torch.ones(size_mb * (1 << 20) // 4, dtype=torch.float32, device=device)
-    dist.all_reduce(tensor, group=group)  # type: ignore[arg-type]  # warm-up: connections made
+    dist.all_reduce(tensor, group=group)  # warm-up: connections made
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
-        dist.all_reduce(tensor, group=group)  # type: ignore[arg-type]
+        dist.all_reduce(tensor, group=group)
         if gpu:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
