@@ -161,7 +161,7 @@ def test_remedies_are_idempotent(guard, slurm):
 
 def test_an_own_drain_older_than_a_week_gives_no_remedy(guard, slurm, clock):
     drained_by_alice(guard, slurm)
-    clock.t += 7 * 86400 + 1  # an admin returned it with a plain scontrol long ago: no longer alice's
+    clock.advance(7 * 86400 + 1)  # an admin returned it with a plain scontrol long ago: no longer alice's
     assert ask(guard, ALICE, op="RESERVE", node="n1", run="llm")["rule"] == "not-own-remedy"
     assert slurm.reservations == {}
 
