@@ -311,9 +311,10 @@ def train(args: argparse.Namespace) -> None:
 
 def restore(job: Job) -> int:
     """The step resumed from: the peers' memory when it holds a generation newer than the
-    checkpoint the supervisor offered, else that checkpoint (0: a fresh start). Says how long."""
+    checkpoint the supervisor offered (and the supervisor did not say "not from memory": a
+    rollback), else that checkpoint (0: a fresh start). Says how long."""
     began = time.perf_counter()
-    if job.peers is not None:
+    if job.peers is not None and job.ssv.orders.memory_step != 0:  # 0: the supervisor says not from memory
         done = job.peers.restore(job.state, newer_than=job.ssv.orders.step or 0)
         if done.step:
             say(f"restored step {done.step} from memory in {done.seconds:.3f} s ({done.moved_bytes} bytes moved)")

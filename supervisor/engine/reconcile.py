@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 import structlog
 
 from supervisor.domain.actions import Decision
+from supervisor.domain.checkpoints.memory import memory_for_relaunch
 from supervisor.domain.checkpoints.resume import ResumePlan
 from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.decide.blast import (
@@ -279,7 +280,13 @@ class Engine:
         if decision.recheck_at is not None:
             self._recheck_at = min(decision.recheck_at, self._recheck_at or decision.recheck_at)
 
-    def _resume_for(self, run: RunRecord) -> ResumePlan | None:
+    def _resume_for(self, run: RunRecord, *, in_job: bool = False) -> ResumePlan | None:
         """The resume plan for the run's next attempt, with the logbook lines choosing it left
-        (checkpoints passed over, a resume file that could not be written) written first."""
-        return self.checkpoints.resume_for(run, self.store)
+        (checkpoints passed over, a resume file that could not be written) written first. A
+        relaunch in the job names the newest peer copies in memory its log reported when newer."""
+        plan = self.checkpoints.resume_for(run, self.store)
+        a = run.attempt
+        if plan is None or not in_job or a is None:
+            return plan
+        newest = self.progress.memory(a.job_id, a.restart_count)
+        return replace(plan, memory=memory_for_relaunch(newest, plan.step, plan.rollback is not None))

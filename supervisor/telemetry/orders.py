@@ -2,7 +2,7 @@
 learning-rate scale (docs/checkpoint-layouts.md, *Handing a restarted job its checkpoint*).
 
 From the environment (``SSV_RESUME_CHECKPOINT``, ``SSV_RESUME_STEP``, ``SSV_SKIP_ITERATIONS``,
-``SSV_LR_SCALE``), or, for a job the supervisor pre-queued before its predecessor's last save
+``SSV_LR_SCALE``, ``SSV_RESUME_MEMORY_STEP``), or, for a job the supervisor pre-queued before its predecessor's last save
 (``SSV_RESUME_FROM_FILE=1``), from the resume file ``SSV_RESUME_FILE`` alone: the supervisor rewrites
 it with the newest verified checkpoint just before it releases the job. The file is read bounded
 (``MAX_RESUME_FILE_BYTES``) and checked whole before any of it is used: a torn or hostile file is
@@ -62,6 +62,10 @@ class ResumeOrders:
     step: int | None = None
     skip: SkipRanges = field(default_factory=SkipRanges)
     lr_scale: float = 1.0
+    # SSV_RESUME_MEMORY_STEP, set for a relaunch in the same job: the newest generation of peer
+    # copies the supervisor knows (0: none to restore — a rollback, or none newer than the
+    # checkpoint); None: not said (no supervisor, or a new job), the trainer's own choice
+    memory_step: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ResumeOrders:
@@ -81,7 +85,14 @@ class ResumeOrders:
             step=int(step_text) if step_text.isdigit() else None,
             skip=SkipRanges.parse(env.get("SSV_SKIP_ITERATIONS")),
             lr_scale=_scale(env.get("SSV_LR_SCALE") or 1.0, "SSV_LR_SCALE"),
+            memory_step=_memory_step(env.get("SSV_RESUME_MEMORY_STEP")),
         )
+
+
+def _memory_step(text: str | None) -> int | None:
+    if text is None:
+        return None
+    return int(text) if text.isdigit() and len(text) < 20 else 0  # "" or not a step: none to restore
 
 
 def _from_file(env: Mapping[str, str]) -> bool:

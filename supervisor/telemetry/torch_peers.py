@@ -25,10 +25,13 @@ at the next boundary, that boundary is skipped (its cost is not added to the ste
 
 **Complete, reported, verified.** Once its exchange is done, the thread agrees with every rank
 (one small all-gather on the exchange's group) that each kept its copy and received its ward's;
-the generation's manifest is then written on every node and rank 0 reports it, ``{"ssv": 1, "event": "memory_checkpoint", "step": S, "manifest":
-SHA}`` (docs/telemetry-jsonl.md). ``restore`` trusts a generation only when a manifest of this
-world's size names every rank and every copy read or received matches its size and checksum;
-otherwise it returns 0 and the trainer resumes from storage.
+the generation's manifest is then written on every node and rank 0 reports it, ``{"ssv": 1,
+"event": "memory_checkpoint", "generation": S, "manifest": SHA}`` (docs/telemetry-jsonl.md; no
+``step`` field: it is not a progress record). ``restore`` trusts a generation only when a manifest
+of this world's size names every rank and every copy read or received matches its size and
+checksum; otherwise it returns 0 and the trainer resumes from storage. A restore is reported the
+same way (``"event": "memory_restored"``, with the step it was offered and its seconds): the
+daemon writes it in the logbook and books the work it kept.
 """
 
 from __future__ import annotations
@@ -159,10 +162,12 @@ class PeerCopies:
         self.done = step
         self._prune(step)
         if self.rank == 0:
-            line = {"ssv": 1, "event": "memory_checkpoint", "step": step, "manifest": hashlib.sha256(body).hexdigest()}
-            out = self.stream or sys.stdout
-            out.write(json.dumps(line) + "\n")
-            out.flush()
+            self._say({"event": "memory_checkpoint", "generation": step, "manifest": hashlib.sha256(body).hexdigest()})
+
+    def _say(self, event: dict[str, Any]) -> None:
+        out = self.stream or sys.stdout
+        out.write(json.dumps({"ssv": 1, **event}) + "\n")
+        out.flush()
 
     def _prune(self, complete: int) -> None:
         """Copies and manifests older than the newest complete generation go (host memory is dear)."""
@@ -208,7 +213,12 @@ class PeerCopies:
         if not agreed.item():
             return Restored(0, f"a copy of step {step} does not match its manifest", time.perf_counter() - began)
         load_into(state, body)
-        return Restored(step, f"step {step} from memory", time.perf_counter() - began, moved)
+        done = Restored(step, f"step {step} from memory", time.perf_counter() - began, moved)
+        if self.rank == 0:
+            digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()  # as written
+            self._say({"event": "memory_restored", "generation": step, "manifest": digest, "offered_step": newer_than,
+                       "seconds": round(done.seconds, 4), "moved_bytes": moved})  # fmt: skip
+        return done
 
     def _inventory(self) -> dict[str, Any]:
         """What this node's memory holds: copies by (rank, step), and the manifests."""

@@ -30,7 +30,7 @@ def test_a_dead_nodes_shards_come_back_from_its_buddys_memory_and_the_run_ends_a
     first.kill_node("n2", lambda: first.steps_traced() >= 17)
     shutil.rmtree(shm / "ssv-peers-local-n2")  # the node's memory went with it
     assert first.wait()[2:] == [-9, -9]
-    reported = [int(s) for s in re.findall(r'"event": "memory_checkpoint", "step": (\d+)', first.log(0))]
+    reported = [int(s) for s in re.findall(r'"event": "memory_checkpoint", "generation": (\d+)', first.log(0))]
     assert reported and reported[-1] == 15, reported  # 5, 10, 15: the newest complete generation
 
     offered = {"SSV_RESUME_CHECKPOINT": str(root / "step_000010"), "SSV_RESUME_STEP": "10"}

@@ -1,10 +1,10 @@
 """FSDP with no replica (2 nodes x 2 ranks, examples/torch/train.py ``--layout fsdp --peer-copies
 5``) under the real daemon on a real Slurm, in-allocation with a hot spare: a node crashes between
 two periodic saves and its host memory is gone. The daemon swaps in the spare and relaunches the
-step, offering the newest verified storage checkpoint; the relaunched world restores the newer
-generation from the survivors' memory (their own copies, and the dead node's that they held as its
+step, offering the newest verified storage checkpoint and naming the newer generation of peer
+copies its log reported; the relaunched world restores that generation from the survivors' memory (their own copies, and the dead node's that they held as its
 buddies) without reading that checkpoint, and the run ends with exactly an uninterrupted run's
-tensors. The memory restore's time and a storage restore's of the same state are printed.
+tensors, and the logbook says which generation it restored instead of which checkpoint. The memory restore's time and a storage restore's of the same state are printed.
 Host tier only (``torch``)."""
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ def test_a_node_crash_without_replicas_restores_from_peer_copies_not_storage(tor
     assert int(memory[3]) > 0 and "from storage" not in said  # the dead node's shards came over the network
     swapped = [e["message"] for e in out.events("note") if "hot spare" in e["message"]]
     assert swapped and f"resuming from step {restored // 20 * 20} " in swapped[0], explain  # what it was offered
+    assert f"peer copies in memory hold step {restored} " in swapped[0], explain  # and the generation it named
+    (note,) = [e for e in out.events("note") if "from peer copies" in e["message"]]
+    assert f"restored step {restored} from peer copies in memory (generation {restored}," in note["message"]
+    assert f"instead of the checkpoint at step {restored // 20 * 20}" in note["message"], explain
     after = out.run.trained(0, generation=1)
     assert [e["step"] for e in after] == list(range(restored + 1, PEER_STEPS + 1)), explain
     assert out.status["attempt"] == 0, out.status  # the same job

@@ -120,3 +120,18 @@ def test_a_run_without_spares_or_swaps_reports_no_spare_rows() -> None:
     g = goodput(RUN, attempts, [_ev(EventKind.SUBMITTED, 0, 0)], now=T0 + 1000, run_nodes=2)
     assert g.spares is None
     assert not any(label.startswith("hot spares") for label, _ in summary_rows(g, g.advice(None)))
+
+
+def test_a_relaunch_that_restored_newer_peer_copies_from_memory_loses_only_the_steps_after_them() -> None:
+    """The same swap, but the relaunched step restored step 480 from peer copies in memory (its
+    note, domain.checkpoints.memory) rather than the checkpoint at 400 it was offered: 20 steps x
+    10 s lost, not 100; computing again at 5300 (step 490 read at 5400)."""
+    restored = _ev(EventKind.NOTE, 5290, 0, "memory-restored", in_allocation="memory_restored", generation=1,
+                   resume_step=480)  # fmt: skip
+    before = [p for p in _series() if p.at < T0 + 5200]
+    after = [ProgressPoint(RUN, 0, s, T0 + 5300 + 10 * (s - 480), step_time_s=10.0) for s in range(490, 871, 10)]
+    attempts = [AttemptRecord(RUN, 0, 500, 0, T0, NODES, (), T0 + 100)]
+    g = goodput(RUN, attempts, [*_swap_events(), restored], now=T0 + 10000, series=before + after, run_nodes=2)
+    (swap,) = g.interruptions
+    assert (swap.resume_step, swap.lost_steps, swap.lost_work_s) == (480, 20, 200.0)
+    assert swap.restart_s == 100.0 and g.lost.rework_s == pytest.approx(200.0)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor.domain.checkpoints.manifest import CheckpointRef, Guarantee, ResumeChoice
+from supervisor.domain.checkpoints.memory import MemoryGeneration, describe_memory
 
 RESUME_ENV = (
     "SSV_RESUME_CHECKPOINT",
@@ -22,6 +23,7 @@ RESUME_ENV = (
     "SSV_RESUME_FILE",
     "SSV_SKIP_ITERATIONS",
     "SSV_LR_SCALE",
+    "SSV_RESUME_MEMORY_STEP",
 )
 
 
@@ -105,6 +107,9 @@ class ResumePlan:
     skip_iterations: str | None = None  # every rollback's range: "first-last,first-last"
     lr_scale: float | None = None
     rollback: RollbackRef | None = None  # set when this submission is a rollback
+    # A relaunch in the same job only: the peer copies' generation to restore (step 0: none, the
+    # checkpoint); None: a new job, whose nodes' memory holds no copies (domain.checkpoints.memory)
+    memory: MemoryGeneration | None = None
 
     @property
     def step(self) -> int | None:
@@ -126,6 +131,8 @@ class ResumePlan:
             doc["lr_scale"] = self.lr_scale
         if self.rollback is not None:
             doc["rollback"] = self.rollback.to_json()
+        if self.memory is not None:
+            doc["memory"] = self.memory.to_json()
         return doc
 
     @classmethod
@@ -134,7 +141,7 @@ class ResumePlan:
         (the same keys): a daemon upgraded mid-recovery still settles its open intents."""
         d = _object(doc, "resume plan")
         chosen = d.get("checkpoint")
-        rollback = d.get("rollback")
+        rollback, memory = d.get("rollback"), d.get("memory")
         return cls(
             chosen=CheckpointPick.from_json(chosen) if chosen is not None else None,
             fallbacks=tuple(CheckpointPick.from_json(f, "fallbacks") for f in _list(d, "fallbacks")),
@@ -144,6 +151,7 @@ class ResumePlan:
             skip_iterations=_optional_text(d, "skip_iterations"),
             lr_scale=_optional_float(d, "lr_scale"),
             rollback=RollbackRef.from_json(rollback) if rollback is not None else None,
+            memory=_memory(memory),
         )
 
 
@@ -173,6 +181,8 @@ def resume_env(plan: ResumePlan) -> dict[str, str]:
         env["SSV_SKIP_ITERATIONS"] = plan.skip_iterations  # Megatron: --skip-train-iteration-range
     if _lr_changed(plan):
         env["SSV_LR_SCALE"] = f"{plan.lr_scale:g}"
+    if plan.memory is not None:  # "": not from memory (a rollback, or no newer generation known)
+        env["SSV_RESUME_MEMORY_STEP"] = str(plan.memory.step) if plan.memory.step else ""
     return env
 
 
@@ -188,6 +198,8 @@ def describe_plan(plan: ResumePlan) -> str:
         if _lr_changed(plan):
             text += f", LR ×{plan.lr_scale:g}"
         passed = ""  # newer checkpoints are passed over on purpose
+    if memory := describe_memory(plan.memory):
+        text += f"; {memory}"
     return f"{text}; {passed}" if passed else text
 
 
@@ -196,6 +208,13 @@ def _lr_changed(plan: ResumePlan) -> bool:
 
 
 # --------------------------------------------------------------------------- reading JSON back
+
+
+def _memory(doc: object) -> MemoryGeneration | None:
+    try:
+        return MemoryGeneration.from_json(doc) if doc is not None else None
+    except ValueError as exc:
+        raise ResumePlanError(str(exc)) from None
 
 
 def _object(doc: object, where: str) -> Mapping[str, Any]:

@@ -56,7 +56,8 @@ def swap_interruptions(
     resumed: dict[tuple[int | None, object], Event] = {}
     for e in sorted((e for e in events if note_of(e, "resumed")), key=lambda e: e.at):
         resumed.setdefault((e.attempt, e.evidence.get("generation")), e)
-    taken = {e.key for e in events if note_of(e, "resumed")}
+    restored = {(e.attempt, e.evidence.get("generation")): e for e in events if note_of(e, "memory_restored")}
+    taken = {e.key for e in events if note_of(e, "resumed") or note_of(e, "memory_restored")}
     since: dict[int | None, float] = {}
     out = []
     for s in swaps:
@@ -69,16 +70,24 @@ def swap_interruptions(
         taken |= {s.key, *(e.key for e in faults)}
         points = [p for p in series or () if p.attempt == s.attempt]
         again = resumed.get((s.attempt, s.evidence.get("generation")))
-        out.append(_swap(s, faults or [s], again, points, pace))
+        memory = restored.get((s.attempt, s.evidence.get("generation")))
+        out.append(_swap(s, faults or [s], again, points, pace, memory))
     return out, frozenset(taken)
 
 
 def _swap(
-    s: Event, opening: list[Event], again: Event | None, points: Sequence[ProgressPoint], pace: float | None
+    s: Event,
+    opening: list[Event],
+    again: Event | None,
+    points: Sequence[ProgressPoint],
+    pace: float | None,
+    memory: Event | None = None,
 ) -> Interruption:
+    """``memory``: the relaunched step's note that it restored a newer generation from peer
+    copies (the step it resumed from is that one's, not the plan's checkpoint)."""
     first = min(opening, key=lambda e: e.at)
     ev = merged([*opening, s])
-    resume = int_of(s.evidence, "resume_step")
+    resume = int_of((memory or s).evidence, "resume_step")
     back = _computing_again(again, points, resume, pace)
     before = [p.step for p in points if p.at <= first.at]
     last = max(before) if before else int_of(ev, "last_step")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -55,7 +55,15 @@ from supervisor.ports import (
 log = structlog.get_logger("supervisor.engine")
 
 CrashHook = Callable[[str, str], None]  # (boundary, action kind) -> may raise or exit
-ResumeFor = Callable[[RunRecord], ResumePlan | None]  # the plan a new attempt is handed
+
+
+class ResumeFor(Protocol):
+    """The plan a new attempt is handed; ``in_job``: a relaunch in the same job (peer copies in its
+    nodes' memory may be named)."""
+
+    def __call__(self, run: RunRecord, *, in_job: bool = False) -> ResumePlan | None: ...
+
+
 REFUSED_FOR_S = 600.0  # a node change the node guard refused is not asked for again this long
 
 
@@ -126,7 +134,7 @@ class Executor:
             # Chosen before the intent is journaled: a retried submission hands the same checkpoint.
             action = replace(action, resume=self.resume_for(run), nonce=intents.new_nonce())
         elif isinstance(action, SwapStep | StartSuccessor):  # likewise: the same checkpoint on a retry
-            action = replace(action, resume=self.resume_for(run))
+            action = replace(action, resume=self.resume_for(run, in_job=isinstance(action, SwapStep)))
         params = params_of(action)
         if isinstance(action, Fence) and self.store.action_done(run.name, action.kind, params):
             return

@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import structlog
 
 from supervisor.domain.actions import AttemptLoadFailed, AttemptProgress, Record
+from supervisor.domain.checkpoints.memory import describe_restore
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState, NodeInfo
 from supervisor.domain.health.quarantine import Quarantine, QuarantineSettings, quarantined
 from supervisor.domain.observation import Forgotten, Observation
@@ -226,6 +227,7 @@ class Observer:
         )
         records += _slowdown_events(runs, self.progress, now)
         records += imbalance_events(runs, self.progress.take_imbalances(), now)
+        records += _memory_restores(runs, self.progress, now)
         self.checkpoints.update(runs, self.store)  # writes what it finds through the executor
         nodes = self.nodes.observe(runs, snap, self.store, self.progress.take_findings(), now)
         records += nodes.records
@@ -336,6 +338,26 @@ def _slowdown_events(runs: list[RunRecord], progress: ProgressWatch | NoProgress
         message = f"{a.label}: slowdown: {evidence['reason']}{linked}"
         key_ = f"{name}:{a.seq}:slowdown"
         out.append(Event(name, EventKind.SLOWDOWN, message, key_, now, a.seq, a.job_id, evidence=evidence))
+    return out
+
+
+def _memory_restores(runs: list[RunRecord], progress: ProgressWatch | NoProgress, now: float) -> list[Record]:
+    """A relaunched step's restore from peer copies: one logbook note each (keyed by the
+    generation: a restarted daemon reads the log again and writes nothing twice)."""
+    by_name = {r.name: r for r in runs}
+    out: list[Record] = []
+    for name, key, restore in progress.take_restores():
+        run = by_name.get(name)
+        a = run.attempt if run else None
+        if a is None or (a.job_id, a.restart_count) != key:
+            continue
+        gen, goal = restore.generation, run.step.goal if run and run.step else None
+        evidence = {"in_allocation": "memory_restored", "generation": goal.generation if goal else 0,
+                    "resume_step": gen.step, "memory_restore": {**gen.to_json(), "offered_step": restore.offered_step,
+                    "seconds": restore.seconds, "moved_bytes": restore.moved_bytes}}  # fmt: skip
+        message = f"{a.label}: {describe_restore(restore)}"
+        out.append(Event(name, EventKind.NOTE, message, f"{name}:{a.seq}:memory-restored:{gen.step}", now, a.seq,
+                         a.job_id, evidence=evidence))  # fmt: skip
     return out
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from supervisor.domain.actions import Record
+from supervisor.domain.checkpoints.memory import MemoryGeneration, MemoryRestore
 from supervisor.domain.checkpoints.resume import ResumePlan
 from supervisor.domain.cluster import ClusterSnapshot
 from supervisor.domain.health.findings import NodeFinding
@@ -41,6 +42,12 @@ class NoProgress:
 
     def last_step(self, job_id: int, restart_count: int) -> int | None:
         return None
+
+    def memory(self, job_id: int, restart_count: int) -> MemoryGeneration | None:
+        return None
+
+    def take_restores(self) -> list[tuple[str, tuple[int, int], MemoryRestore]]:
+        return []
 
     def step_time(self, job_id: int, restart_count: int) -> float | None:
         return None

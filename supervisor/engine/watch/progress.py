@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from supervisor.domain.alloc_step import StepGoal
+from supervisor.domain.checkpoints.memory import MemoryGeneration, MemoryRestore, memory_event
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState
 from supervisor.domain.decide.in_allocation import current_step
 from supervisor.domain.health.findings import NodeFinding
@@ -108,6 +109,17 @@ class ProgressWatch:
         self._findings: list[NodeFinding] = []  # stragglers named from per-rank step times
         self._slowdowns: list[tuple[str, tuple[int, int], dict[str, Any]]] = []
         self._imbalances: list[tuple[str, tuple[int, int], Imbalance]] = []
+        self._memory: dict[tuple[int, int], MemoryGeneration] = {}  # ... -> newest peer copies reported
+        self._restores: list[tuple[str, tuple[int, int], MemoryRestore]] = []
+
+    def memory(self, job_id: int, restart_count: int) -> MemoryGeneration | None:
+        """The newest generation of peer copies the attempt reported complete (None: none)."""
+        return self._memory.get((job_id, restart_count))
+
+    def take_restores(self) -> list[tuple[str, tuple[int, int], MemoryRestore]]:
+        """(run, attempt key, restore) of relaunched steps that restored from memory, since the last call."""
+        out, self._restores = self._restores, []
+        return out
 
     def last_step(self, job_id: int, restart_count: int) -> int | None:
         """The newest step an attempt logged (None: never followed, or nothing parsed)."""
@@ -275,6 +287,7 @@ class ProgressWatch:
         if lines:
             watch.recent = (watch.recent + [ln[:200] for ln in lines])[-3:]
             _note_pauses(watch, lines, now)
+            self._note_memory(run, watch, lines)
         for record in self._records(watch, lines):
             watch.records += 1
             if record.step is not None:
@@ -288,6 +301,13 @@ class ProgressWatch:
             if watch.spikes is not None:
                 for notice in watch.spikes.feed(record):
                     self._notices.append(SpikeNotice(run, watch.key, notice, tuple(watch.series)))
+
+    def _note_memory(self, run: str, watch: _Watch, lines: list[str]) -> None:
+        for said in map(memory_event, lines):
+            if isinstance(said, MemoryRestore):
+                self._restores.append((run, watch.key, said))
+            elif said is not None and said.step > getattr(self._memory.get(watch.key), "step", 0):
+                _bounded_put(self._memory, watch.key, said)
 
     def _records(self, watch: _Watch, lines: list[str]) -> list[ProgressRecord]:
         """The lines' records, noting what the lines say of the checkpoint load in order with the
