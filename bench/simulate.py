@@ -24,6 +24,7 @@ count only the failures that still lose the work since the last save; JSON ``sav
     python bench/simulate.py                            # 10 seeds (the issue's figure), every mode
     python bench/simulate.py --seeds 2                  # quicker
     python bench/simulate.py --seeds 2 --save-on-failure 30
+    python bench/simulate.py --peer-copies 10           # a sharded state: in-memory peer copies (bench/_sim_peers.py)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _sim_peers  # noqa: E402
 from _common import table  # noqa: E402
 
 from supervisor.adapters.logging import configure_logging  # noqa: E402
@@ -71,8 +73,25 @@ def main() -> int:
         metavar="SECONDS",
         help="the trainer saves on failure, taking SECONDS (every mode); default off",
     )
+    ap.add_argument(
+        "--peer-copies",
+        type=int,
+        default=None,
+        metavar="K",
+        help="a sharded state: in-allocation with and without in-memory peer copies every K steps, "
+        "beside the fair baseline (bench/_sim_peers.py); no save on failure",
+    )
+    ap.add_argument("--first-seed", type=int, default=0, help="with --peer-copies: seeds FIRST..FIRST+N-1")
+    ap.add_argument("--copies-only", action="store_true", help="with --peer-copies: leave out the run without copies")
     args = ap.parse_args()
     configure_logging("warning", "json")
+    if args.peer_copies is not None:
+        if args.save_on_failure is not None:
+            ap.error("--peer-copies is for a sharded state, whose survivors cannot save on failure")
+        base = SimSettings(gpus=args.gpus, days=args.days, spares=args.spares, hot_spares=args.hot_spares,
+                           node_agents=not args.no_node_agents)  # fmt: skip
+        print(json.dumps(_sim_peers.run(args, base)))
+        return 0
     plan = make_plan(
         SimSettings(
             gpus=args.gpus,

@@ -15,6 +15,7 @@ from supervisor.sim.faults.failures import DAY_S, TABLE5, Failure, FailureModel,
 from supervisor.sim.faults.fault_trace import FaultTrace
 from supervisor.sim.faults.quarantine_replay import judge
 from supervisor.sim.runner import Simulation
+from supervisor.sim.training.peer_copies import storage_mtbf_s
 from supervisor.sim.training.results import SimResult, quantile
 from supervisor.sim.training.settings import Mode, SimSettings
 from supervisor.sim.training.survivors import covered_share, covers, daemon_grace_s, lost_work_mtbf_s
@@ -22,12 +23,13 @@ from supervisor.sim.training.trainer import TrainerSettings
 
 
 def checkpoint_steps(
-    interval: str | float, trainer: TrainerSettings, model: FailureModel, gpus: int
+    interval: str | float, trainer: TrainerSettings, model: FailureModel, gpus: int, mtbf_s: float | None = None
 ) -> tuple[int, float]:
     """Steps between saves for ``interval`` (seconds, or "auto" = Young/Daly from the failure rate
-    and the save cost); returns (steps, the interval in seconds it stands for)."""
+    and the save cost; ``mtbf_s`` the MTBF it trades against instead of the trainer's); returns
+    (steps, the interval in seconds it stands for)."""
     if isinstance(interval, str) and interval.strip().lower() == "auto":
-        seconds = young_daly_interval(trainer.save_s, young_daly_mtbf_s(trainer, model, gpus))
+        seconds = young_daly_interval(trainer.save_s, mtbf_s or young_daly_mtbf_s(trainer, model, gpus))
     else:
         try:
             seconds = float(interval)
@@ -57,7 +59,10 @@ class Plan:
 
 
 def make_plan(settings: SimSettings, interval: str | float) -> Plan:
-    steps, seconds = checkpoint_steps(interval, settings.trainer, settings.failures, settings.gpus)
+    """With peer copies (in-allocation) Young/Daly trades the storage saves against the
+    resubmissions only (``peer_copies.storage_mtbf_s``): memory covers every relaunch in the job."""
+    mtbf = _peer_mtbf_s(settings) if settings.trainer.peer_copies_steps else None
+    steps, seconds = checkpoint_steps(interval, settings.trainer, settings.failures, settings.gpus, mtbf)
     trainer = replace(settings.trainer, checkpoint_steps=steps)
     source = "auto (Young/Daly)" if isinstance(interval, str) and interval.strip().lower() == "auto" else "given"
     return Plan(replace(settings, trainer=trainer), seconds, source)
@@ -179,6 +184,7 @@ def assumptions(plan: Plan) -> list[tuple[str, str]]:
         ("failure model", s.failures.source),
         ("MTBF of the job", f"{s.failures.mtbf_s(s.gpus) / 3600:.2f} h ({s.gpus} GPUs)"),
         *_save_on_failure(plan),
+        *_peer_copies(plan),
         ("step time", f"{t.step_s:g} s (noise {t.step_noise:.0%}), a log line every {t.log_every} steps"),
         (
             "checkpoint",
@@ -212,6 +218,29 @@ def assumptions(plan: Plan) -> list[tuple[str, str]]:
             f"the step after {s.launcher_poll_s + s.step_relaunch_s:g} s (launcher poll + step launch), then the "
             "restore; no hot spare left: resubmission",
         ),
+    ]
+
+
+def _peer_mtbf_s(settings: SimSettings) -> float | None:
+    mtbf = storage_mtbf_s(settings.failures, settings.gpus, settings.hot_spares)
+    return mtbf if math.isfinite(mtbf) else None
+
+
+def _peer_copies(plan: Plan) -> list[tuple[str, str]]:
+    """The assumption's line when the trainer keeps peer copies in memory (none when it does not)."""
+    s, t = plan.settings, plan.settings.trainer
+    if not t.peer_copies_steps:
+        return []
+    mtbf = _peer_mtbf_s(s)
+    return [
+        (
+            "peer copies",
+            f"a sharded state (no save on failure); every {t.peer_copies_steps} steps a snapshot to host memory "
+            f"stalls the step {t.peer_copy_s:g} s, the buddy's copy is complete {t.peer_exchange_s:g} s later; a "
+            f"relaunch in the job restores the newest complete one in {t.peer_restore_s:g} s (storage: "
+            f"{t.restore_s:g} s); a new job has none; Young/Daly uses the MTBF of the resubmissions "
+            f"(hot spares / node-losing failure rate): {mtbf / 3600 if mtbf else math.inf:.1f} h",
+        )
     ]
 
 

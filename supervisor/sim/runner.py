@@ -125,6 +125,7 @@ class Simulation:
                 "loss_s": loss_breakdown(world.strikes, world.attempts(), s.trainer.step_s),
                 "survivor_saves": len(world.survivor_saves),
                 "survivor_saves_torn": world.survivor_saves_torn(),
+                "memory_restores": world.trainer.peers.restored,  # relaunches restored from peer copies
                 **({"chain": chain_report(world.limits.log)} if s.chain.max_job_s or s.chain.preempt_per_day else {}),
             },
         )

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from supervisor.sim.clock import VirtualClock
 from supervisor.sim.training.checkpoints import SimCheckpointStore, SimSave
+from supervisor.sim.training.peer_copies import PeerMemory
 
 ENV_RESUME_STEP = "SSV_RESUME_STEP"
 
@@ -68,6 +69,13 @@ class TrainerSettings:
     # Save on failure (just-in-time checkpointing, ``survivors.py``): when one node's ranks die, the
     # surviving replicas save the step in progress, taking this long, then exit. None: they do not.
     survivor_save_s: float | None = None
+    # In-memory peer copies of a sharded state (``peer_copies.py``): every this many steps (a
+    # multiple of ``log_every``; None: off), a snapshot stalling the step ``peer_copy_s``, complete
+    # ``peer_exchange_s`` later; a relaunch in the job restores from them in ``peer_restore_s``.
+    peer_copies_steps: int | None = None
+    peer_copy_s: float = 0.1
+    peer_exchange_s: float = 5.0
+    peer_restore_s: float = 10.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -80,12 +88,18 @@ class TrainerSettings:
             "unloadable_after_s",
             "doomed_from_s",  # these two may be None (off)
             "survivor_save_s",
+            "peer_copy_s",
+            "peer_exchange_s",
+            "peer_restore_s",
         ):
             value = getattr(self, name)
             if value is not None and (not (math.isfinite(value) and value >= 0) or (name == "step_s" and value <= 0)):
                 raise ValueError(f"trainer {name} must be a non-negative number of seconds (got {value!r})")
         if self.log_every < 1 or self.checkpoint_steps < self.log_every:
             raise ValueError(f"need 1 <= log_every ({self.log_every}) <= checkpoint_steps ({self.checkpoint_steps})")
+        every = self.peer_copies_steps
+        if every is not None and (every < self.log_every or every % self.log_every):
+            raise ValueError(f"peer_copies_steps ({every}) must be a multiple of log_every ({self.log_every})")
 
     @property
     def line_s(self) -> float:
@@ -157,6 +171,7 @@ class SimTrainer:
         self._by_path: dict[str, Attempt] = {}
         self._diverging: dict[int, int] = {}  # divergence onset step -> the attempt (id) living it
         self.origin = clock.now()  # the simulation's start: ``doomed_from_s`` counts from it
+        self.peers = PeerMemory(settings.peer_copy_s, settings.peer_exchange_s)
 
     # -- attempts -------------------------------------------------------------------------------
 
@@ -175,17 +190,22 @@ class SimTrainer:
         save = self._resume_point(env)
         s = self.settings
         startup = s.startup_s if startup_s is None else startup_s
+        offered = save.step if save else 0
+        memory = self.peers.resume_point(key[0], env, offered, now) if s.peer_copies_steps else None
+        restore_s = s.peer_restore_s if memory else s.restore_s if save else 0.0
         a = Attempt(
             key,
             path,
             nodes,
             now,
-            save.step if save else 0,
-            save is not None and not save.committed(now),
-            now + startup + (s.restore_s if save else 0.0),
+            memory or offered,
+            memory is None and save is not None and not save.committed(now),
+            now + startup + restore_s,
             random.Random(f"trainer:{self.seed}:{len(self.attempts)}"),
             slow=slow,
         )
+        if memory:  # the relaunched step restored the newer generation from its peers' memory
+            a.notes.append((a.computing_at, self.peers.restored_line(key[0], memory, offered, restore_s)))
         a.step = a.resume_step
         a.cursor = a.computing_at
         a.next_save = (a.step // s.checkpoint_steps + 1) * s.checkpoint_steps
@@ -377,9 +397,13 @@ class SimTrainer:
             a.last_line = (t, a.step)
             if len(a.line_times) < self.LEARN_LINES:
                 a.line_times.append(t)
+            if s.peer_copies_steps and a.step % s.peer_copies_steps == 0:
+                done, line = self.peers.boundary(a.key[0], t, a.step)
+                a.lines.append((done, a.step, line))  # before the next step's line: the exchange is short
+                a.cursor += s.peer_copy_s
             if a.step >= a.next_save:
-                self.store.begin_save(a.step, t, t + s.save_s)
-                a.cursor = t + s.save_s
+                self.store.begin_save(a.step, a.cursor, a.cursor + s.save_s)
+                a.cursor += s.save_s
                 a.next_save += s.checkpoint_steps
         self._notes_until(a, limit)
 
@@ -392,6 +416,7 @@ class SimTrainer:
             a.lines.append((t, a.step, text))
 
     def _truncate(self, a: Attempt, at: float) -> None:
+        self.peers.truncate(a.key[0], at)
         while a.lines and a.lines[-1][0] > at:
             a.lines.pop()
         while a.notes and a.notes[-1][0] > at:
