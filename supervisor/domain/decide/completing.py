@@ -19,6 +19,7 @@ from __future__ import annotations
 from supervisor.domain.actions import AttemptEnded, Decision, Record, SetState
 from supervisor.domain.cluster import JobInfo
 from supervisor.domain.decide.faults import contain, faulty_nodes
+from supervisor.domain.decide.in_allocation import current_step
 from supervisor.domain.decide.lifecycle import decide_finished
 from supervisor.domain.observation import Observation, Policy, fmt_nodes
 from supervisor.domain.records import AttemptRecord, RunRecord
@@ -46,13 +47,22 @@ def _killed_on_failed_node(
 ) -> Decision:
     """A node of the attempt is dead in Slurm's view while Slurm completes the job: the fault, now.
     A job completing on healthy nodes only (it exited by itself) is waited for."""
-    bad = faulty_nodes(run, a.nodes or job.nodes, obs)
+    bad = faulty_nodes(run, _ran_on(run, a, job), obs)
     if not bad:
         return Decision()
     records, actions = contain(run, a, bad, obs, policy)
     why = "; ".join(f"{n}: {w}" for n, w in sorted(bad.items()))
     records += [*_stopped_now(run, a, job, obs), SetState(run.name, RunState.RECOVERING, reason=why)]
     return Decision(tuple(records), tuple(actions))  # no cancel: Slurm is killing it already
+
+
+def _ran_on(run: RunRecord, a: AttemptRecord, job: JobInfo) -> tuple[str, ...]:
+    """The nodes the job's work ran on: in-allocation, its step's — a node swapped out left the
+    step (and the --no-kill allocation) with the swap, and a hot spare never ran it; else the
+    attempt's."""
+    if run.spec.restart_mode is RestartMode.IN_ALLOCATION:
+        return current_step(run, a, job.nodes)[1]
+    return a.nodes or job.nodes
 
 
 def _stopped_now(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) -> list[Record]:
