@@ -45,6 +45,7 @@ import re
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,7 @@ class PeerCopies:
         self.group = dist.new_group(backend="gloo")  # the exchange's own: never mixed with the step's
         self.done = 0  # the newest generation every rank kept and received (verified)
         self.snapshot_s = 0.0  # the training thread's time in snapshots, all told
+        self.snapshots: deque[float] = deque(maxlen=256)  # the newest snapshots' seconds each
         self.skipped = 0
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -124,7 +126,8 @@ class PeerCopies:
             return
         began = time.perf_counter()
         payload = serialize(self.state)
-        self.snapshot_s += time.perf_counter() - began
+        self.snapshots.append(time.perf_counter() - began)
+        self.snapshot_s += self.snapshots[-1]
         self._thread = threading.Thread(target=self._exchange, args=(step, payload), daemon=True)
         self._thread.start()
 
