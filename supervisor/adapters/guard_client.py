@@ -25,6 +25,7 @@ from typing import Any
 
 from supervisor.domain.cluster import NodeChange
 from supervisor.domain.health.quarantine import Fault, Quarantine
+from supervisor.domain.observation import reason_cause
 from supervisor.ports import CapReached, PermanentError, TransientError
 
 DEFAULT_SOCKET = "/run/slurm-supervisor-guard.sock"
@@ -55,7 +56,7 @@ class GuardClient:
     # -- the NodeGuard port
 
     def set_node_state(self, node: str, change: NodeChange, run: str, reason: str) -> None:
-        cause = reason.removeprefix(f"slurm-supervisor: run {run}: ")
+        cause = reason_cause(reason)  # the guard writes its own prefix, naming the caller's account
         check(self.ask({"op": change.value, "node": node, "run": run, "cause": cause}))
 
     def remedy(self, op: str, node: str, run: str = "", cause: str = "") -> None:

@@ -22,7 +22,7 @@ from supervisor.adapters.run_files import daemon_dirs as default_daemon_dirs
 from supervisor.adapters.secrets import read_secret as read_secret_file
 from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.adapters.slurm.config import has_accounting, kill_wait_s
-from supervisor.adapters.slurm.reads import own_user
+from supervisor.adapters.slurm.reads import own_account, own_user
 from supervisor.adapters.slurm.sacct import SacctCli
 from supervisor.adapters.sqlite import DB_NAME, SqliteStore
 from supervisor.adapters.wake_clock import WakeableClock
@@ -204,6 +204,7 @@ def engine_settings(cfg: DaemonConfig) -> EngineSettings:
         quarantine=QuarantineSettings(q.faults, q.window_h * 3600, q.base_h * 3600, q.max_h * 3600, q.when_short),
         stuck_page_s=cfg.daemon.stuck_page_after_s,
         outage_logged_after_s=2 * cfg.daemon.poll_interval_s,
+        account=own_account(),
     )
 
 

@@ -4,6 +4,7 @@ on a node it changes). Pure."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -22,6 +23,9 @@ from supervisor.domain.run import RunState
 from supervisor.domain.spikes.rollback import RollbackRecord
 
 REASON_PREFIX = "slurm-supervisor"
+# An account name as a node reason shows it: passwd's usual shapes (LDAP's dots and '@' too), never
+# a ':' or '/' that would let one account's reason read as another's (issue 32, finding 12).
+_ACCOUNT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._@$-]{0,31}$")
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,9 @@ class Observation:
     saved: Mapping[str, SavedCheckpoint] = field(default_factory=dict)
     # run -> a newer save storage would not let be checked, for the same runs (a planned end waits)
     unchecked: Mapping[str, UncheckedSave] = field(default_factory=dict)
+    # the account this instance runs as (``account_label``): the reasons it puts on nodes name it,
+    # and only a reason naming it and the run is its own; empty in the simulator
+    account: str = ""
 
     @property
     def now(self) -> float:
@@ -100,12 +107,35 @@ class Policy:
     kill_wait_s: float = 30.0  # Slurm's KillWait: SIGTERM to SIGKILL of a job's processes on a node
 
 
-def node_reason(run: str, why: str) -> str:
-    return f"{REASON_PREFIX}: run {run}: {why}"[:200]
+def account_label(name: str, uid: int) -> str:
+    """How a node reason names an account: its name, or ``#UID`` when the name has another shape
+    (no account name can be ``#…``, so no two accounts share a label). The guard and the daemon
+    both name an account so, the guard from the kernel's UID of its caller."""
+    return name if _ACCOUNT.match(name) else f"#{uid}"
 
 
-def marked_by_us(reason: str, run: str) -> bool:
-    return reason.startswith(f"{REASON_PREFIX}: run {run}:")
+def node_reason(account: str, run: str, why: str) -> str:
+    """The reason on a node the supervisor changes: ``slurm-supervisor: run ACCOUNT/RUN: WHY``
+    (without an account, as in the simulator: ``run RUN``)."""
+    return f"{REASON_PREFIX}: run {_mark(account, run)}: {why}"[:200]
+
+
+def marked_by_us(reason: str, account: str, run: str) -> bool:
+    """Did this account's run change the node? A run name alone is anyone's to give."""
+    return reason.startswith(f"{REASON_PREFIX}: run {_mark(account, run)}:")
+
+
+def reason_cause(reason: str) -> str:
+    """A supervisor reason without its ``slurm-supervisor: run ACCOUNT/RUN: `` prefix."""
+    head = f"{REASON_PREFIX}: run "
+    if not reason.startswith(head):
+        return reason
+    _, sep, cause = reason[len(head) :].partition(": ")
+    return cause if sep else reason
+
+
+def _mark(account: str, run: str) -> str:
+    return f"{account}/{run}" if account else run
 
 
 def set_terminal(run: RunRecord, state: RunState, kind: EventKind, why: str, obs: Observation) -> Decision:

@@ -76,6 +76,9 @@ class EngineSettings:
     # Slurm's KillWait (read from its configuration at start): how long a process Slurm is killing
     # on a responding node may live on, so how long a restart waits on a job still completing.
     kill_wait_s: float = 30.0
+    # The account this instance runs as (domain.observation.account_label): the reasons it puts on
+    # nodes name it, and only those are its own (issue 32, finding 12). Empty in the simulator.
+    account: str = ""
 
 
 @dataclass
@@ -116,6 +119,7 @@ class Engine:
             scheduler=scheduler, store=store, clock=clock, probes=self.probes, progress=self.progress,
             checkpoints=self.checkpoints, nodes=nodes, quarantine=settings.quarantine,
             node_refresh_ticks=settings.node_refresh_ticks, accounting=accounting, guard=guard,
+            account=settings.account,
             roster=health if isinstance(health, NodeRoster) else None,  # a run's token: its job's nodes only
         )  # fmt: skip
         self.executor = Executor(

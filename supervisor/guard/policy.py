@@ -19,8 +19,9 @@ Rules, in order (the first that applies decides; its name goes into the answer a
   change counts as a fault of the node (``Verdict.fault``): a refusal takes nothing out of service,
   so it must not keep the node out of every instance's runs either.
 
-The Slurm reason is the guard's own: ``slurm-supervisor: run RUN: CAUSE``, printable ASCII,
-at most ``MAX_REASON`` characters, RUN checked against the run-name rule, CAUSE cleaned.
+The Slurm reason is the guard's own: ``slurm-supervisor: run ACCOUNT/RUN: CAUSE``, printable ASCII,
+at most ``MAX_REASON`` characters, ACCOUNT the caller's (the kernel's UID, ``account_label``), RUN
+checked against the run-name rule, CAUSE cleaned.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from supervisor.domain.cluster import JobInfo, JobState
+from supervisor.domain.observation import account_label, node_reason
 
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")  # the run spec's own rule (config/run_file.py)
@@ -140,7 +142,8 @@ def decide(caller: Caller, req: Request, facts: Facts, limits: Limits) -> Verdic
     capped = _capped(req.node, facts, limits)
     if capped is not None:
         return replace(capped, job=owner.job)
-    return replace(owner, reason=slurm_reason(req.run, req.cause), fault=True)
+    account = account_label(caller.name, caller.uid)
+    return replace(owner, reason=slurm_reason(account, req.run, req.cause), fault=True)
 
 
 def problem(req: Request) -> str:
@@ -229,7 +232,8 @@ def clean_cause(text: str) -> str:
     return " ".join(printable.split()) or "no cause given"
 
 
-def slurm_reason(run: str, cause: str) -> str:
-    """The reason the guard writes into Slurm; ``run`` must already satisfy RUN_NAME."""
+def slurm_reason(account: str, run: str, cause: str) -> str:
+    """The reason the guard writes into Slurm; ``run`` must already satisfy RUN_NAME, ``account``
+    is an ``account_label``: the caller's, so a run name another account chose blames that account."""
     assert RUN_NAME.match(run), run
-    return f"slurm-supervisor: run {run}: {clean_cause(cause)}"[:MAX_REASON]
+    return node_reason(account, run, clean_cause(cause))[:MAX_REASON]

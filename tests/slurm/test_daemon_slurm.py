@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters.slurm.cli import SlurmCli
+from supervisor.adapters.slurm.reads import own_account
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.domain.cluster import JobState
 from supervisor.testing.slurm.daemon import SupervisorProcess, spared_run, write_run
@@ -93,7 +94,7 @@ def test_node_crash_is_recovered_by_the_daemon(slurm_cluster, tmp_path):
     assert (
         snap.nodes[victim].down
         and snap.nodes[victim].drained
-        and snap.nodes[victim].reason.startswith("slurm-supervisor: run llm:")
+        and snap.nodes[victim].reason.startswith(f"slurm-supervisor: run {own_account()}/llm:")
     )
     book = sup.logbook("llm")
     kinds = [e["kind"] for e in book]

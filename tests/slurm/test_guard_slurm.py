@@ -168,9 +168,11 @@ def test_a_user_drains_a_node_of_their_own_job_and_nothing_else(slurm_cluster: L
             in cli_as(cluster, "ssv-ga", "guard", "resume", mine[0], "--socket", str(guard.socket)).stderr
         )
         first = node(cluster, mine[0])
-        assert first.drained and first.reason == "slurm-supervisor: run llm: XID 79 on GPU 3"
+        assert (
+            first.drained and first.reason == "slurm-supervisor: run ssv-ga/llm: XID 79 on GPU 3"
+        )  # the caller the kernel names
         second = node(cluster, mine[1]).reason
-        assert second.startswith("slurm-supervisor: run llm: ok reason=pwned state=resume nodename=")
+        assert second.startswith("slurm-supervisor: run ssv-ga/llm: ok reason=pwned state=resume nodename=")
         assert len(second) <= 200 and all(" " <= c <= "~" for c in second), repr(second)
         assert not node(cluster, idle).drained and not node(cluster, theirs[0]).drained
         resumed = cli_as(cluster, "ssv-gadmin", "guard", "resume", mine[0], "--socket", str(guard.socket))

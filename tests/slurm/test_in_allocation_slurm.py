@@ -17,6 +17,7 @@ import pytest
 from supervisor.adapters.checkpoints.commit import build_manifest, commit_checkpoint
 from supervisor.adapters.checkpoints.posix import PosixBackend
 from supervisor.adapters.slurm.cli import SlurmCli
+from supervisor.adapters.slurm.reads import own_account
 from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
 pytestmark = pytest.mark.slurm
@@ -120,7 +121,7 @@ def test_a_crashed_node_is_replaced_by_the_hot_spare_in_the_same_job(slurm_clust
         assert sup.stop() == 0
     assert status["job_id"] == first["job_id"] and status["attempt"] == 0 and status["restarts"]["spent"] == 0
     node = SlurmCli(slurm_conf=str(slurm_cluster.slurm_conf)).snapshot().nodes[victim]
-    assert node.drained and node.reason.startswith("slurm-supervisor: run llm:")
+    assert node.drained and node.reason.startswith(f"slurm-supervisor: run {own_account()}/llm:")
     book = sup.logbook("llm")
     fault = next(i for i, e in enumerate(book) if e["kind"] == "fault" and victim in e["message"])
     swap = next(i for i, e in enumerate(book) if e["message"].startswith("swap in job"))

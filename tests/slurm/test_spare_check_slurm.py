@@ -21,6 +21,7 @@ import pytest
 from test_in_allocation_slurm import STEP, beats, wait
 
 from supervisor.adapters.slurm.cli import SlurmCli
+from supervisor.adapters.slurm.reads import own_account
 from supervisor.testing.kit.nvml_standin import NvmlStandin, StandinBuildError, build_standin
 from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 
@@ -80,7 +81,7 @@ def test_a_spare_with_a_lost_gpu_is_drained_from_the_pre_flight_report_alone(slu
         (spare, True, ["gpu-lost@1"])
     ]
     node = cli.snapshot().nodes[spare]
-    assert node.reason.startswith("slurm-supervisor: run llm:") and "lost" in node.reason, node.reason
+    assert node.reason.startswith(f"slurm-supervisor: run {own_account()}/llm:") and "lost" in node.reason, node.reason
     fault = next(e for e in book if e["kind"] == "fault" and spare in e["message"])
     assert "gpu-lost@1" in fault["message"] and "agent" in fault["message"], fault
     assert not any(e["message"].startswith("swap in job") for e in book), [e["message"] for e in book]

@@ -41,7 +41,7 @@ def drain(node: str = "n1", run: str = "llm", cause: str = "XID 79", op: str = "
 def test_a_node_of_the_callers_running_job_is_granted_with_the_templated_reason() -> None:
     v = decide(ALICE, drain(), Facts(NOW, (ALICES_JOB,)), LIMITS)
     assert (v.granted, v.rule, v.job, v.job_nodes, v.fault) == (True, "own-job", 7, ("n1", "n2"), True)
-    assert v.reason == "slurm-supervisor: run llm: XID 79"
+    assert v.reason == "slurm-supervisor: run alice/llm: XID 79"
 
 
 @pytest.mark.parametrize(
@@ -138,8 +138,8 @@ def test_malformed_requests_are_refused_before_anything_else(req: Request) -> No
 
 def test_a_forged_cause_cannot_leave_the_template() -> None:
     cause = "ok\nreason=pwned state=resume\r\x1b]0;owned\x07\x1b[2J\x00 tab\there \u00e9\u202e" + "A" * 900
-    reason = slurm_reason("llm", cause)
-    assert reason.startswith("slurm-supervisor: run llm: ok reason=pwned state=resume ")
+    reason = slurm_reason("alice", "llm", cause)
+    assert reason.startswith("slurm-supervisor: run alice/llm: ok reason=pwned state=resume ")
     assert len(reason) == MAX_REASON
     assert all(" " <= c <= "~" for c in reason)
     assert "  " not in reason
@@ -147,8 +147,8 @@ def test_a_forged_cause_cannot_leave_the_template() -> None:
 
 @given(st.text(max_size=3000))
 def test_any_cause_gives_a_printable_bounded_reason_under_the_prefix(cause: str) -> None:
-    reason = slurm_reason("run-1", cause)
-    assert reason.startswith("slurm-supervisor: run run-1: ")
+    reason = slurm_reason("alice", "run-1", cause)
+    assert reason.startswith("slurm-supervisor: run alice/run-1: ")
     assert len(reason) <= MAX_REASON and all(" " <= c <= "~" for c in reason)
     assert reason == reason.strip() or len(reason) == MAX_REASON
 

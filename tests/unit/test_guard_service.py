@@ -104,13 +104,13 @@ def audit(tmp_path: Path) -> list[dict]:
 def test_a_granted_drain_changes_slurm_with_the_guards_reason_and_is_audited(guard, slurm, tmp_path):
     answer = ask(guard, ALICE, op="drain", node="n1", run="llm", cause="XID 79 on GPU 3\n")
     assert answer["granted"] and answer["rule"] == "own-job" and answer["job"] == 7
-    assert slurm.reasons == {"n1": ("DRAIN", "slurm-supervisor: run llm: XID 79 on GPU 3")}
+    assert slurm.reasons == {"n1": ("DRAIN", "slurm-supervisor: run alice/llm: XID 79 on GPU 3")}
     (line,) = audit(tmp_path)
     assert {k: line[k] for k in ("uid", "user", "pid", "op", "node", "job", "run", "granted", "rule")} == {
         "uid": 1001, "user": "alice", "pid": 11, "op": "DRAIN", "node": "n1", "job": 7, "run": "llm",
         "granted": True, "rule": "own-job",
     }  # fmt: skip
-    assert line["cause"] == "XID 79 on GPU 3\n" and line["reason"] == "slurm-supervisor: run llm: XID 79 on GPU 3"
+    assert line["cause"] == "XID 79 on GPU 3\n" and line["reason"] == "slurm-supervisor: run alice/llm: XID 79 on GPU 3"
     assert line["time"].endswith("Z")
 
 

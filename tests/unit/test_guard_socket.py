@@ -98,7 +98,7 @@ def test_the_caller_is_who_the_kernel_says_not_who_the_request_claims(served):
         (NOBODY, "nobody", "own-job"),
         (NOBODY, "nobody", "not-own-remedy"),
     ]
-    assert slurm.reasons["n1"] == ("DRAIN", "slurm-supervisor: run r: c")
+    assert slurm.reasons["n1"] == ("DRAIN", "slurm-supervisor: run nobody/r: c")  # the kernel names the account
 
 
 def test_a_silent_caller_holds_nobody_up_and_an_overlong_line_is_refused(served):

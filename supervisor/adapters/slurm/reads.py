@@ -37,6 +37,7 @@ from supervisor.adapters.slurm.json_parsers import document_errors, parse_sinfo,
 from supervisor.adapters.slurm.release import SlurmRelease, parse_version
 from supervisor.adapters.slurm.squeue_format import squeue_by_id_argv
 from supervisor.domain.cluster import JobInfo, NodeInfo
+from supervisor.domain.observation import account_label
 from supervisor.ports import PermanentError, TransientError
 
 log = structlog.get_logger()
@@ -81,6 +82,17 @@ def version_argv() -> list[str]:
 def own_user() -> str:
     """The account this process runs as: an instance supervises the jobs it submits itself."""
     return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def own_account() -> str:
+    """This process's account as node reasons name it (issue 32, finding 12); the guard names its
+    caller the same way, from the kernel's UID."""
+    uid = os.geteuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = ""
+    return account_label(name, uid)
 
 
 def _is_root(user: str) -> bool:

@@ -140,8 +140,14 @@ def _at_checkpoint_boundary(
     actions: list[Action] = []
     drains_left = policy.drains_left
     for node in nodes:
-        if policy.may_change_nodes and drains_left > 0 and not marked_by_us(_reason_of(obs, node), run.name):
-            actions.append(ChangeNode(run.name, node, NodeChange.DRAIN, node_reason(run.name, run.deferred[node][1])))
+        if (
+            policy.may_change_nodes
+            and drains_left > 0
+            and not marked_by_us(_reason_of(obs, node), obs.account, run.name)
+        ):
+            actions.append(
+                ChangeNode(run.name, node, NodeChange.DRAIN, node_reason(obs.account, run.name, run.deferred[node][1]))
+            )
             drains_left -= 1
     return Decision(tuple(records), tuple(actions) + stop_job(run, job, why, obs, actions))
 
@@ -197,7 +203,7 @@ def _needs_change(run: RunRecord, node: str, obs: Observation) -> bool:
     else, nor downed or drained by this run."""
     info = obs.snapshot.nodes.get(node)
     drained_elsewhere = (
-        info is not None and info.drained and info.responding and not marked_by_us(info.reason, run.name)
+        info is not None and info.drained and info.responding and not marked_by_us(info.reason, obs.account, run.name)
     )
     return not drained_elsewhere and not _handled(run, node, obs)
 
@@ -240,7 +246,7 @@ def _mass_fault(
 def _handled(run: RunRecord, node: str, obs: Observation) -> bool:
     """This run already downed or drained the node: no new node change is needed."""
     info = obs.snapshot.nodes.get(node)
-    return info is not None and marked_by_us(info.reason, run.name) and (info.down or info.drained)
+    return info is not None and marked_by_us(info.reason, obs.account, run.name) and (info.down or info.drained)
 
 
 def _recover_hang(
@@ -298,7 +304,7 @@ def _node_change(
 ) -> tuple[list[ChangeNode | Event], int]:
     """DOWN (Slurm ends or requeues the job at once), then DRAIN (stays out until an admin resumes it)."""
     info = obs.snapshot.nodes.get(node)
-    if info is not None and info.drained and info.responding and not marked_by_us(info.reason, run.name):
+    if info is not None and info.drained and info.responding and not marked_by_us(info.reason, obs.account, run.name):
         msg = f"{node} excluded from run {run.name}; already drained in Slurm ({info.reason or 'no reason'})"
         evidence = {"node": node, "slurm_reason": info.reason}
         return [event_for(run, a, EventKind.NODE_EXCLUDED, msg, obs, evidence, f"{node}:drained")], drains_left
@@ -309,7 +315,7 @@ def _node_change(
         msg = f"{node} excluded from run {run.name}; not drained: the supervisor has no node rights (may_change_nodes = false)"
         return [event_for(run, a, EventKind.NODE_EXCLUDED, msg, obs, {"node": node}, f"{node}:norights")], drains_left
     kinds = (NodeChange.DRAIN,) if _alive(run, node, obs) else (NodeChange.DOWN, NodeChange.DRAIN)
-    return [ChangeNode(run.name, node, c, node_reason(run.name, why)) for c in kinds], drains_left - 1
+    return [ChangeNode(run.name, node, c, node_reason(obs.account, run.name, why)) for c in kinds], drains_left - 1
 
 
 def _detection_s(node: str, obs: Observation) -> float | None:

@@ -248,7 +248,7 @@ def _leftovers(
 def _taken_out(run: RunRecord, node: str, obs: Observation) -> bool:
     """Out of service already: drained (by us, Slurm's health check or an admin), or downed by us."""
     info = obs.snapshot.nodes.get(node)
-    return info is not None and (info.drained or (info.down and marked_by_us(info.reason, run.name)))
+    return info is not None and (info.drained or (info.down and marked_by_us(info.reason, obs.account, run.name)))
 
 
 def _resumed(

@@ -101,7 +101,7 @@ def _finish_drains(run: RunRecord, obs: Observation) -> tuple[ChangeNode, ...]:
     out = []
     for name in sorted(run.excluded):
         info = obs.snapshot.nodes.get(name)
-        if info is not None and info.down and not info.drained and marked_by_us(info.reason, run.name):
+        if info is not None and info.down and not info.drained and marked_by_us(info.reason, obs.account, run.name):
             out.append(ChangeNode(run.name, name, NodeChange.DRAIN, info.reason))
     return tuple(out)
 

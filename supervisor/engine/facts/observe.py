@@ -98,8 +98,10 @@ class Observer:
         guard: NodeGuard | None = None,
         roster: NodeRoster | None = None,
         whole_cluster_s: tuple[float, float] = (15.0, 60.0),
+        account: str = "",
     ) -> None:
         self.scheduler, self.store, self.clock = scheduler, store, clock
+        self.account = account  # who the instance is: the node reasons it recognises as its own name it
         self.roster = roster  # told each tick which nodes each run's job holds (the ingest)
         self.forgotten = ForgottenJobs(accounting)  # jobs squeue no longer lists, read from sacct
         self._forgotten: dict[int, Forgotten] = {}
@@ -254,6 +256,7 @@ class Observer:
             forgotten=self._forgotten,
             saved=saves.saved,
             unchecked=saves.unchecked,
+            account=self.account,
         )
 
     def _quarantined(self) -> dict[str, Quarantine]:
