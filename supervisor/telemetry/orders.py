@@ -7,13 +7,23 @@ From the environment (``SSV_RESUME_CHECKPOINT``, ``SSV_RESUME_STEP``, ``SSV_SKIP
 it with the newest verified checkpoint just before it releases the job. The file is read bounded
 (``MAX_RESUME_FILE_BYTES``) and checked whole before any of it is used: a torn or hostile file is
 ``ResumeFileError``, never half a plan. No torch here: the Megatron wrapper reads orders too.
+
+The file is read only when this process's account owns it (the daemon writes it as the job's own
+account), and, when the job holds the run's key (``SSV_MANIFEST_KEY``), only when the run signed
+it: in a shared sticky folder another account can create the file first, and the daemon cannot
+replace it (issue 32, finding 8). The signature is the manifests' (``domain/checkpoints/signing.py``:
+an HMAC-SHA256 ``"mac"`` field over the canonical JSON without it), checked here with the standard
+library alone because this module stands alone.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +32,8 @@ MAX_RESUME_FILE_BYTES = 1 << 20  # the supervisor's plans are a few KiB
 MAX_LOCATION_CHARS = 4096
 MAX_FALLBACKS = 256
 MAX_SKIP_CHARS = 65_536
+KEY_ENV = "SSV_MANIFEST_KEY"  # the run's key, hex (domain/checkpoints/signing.py)
+_SIGNATURE = "mac"
 
 
 class ResumeFileError(ValueError):
@@ -74,11 +86,11 @@ class ResumeOrders:
             path = env.get("SSV_RESUME_FILE", "")
             if not path:
                 raise ResumeFileError("SSV_RESUME_FROM_FILE=1 but SSV_RESUME_FILE is not set")
-            return read_resume_file(path)
+            return read_resume_file(path, _key(env))
         first = env.get("SSV_RESUME_CHECKPOINT", "")
         candidates = [first] if first else []
         if first and env.get("SSV_RESUME_FILE"):
-            candidates += _fallbacks(env["SSV_RESUME_FILE"])
+            candidates += _fallbacks(env["SSV_RESUME_FILE"], env)
         step_text = env.get("SSV_RESUME_STEP", "")
         return cls(
             candidates=tuple(dict.fromkeys(candidates)),
@@ -114,37 +126,81 @@ def _scale(value: object, name: str) -> float:
     return scale
 
 
-def _fallbacks(path: str) -> list[str]:
-    """The older verified checkpoints of the resume file beside SSV_RESUME_CHECKPOINT; none when it
-    cannot be read (the environment's checkpoint is still tried)."""
+def _key(env: Mapping[str, str]) -> bytes | None:
+    """The run's key from the environment; None without one (an older daemon's job)."""
+    text = env.get(KEY_ENV, "").strip()
+    if not text:
+        return None
     try:
-        with open(path, "rb") as f:
-            plan = json.loads(f.read(MAX_RESUME_FILE_BYTES))
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise ResumeFileError(f"{KEY_ENV} is not 32 bytes of hex")
+    return key
+
+
+def _fallbacks(path: str, env: Mapping[str, str]) -> list[str]:
+    """The older verified checkpoints of the resume file beside SSV_RESUME_CHECKPOINT; none when it
+    cannot be read or is not the run's (the environment's checkpoint is still tried)."""
+    try:
+        plan = _load(path, _key(env))
         return [str(f["location"]) for f in plan.get("fallbacks", []) if f.get("location")]
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError):  # ResumeFileError is a ValueError
         return []
 
 
 # ---------------------------------------------------------------------- the resume file
 
 
-def read_resume_file(path: str) -> ResumeOrders:
+def read_resume_file(path: str, key: bytes | None = None) -> ResumeOrders:
     """The orders of the resume file at ``path`` (``{"checkpoint": {"location", "step"} | null,
-    "fallbacks": [...], "skip_iterations"?, "lr_scale"?}``), checked whole; ``ResumeFileError``."""
+    "fallbacks": [...], "skip_iterations"?, "lr_scale"?, "mac"?}``), checked whole and, with the
+    run's ``key``, checked to be signed by the run; ``ResumeFileError``."""
     try:
-        return _orders_of(_load(path))
+        return _orders_of(_load(path, key))
     except ResumeFileError as exc:
         raise ResumeFileError(f"resume file {path}: {exc}; refusing to resume from part of it") from None
     except ValueError as exc:  # SkipRanges' own words
         raise ResumeFileError(f"resume file {path}: {exc}; refusing to resume from part of it") from None
 
 
-def _load(path: str) -> Mapping[str, Any]:
+def _load(path: str, key: bytes | None) -> Mapping[str, Any]:
+    doc = _parse(_read_own(path))
+    if key is not None:
+        _check_signature(doc, key)
+    return doc
+
+
+def _read_own(path: str) -> bytes:
+    """The file's bytes (bounded) when it is a regular file this process's account owns."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_RESUME_FILE_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO does not block
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ResumeFileError("not a regular file")
+            if st.st_uid != os.getuid():
+                raise ResumeFileError(
+                    f"owned by uid {st.st_uid}, not by this job's account (uid {os.getuid()}): another "
+                    "account may have created it first in a folder others may write"
+                )
+            return f.read(MAX_RESUME_FILE_BYTES + 1)
     except OSError as exc:
         raise ResumeFileError(f"cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
+
+
+def _check_signature(doc: Mapping[str, Any], key: bytes) -> None:
+    mac = doc.get(_SIGNATURE)
+    if mac is None:
+        raise ResumeFileError(f"not signed by the run although {KEY_ENV} is set: someone else wrote it")
+    body = json.dumps({k: v for k, v in doc.items() if k != _SIGNATURE}, sort_keys=True, separators=(",", ":"))
+    expected = "hmac-sha256:" + hmac.new(key, body.encode("ascii"), hashlib.sha256).hexdigest()
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, expected):
+        raise ResumeFileError("its signature is not the run's: written by someone else, or edited")
+
+
+def _parse(data: bytes) -> Mapping[str, Any]:
     if len(data) > MAX_RESUME_FILE_BYTES:
         raise ResumeFileError(f"larger than {MAX_RESUME_FILE_BYTES} bytes")
     try:

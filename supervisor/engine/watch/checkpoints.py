@@ -15,7 +15,6 @@ never resumes from a torn or unverified checkpoint.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -33,6 +32,7 @@ from supervisor.domain.checkpoints.manifest import (
     staleness,
 )
 from supervisor.domain.checkpoints.resume import ResumePlan
+from supervisor.domain.checkpoints.signing import manifest_key, signed_json
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import CheckpointPolicy, RunSpec, RunState
 from supervisor.engine.watch.resume import demote_failed_loads, plan_for
@@ -286,7 +286,9 @@ class CheckpointWatch:
         if not path or self._write_resume is None:
             return plan
         try:
-            self._write_resume(path, json.dumps({"run": run.name, **plan.to_json()}, indent=1))
+            # signed with the run's key, so that the job reads no file another account put there first
+            key = manifest_key(store.run_token(run.name))
+            self._write_resume(path, signed_json({"run": run.name, **plan.to_json()}, key))
         except OSError as exc:
             log.error("resume_file_unwritable", run=run.name, path=path, error=str(exc))
             a = run.attempt
