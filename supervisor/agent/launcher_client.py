@@ -1,6 +1,8 @@
 """The launcher's side of the channel (``adapters.web.launcher_channel``): one POST per poll with the
-run's token, the answer read bounded and validated. Any failure is "no answer": the launcher
-keeps its step as it is (jobs outlive the daemon)."""
+run's token (its wire form: the token never crosses the network), the answer read bounded and
+validated, and acted on only when the run's daemon signed it (``goal_signed``: someone in the
+middle cannot hand the launcher a step of its own). Any failure is "no answer": the launcher keeps
+its step as it is (jobs outlive the daemon)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import http.client
 import msgspec
 import structlog
 
-from supervisor.adapters.web.launcher_channel import LAUNCHER_PREFIX, LauncherGoal, LauncherPoll
+from supervisor.adapters.web.launcher_channel import LAUNCHER_PREFIX, LauncherGoal, LauncherPoll, goal_signed
 from supervisor.agent.daemon_url import run_endpoint
+from supervisor.domain.wire_auth import wire_token
 
 log = structlog.get_logger(__name__)
 
@@ -20,7 +23,7 @@ MAX_ANSWER = 1 << 16  # bytes read of an answer; a goal is a few hundred
 class ChannelClient:
     def __init__(self, url: str, run: str, token: str, timeout_s: float = 5.0) -> None:
         self._parsed, self.path = run_endpoint(url, LAUNCHER_PREFIX, run)
-        self._token = token
+        self._run, self._token = run, token
         self.timeout_s = timeout_s
         self._decoder = msgspec.json.Decoder(LauncherGoal)
         self._problem: str | None = None
@@ -36,6 +39,9 @@ class ChannelClient:
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             self._say(f"unreadable answer: {exc}")
             return None
+        if not goal_signed(goal, self._run, self._token):
+            self._say("an answer the run's daemon did not sign (rewritten on the way?); not acted on")
+            return None
         self._say(None)
         return goal if goal.job_id == report.job_id else None
 
@@ -43,7 +49,7 @@ class ChannelClient:
         p = self._parsed
         cls = http.client.HTTPSConnection if p.scheme == "https" else http.client.HTTPConnection
         conn = cls(p.hostname or "", p.port, timeout=self.timeout_s)
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._token}"}
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {wire_token(self._token)}"}
         try:
             conn.request("POST", self.path, body=body, headers=headers)
             response = conn.getresponse()

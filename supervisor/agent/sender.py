@@ -6,7 +6,8 @@ counted; the count travels in the next accepted batch (``dropped``). A failed se
 not hammer a daemon that is restarting. A batch the ingest refuses as malformed (400, 413, 422)
 is dropped and counted as rejected — sending it again would not help; an authentication refusal
 (401, 403, 404: the daemon may not know the run yet) is retried with backoff. The token is sent
-as ``Authorization: Bearer`` and never logged.
+as ``Authorization: Bearer`` in its wire form (``domain.wire_auth``: the token itself never
+crosses the network) and never logged.
 
 The connection is held only while a flush sends (``keep_alive=False``, the default): an agent
 reports every few seconds, and 2,048 agents each holding an idle connection would hold 2,048 of
@@ -34,6 +35,7 @@ import structlog
 
 from supervisor.agent.daemon_url import run_endpoint
 from supervisor.domain.health.node_report import SCHEMA_VERSION, NodeReport, ReportBatch, to_wire
+from supervisor.domain.wire_auth import wire_token
 
 log = structlog.get_logger(__name__)
 
@@ -104,7 +106,7 @@ class HttpSender:
     ) -> None:
         self._parsed, self.path = run_endpoint(url, "/v1/reports/", run)
         self.run = run
-        self._token = token
+        self._token = wire_token(token)  # what is sent: the token never crosses the network
         self.node = node
         self.settings = settings or SenderSettings()
         self._rng = rng or random.Random()

@@ -30,7 +30,6 @@ The server is ``supervisor.adapters.web.server`` (``bench/ingest.py`` measures i
 
 from __future__ import annotations
 
-import hmac
 import re
 import threading
 from collections import Counter, OrderedDict, deque
@@ -47,6 +46,7 @@ from supervisor.domain.health.findings import NodeFinding
 from supervisor.domain.health.gpu_health import MAX_NODES, HealthRules
 from supervisor.domain.health.node_report import ReportBatch, check_batch
 from supervisor.domain.text_safety import printable
+from supervisor.domain.wire_auth import speaks_for
 from supervisor.ports import Clock
 
 log = structlog.get_logger(__name__)
@@ -230,14 +230,14 @@ class ReportIngest:
 
 def bearer_refusal(tokens: Mapping[str, str], run: str, header: str) -> Response | None:
     """Why a request does not speak for ``run`` (None: it does): no bearer token, an unknown run,
-    or a token that is not the run's (compared in constant time). The launcher channel shares it."""
+    or a token that is neither the run's wire token nor the run's token (compared in constant time). The launcher channel shares it."""
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return error(401, "missing 'Authorization: Bearer TOKEN' (the run's token)")
     expected = tokens.get(run)
     if expected is None:
         return error(404, f"no supervised run named {run!r}")
-    if not hmac.compare_digest(token.strip().encode(), expected.encode()):
+    if not speaks_for(token.strip(), expected):  # the wire token (domain.wire_auth), or the token itself
         return error(403, f"the token is not run {run!r}'s token")
     return None
 

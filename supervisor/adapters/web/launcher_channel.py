@@ -6,11 +6,15 @@ agents' reports are (``ingest.bearer_refusal``: constant-time compare), and for 
 job only: the job id must be the current attempt's and its host a node of that job, as the
 daemon's store has them. The body is a bounded msgspec schema (names as Slurm's, lists capped).
 The report is kept in the store (``launcher_reports``) through the channel's own connection; the
-goal is read from it (written by the engine's journaled ``swap_step`` only).
+goal is read from it (written by the engine's journaled ``swap_step`` only), and signed with a key
+derived from the run's token (``domain.wire_auth.goal_mac``): without TLS someone in the middle
+could otherwise rewrite it (a newer generation from its own checkpoint), and the launcher acts
+only on a goal the run's daemon signed. Clients send the token's wire form, never the token.
 """
 
 from __future__ import annotations
 
+import hmac
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -25,6 +29,7 @@ from supervisor.domain.alloc_step import LauncherReport, StepGoal
 from supervisor.domain.checkpoints.resume import resume_env
 from supervisor.domain.records import RunRecord
 from supervisor.domain.text_safety import printable
+from supervisor.domain.wire_auth import goal_mac
 from supervisor.ports import Clock, RunStore, StepLedger
 
 LAUNCHER_PREFIX = "/v1/launcher/"
@@ -56,6 +61,7 @@ class LauncherGoal(msgspec.Struct, forbid_unknown_fields=True):
     generation: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
     nodes: Annotated[list[NodeName], msgspec.Meta(max_length=MAX_NODES)] | None = None
     env: Annotated[dict[str, Annotated[str, msgspec.Meta(max_length=4096)]], msgspec.Meta(max_length=32)] = {}
+    mac: Annotated[str, msgspec.Meta(max_length=100)] = ""  # the daemon's signature (sign_goal)
 
 
 class ChannelStore(RunStore, StepLedger, Protocol):
@@ -115,7 +121,8 @@ class LauncherChannel:
                 unreachable=poll.unreachable[:16],
             )
             self.wake()
-        return Response(200, msgspec.json.encode(goal_answer(poll.job_id, self.store.step_goal(run, poll.job_id))))
+        goal = goal_answer(poll.job_id, self.store.step_goal(run, poll.job_id))
+        return Response(200, msgspec.json.encode(sign_goal(goal, run, self.tokens[run])))
 
     def _news_of_trouble(self, run: str, before: LauncherReport | None, poll: LauncherPoll) -> bool:
         """A step node newly unreachable, or the step just found dead (not each poll while it stays so)."""
@@ -131,6 +138,19 @@ class LauncherChannel:
 
 def _last_report(record: RunRecord | None) -> LauncherReport | None:
     return record.step.report if record is not None and record.step is not None else None
+
+
+def sign_goal(goal: LauncherGoal, run: str, token: str) -> LauncherGoal:
+    return msgspec.structs.replace(goal, mac=_mac(goal, run, token))
+
+
+def goal_signed(goal: LauncherGoal, run: str, token: str) -> bool:
+    """Did the run's daemon sign this goal (every field of it)?"""
+    return hmac.compare_digest(goal.mac.encode(), _mac(goal, run, token).encode())
+
+
+def _mac(goal: LauncherGoal, run: str, token: str) -> str:
+    return goal_mac(token, run, goal.job_id, goal.generation, goal.nodes, goal.env)
 
 
 def goal_answer(job_id: int, goal: StepGoal | None) -> LauncherGoal:
