@@ -23,6 +23,9 @@ DEFAULT_CONFIG = "/etc/slurm-supervisor/guard.toml"
 
 class GuardSection(Section):
     socket: Path = Path(DEFAULT_SOCKET)  # bound only when systemd passed no socket
+    # Only this group's members may connect to a socket the guard binds itself (mode 0660); none:
+    # anyone (0666). The shipped socket unit says the same with SocketGroup= and SocketMode=.
+    socket_group: StrictStr | None = None
     state_dir: Path = Path("/var/lib/slurm-supervisor-guard")
     admin_groups: tuple[StrictStr, ...] = ()
     # Accounts that run supervisor instances: the guard keeps connection slots for them (and admins).

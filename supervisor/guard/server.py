@@ -61,17 +61,33 @@ def passed_socket(env: Mapping[str, str] | None = None) -> socket.socket | None:
     return sock
 
 
-def bound_socket(path: Path) -> socket.socket:
+def bound_socket(path: Path, group: str | None = None) -> socket.socket:
     """A socket bound at ``path`` (a stale socket there is replaced; anything else is refused).
-    Mode 0666: anyone may ask, the policy decides."""
+    With ``group``: mode 0660 and that group, so only its members may connect at all (least
+    privilege: an account that runs no instance cannot take the guard's slots); without: 0666,
+    anyone may ask. Either way the policy decides by the caller's UID (SO_PEERCRED)."""
+    gid = _group_id(group) if group is not None else None
     if path.is_symlink() or (path.exists() and not stat.S_ISSOCK(path.lstat().st_mode)):
         raise OSError(f"{path} exists and is not a socket")
     path.unlink(missing_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(str(path))
-    path.chmod(0o666)
+    before = os.umask(0o177)  # nobody may connect before the mode below is set
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(before)
+    if gid is not None:
+        os.chown(path, -1, gid)
+    path.chmod(0o666 if gid is None else 0o660)
     sock.listen(64)
     return sock
+
+
+def _group_id(group: str) -> int:
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise OSError(f"[guard] socket_group: no group {group!r} in the group database") from None
 
 
 def credentials(conn: socket.socket) -> tuple[int, int, int]:

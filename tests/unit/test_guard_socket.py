@@ -3,6 +3,7 @@ bounded lines and deadlines, socket activation (LISTEN_FDS), and the client's er
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import shutil
@@ -211,3 +212,41 @@ def test_the_port_sends_the_cause_without_the_daemons_prefix(tmp_path):
     client.set_node_state("n1", NodeChange.DOWN, "llm", "slurm-supervisor: run llm: XID 79")
     assert seen == [{"op": "DOWN", "node": "n1", "run": "llm", "cause": "XID 79"}]
     assert client.quarantined() == {}
+
+
+@needs_root
+def test_a_socket_for_one_group_lets_only_its_members_connect(tmp_path):
+    """Least privilege (issue 32): with ``[guard] socket_group`` (the shipped socket unit's
+    ``SocketGroup=slurm-supervisor-guard``) only members may connect at all, so an account that
+    runs no instance cannot take the guard's slots; who a member is, is still SO_PEERCRED's word."""
+    public = Path(tempfile.mkdtemp(prefix="ssv-guard-", dir="/tmp"))
+    public.chmod(0o755)
+    try:
+        others = public / "root-only.sock"
+        with bound_socket(others, group="root"):
+            assert (others.stat().st_mode & 0o777, others.stat().st_gid) == (0o660, 0)
+            with pytest.raises(subprocess.CalledProcessError, match="returned non-zero") as refused:
+                as_nobody(others, {"op": "QUARANTINE"})
+            assert "PermissionError" in str(refused.value.stderr)
+        members = public / "nobodys-group.sock"
+        with bound_socket(members, group=grp.getgrgid(NOBODY).gr_name) as sock:
+            guard = Guard(
+                slurm=FakeSlurm(),  # type: ignore[arg-type]
+                memory=GuardMemory(tmp_path / "state"),
+                audit=AuditLog(tmp_path / "audit.jsonl"),
+                limits=Limits(max_drains=4),
+                quarantine=QuarantineSettings(faults=1),
+            )
+            server = GuardServer(sock, guard, timeout_s=0.5)
+            stop = threading.Event()
+            thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
+            thread.start()
+            try:
+                assert as_nobody(members, {"op": "QUARANTINE"})["granted"]
+            finally:
+                stop.set()
+                thread.join(5)
+        with pytest.raises(OSError, match="no group 'no-such-group-ssv'"):
+            bound_socket(public / "x.sock", group="no-such-group-ssv")
+    finally:
+        shutil.rmtree(public, ignore_errors=True)

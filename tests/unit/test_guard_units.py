@@ -50,7 +50,8 @@ def test_security_exposure_is_at_most_3(tmp_path: Path) -> None:
 def test_the_settings_the_guard_relies_on() -> None:
     sock = unit_settings(SOCKET.read_text())["Socket"]
     assert sock["ListenStream"] == DEFAULT_SOCKET  # where the client looks by default
-    assert sock["SocketMode"] == "0666" and sock["Accept"] == "no"  # anyone asks; one guard decides
+    # members of the guard's group ask (least privilege); one guard decides, by UID
+    assert (sock["SocketGroup"], sock["SocketMode"], sock["Accept"]) == ("slurm-supervisor-guard", "0660", "no")
     service = unit_settings(SERVICE.read_text())["Service"]
     assert service["ExecStart"] == "/usr/bin/slurm-supervisor guard serve --config /etc/slurm-supervisor/guard.toml"
     # In a user namespace of its own SO_PEERCRED would map every caller to nobody.

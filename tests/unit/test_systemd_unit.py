@@ -208,13 +208,14 @@ def test_nothing_hides_munge_or_home_directories(unit: Path) -> None:
 # --------------------------------------------------------------------------- sysusers and tmpfiles
 
 
-def test_sysusers_makes_the_admin_group_and_no_account(tmp_path: Path) -> None:
+def test_sysusers_makes_the_admin_and_guard_groups_and_no_account(tmp_path: Path) -> None:
     """Instance accounts come from the site's directory service with one fixed UID cluster-wide
     (review finding #13): a dynamic local UID would be someone else's on the compute nodes."""
     (tmp_path / "etc").mkdir()
     result = run([systemd_tool("systemd-sysusers"), f"--root={tmp_path}", str(SYSUSERS)])
     assert result.returncode == 0, result.stderr
-    assert "slurm-supervisor-admins:x:" in (tmp_path / "etc/group").read_text()
+    groups = (tmp_path / "etc/group").read_text()
+    assert "slurm-supervisor-admins:x:" in groups and "slurm-supervisor-guard:x:" in groups  # the guard socket's
     passwd = tmp_path / "etc/passwd"
     assert not passwd.exists() or "slurm-supervisor" not in passwd.read_text()
 

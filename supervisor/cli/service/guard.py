@@ -80,7 +80,7 @@ def _server(cfg: GuardConfig) -> GuardServer:
     audit = AuditLog(g.state_dir / "audit.jsonl", max_bytes=int(g.audit_max_mb * 1e6), keep=g.audit_keep)
     core = Guard(slurm=slurm, memory=memory, audit=audit, limits=g.limits(), quarantine=cfg.quarantine.settings())
     try:
-        sock = passed_socket() or bound_socket(g.socket)
+        sock = passed_socket() or bound_socket(g.socket, g.socket_group)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {g.socket}: {exc}") from None
     trusted = frozenset(g.instance_users)
