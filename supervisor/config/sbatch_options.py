@@ -18,6 +18,8 @@ from enum import Enum
 from pathlib import Path
 
 from supervisor.config.errors import fail
+from supervisor.config.script_directives import Directive, UnreadableScript, directives, script_head
+from supervisor.domain.text_safety import printable
 
 
 class Arg(Enum):
@@ -251,28 +253,27 @@ def check_sbatch_args(args: tuple[str, ...]) -> tuple[str, ...]:
     return args
 
 
-def sbatch_directives(script: Path) -> list[tuple[int, str]]:
-    """The script's ``#SBATCH`` lines and their numbers; sbatch stops at the first command."""
-    found: list[tuple[int, str]] = []
-    with script.open(encoding="utf-8", errors="replace") as lines:
-        for number, line in enumerate(lines, start=1):
-            text = line.strip()
-            if text.startswith("#SBATCH"):
-                found.append((number, text))
-            elif text and not text.startswith("#"):
-                break
-    return found
-
-
 def check_script_directives(script: Path) -> None:
-    """The script's own ``#SBATCH`` lines may not set what the command line cannot override."""
-    for number, line in sbatch_directives(script):
-        try:
-            options = read_options(line.split()[1:])
-        except SbatchArgError:
-            continue  # sbatch itself refuses the line; `submit` shows its words
-        for option, hit in owned(options, SCRIPT_OWNED):
-            raise fail(
-                f'line {number} of the script, "{line}", {_described(option)}: {hit.why}',
-                f"delete that line from {script.name}; {hit.fix}",
-            )
+    """The script's own ``#SBATCH`` lines (read as sbatch reads them: ``script_directives``) may
+    not set what the command line cannot override, nor be lines sbatch cannot read."""
+    try:
+        found = directives(script_head(script))
+    except UnreadableScript as error:
+        raise fail(f"the batch script: {error}", f"fix {script.name}'s #SBATCH lines") from None
+    words = [w for d in found for w in d.words]
+    line_of = [d for d in found for _ in d.words]
+    try:
+        options = read_options(words)
+    except SbatchArgError as error:
+        options = [error.option] if error.option is not None else []
+        if not any(owned(options, SCRIPT_OWNED)):
+            raise fail(f"{_where(line_of[error.index])}: {error.problem}", f"fix that line of {script.name}") from None
+    for option, hit in owned(options, SCRIPT_OWNED):
+        raise fail(
+            f"{_where(line_of[option.index])}, {_described(option)}: {hit.why}",
+            f"delete that line from {script.name}; {hit.fix}",
+        )
+
+
+def _where(directive: Directive) -> str:
+    return f'line {directive.number} of the script, "{printable(directive.line, 200)}"'
