@@ -47,9 +47,10 @@ def opened_path(fd: int, fallback: str | os.PathLike[str]) -> str:
         return os.path.realpath(fallback)
 
 
-def check_outside(fd: int, path: str | os.PathLike[str], protected: Sequence[str]) -> None:
-    """Raise :class:`RunFileRefused` when the open ``fd`` lies in one of the ``protected`` folders."""
-    folder = inside(opened_path(fd, path), protected)
+def check_outside(fd: int, path: str | os.PathLike[str], protected: Sequence[str], name: str = "") -> None:
+    """Raise :class:`RunFileRefused` when the open ``fd`` (with ``name``: the entry ``name`` in the
+    folder ``fd``) lies in one of the ``protected`` folders or is one of its secret files."""
+    folder = inside(os.path.join(opened_path(fd, path), name) if name else opened_path(fd, path), protected)
     if folder is not None:
         raise RunFileRefused(path, f"inside the supervisor's own folder {folder}; a run's files may not be there")
 

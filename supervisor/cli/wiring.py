@@ -242,8 +242,9 @@ def progress(cfg: DaemonConfig, ledger: ProgressLedger | None = None) -> Progres
 
 def daemon_dirs(cfg: DaemonConfig) -> tuple[str, ...]:
     """The daemon's own folders and secret files: no file of a run is read or written there."""
-    state, n = cfg.daemon.state_dir, cfg.notify
-    secret_files = [f for f in (cfg.ingest.hook_token_file, n.webhook_url_file, n.routing_key_file) if f]
+    state, n, i = cfg.daemon.state_dir, cfg.notify, cfg.ingest
+    secrets = (i.hook_token_file, i.read_token_file, i.tls_key_file, n.webhook_url_file, n.routing_key_file)
+    secret_files = [f for f in (*secrets, cfg.store.password_file) if f]
     return default_daemon_dirs([state, cfg.api.socket_path(state).parent, *secret_files])
 
 

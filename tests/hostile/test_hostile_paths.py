@@ -14,6 +14,7 @@ import structlog
 
 from supervisor.adapters.checkpoints.resume_file import write_resume_file
 from supervisor.adapters.logtail import LogTail
+from supervisor.adapters.run_files import RunFileRefused
 from supervisor.adapters.sqlite import SqliteStore
 from supervisor.cli import wiring
 from supervisor.config import ConfigError, load_daemon_config, load_run_file
@@ -182,3 +183,28 @@ def test_a_refused_output_is_logged_once_and_blocks_no_tick(tmp_path):
         for tick in range(5):
             watch.update([run], snap, 1000.0 + tick)
     assert [e["event"] for e in logs].count("progress_unreadable") == 1
+
+
+def test_the_read_token_the_tls_key_and_the_store_password_are_the_daemons_too(tmp_path):
+    """Issue 32 (the review's smaller points): a run's output or resume file may not name the read
+    token, the TLS key or the store's password file where they live outside /etc/slurm-supervisor
+    (the daemon, as the account, would write the job's output over them, or follow them)."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    names = ("read.token", "tls.key", "tls.crt", "store.pass")
+    for name in names:
+        (secrets / name).write_text(SECRET + "\n")
+        (secrets / name).chmod(0o600)
+    state = tmp_path / "state"
+    state.mkdir()
+    conf = tmp_path / "supervisor.toml"
+    conf.write_text(
+        f'[daemon]\nstate_dir = "{state}"\n[ingest]\nread_token_file = "{secrets}/read.token"\n'
+        f'tls_cert_file = "{secrets}/tls.crt"\ntls_key_file = "{secrets}/tls.key"\n'
+        f'[store]\nurl = "postgresql://db/ssv"\npassword_file = "{secrets}/store.pass"\n'
+    )
+    dirs = wiring.daemon_dirs(load_daemon_config(conf))
+    for name in ("read.token", "tls.key", "store.pass"):
+        assert str(secrets / name) in dirs, name
+    with pytest.raises(RunFileRefused):
+        write_resume_file(str(secrets / "tls.key"), "{}", protected=dirs)

@@ -30,7 +30,8 @@ def write_resume_file(path: str, text: str, protected: Sequence[str] | None = No
     target = Path(path)
     dir_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        check_outside(dir_fd, target.parent, daemon_dirs() if protected is None else protected)
+        # the folder, and the name in it: a secret file of the daemon's may lie in a folder of the run's
+        check_outside(dir_fd, target.parent, daemon_dirs() if protected is None else protected, target.name)
         _refuse_non_regular(dir_fd, target)
         _replace(dir_fd, target.name, text.encode("utf-8"))
         os.fsync(dir_fd)
