@@ -305,7 +305,7 @@ def ingest(
     server = IngestServer(feed, cfg.ingest.bind, cfg.ingest.port, cfg.ingest.max_body_bytes)
     # in-allocation launchers poll here (docs/in-allocation.md); a store connection of its own, off the event loop
     wake = clock.wake if isinstance(clock, WakeableClock) else None  # a dead step: tick now, not at the next poll
-    channel = LauncherChannel(book, store(cfg, opened=opened), clock, wake)
+    channel = LauncherChannel(book, store(cfg, opened=opened), clock, wake, counters=server.counters)
     server.mount(LAUNCHER_PREFIX, channel.handle, blocking=True)
     http_options(server, cfg)
     try:  # the read token is a secret like the hook token

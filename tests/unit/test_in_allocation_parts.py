@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -119,6 +120,20 @@ def test_the_channel_refuses_what_is_not_the_runs_launcher(tmp_path: Path, body,
     channel, store = _channel(tmp_path)
     assert _post(channel, body, token).status == status
     assert store.launcher_report("llm", 7) is None
+
+
+def test_the_launchers_refusals_are_counted_with_the_servers(tmp_path: Path) -> None:
+    """Issue 32 (the review's smaller points): a flood of refused launcher polls was invisible in
+    the server's counters, which counted only the reports' refusals."""
+    store = SqliteStore(tmp_path)
+    store.add_run(SPEC, 1.0)
+    store.add_attempt("llm", 7, 0, 2.0)
+    store.attempt_started("llm", 0, ("n1", "n2", "n3"), 3.0)
+    shared: Counter[str] = Counter({"reports": 5})
+    channel = LauncherChannel({"llm": "secret-token"}, store, ManualClock(50.0), counters=shared)
+    for token in ("wrong-token", "wrong-token", "", "secret-token"):
+        _post(channel, REPORT, token)
+    assert shared == Counter(reports=5, launcher_requests=4, launcher_rejected_403=2, launcher_rejected_401=1)
 
 
 def test_an_answer_the_launcher_reads_is_bounded() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Annotated, Protocol
 
@@ -73,9 +74,17 @@ class LauncherChannel:
     the next tick comes now rather than after a poll interval (a hint; the tick decides)."""
 
     def __init__(
-        self, tokens: Mapping[str, str], store: ChannelStore, clock: Clock, wake: Callable[[], object] | None = None
+        self,
+        tokens: Mapping[str, str],
+        store: ChannelStore,
+        clock: Clock,
+        wake: Callable[[], object] | None = None,
+        counters: Counter[str] | None = None,
     ) -> None:
         self.tokens, self.store, self.clock, self.wake = tokens, store, clock, wake
+        # the server's counters (wiring shares them), so a flood of refused polls shows as the
+        # reports' refusals do: launcher_requests, launcher_rejected_STATUS
+        self.counters: Counter[str] = Counter() if counters is None else counters
         self._decoder = msgspec.json.Decoder(LauncherPoll)
         self._lock = threading.Lock()  # one SQLite connection: one request at a time
         # run -> (job, generation, unreachable nodes) last reported: a hint's memory only (a
@@ -84,6 +93,13 @@ class LauncherChannel:
         store.channel_listening(clock.now())  # launchers' silence counts from now on, not while no daemon ran
 
     def handle(self, request: Request) -> Response:
+        self.counters["launcher_requests"] += 1
+        response = self._handle(request)
+        if response.status != 200:
+            self.counters[f"launcher_rejected_{response.status}"] += 1
+        return response
+
+    def _handle(self, request: Request) -> Response:
         run = request.path[len(LAUNCHER_PREFIX) :]
         if not _RUN.match(run):
             return error(404, "POST to /v1/launcher/RUN (RUN: the run's name)")
