@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from supervisor.adapters.sqlite import fence
+from supervisor.adapters.sqlite.local_fs import refuse_network_filesystem
 from supervisor.adapters.sqlite.schema import migrate, require_current
 
 DB_NAME = "supervisor.db"
@@ -84,6 +85,7 @@ def _held_epoch_of(store: weakref.ReferenceType[SqliteBase]) -> Callable[[], int
 
 def _open_writable(path: Path, durable: bool = True) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
+    refuse_network_filesystem(path.parent)  # WAL needs one host's shared memory and locks
     db = sqlite3.connect(
         path, isolation_level=None, timeout=10.0, check_same_thread=False, factory=fence.FencedConnection
     )
