@@ -244,6 +244,30 @@ def test_slowloris_is_cut_by_an_absolute_deadline(server: IngestServer) -> None:
     sock.close()
 
 
+@pytest.mark.timing
+def test_a_head_trickled_byte_by_byte_is_cut_at_the_heads_deadline_not_the_requests(server: IngestServer) -> None:
+    """Issue 32, finding 5: the head has a deadline of its own, shorter than the whole request's,
+    so a slow "busy" connection lives seconds, not ``request_deadline_s`` (30 s); a slow body
+    (the head complete) still has the request's. Before: every trickled head lived 30 s."""
+    server.limits = replace(server.limits, head_deadline_s=1.0, request_deadline_s=6.0)
+    head = attacker_socket(server.port)
+    body = attacker_socket(server.port)
+    started = time.monotonic()
+    body.sendall(b"POST /v1/reports/run-a HTTP/1.1\r\nContent-Length: 400\r\n\r\n")
+    for b in b"POST /v1/reports/run-a HTTP/1.1\r\nX: " + b"y" * 30:
+        try:
+            head.send(bytes([b]))
+            body.send(b"{")
+        except OSError:
+            break
+        time.sleep(0.1)
+    assert closed_by_server(head, 0.5) and time.monotonic() - started < 3.5
+    assert not closed_by_server(body, 0.2)  # its head was whole: the body has the request's deadline
+    assert server.counters["closed_head_deadline"] == 1
+    head.close()
+    body.close()
+
+
 def test_one_peer_cannot_hold_every_connection(server: IngestServer) -> None:
     """Before: no per-peer cap; one address could open connections until the process ran out."""
     socks = [attacker_socket(server.port) for _ in range(200)]

@@ -52,6 +52,9 @@ class Limits:
     max_connections: int = 1024
     max_connections_per_peer: int = 32
     request_deadline_s: float = 30.0
+    # the head (request line and headers) within this of the request's first byte: an agent sends
+    # it at once, a slow "busy" connection holds a slot this long, not request_deadline_s (finding 5)
+    head_deadline_s: float = 5.0
     idle_timeout_s: float = 30.0
     write_buffer_bytes: int = 256 * 1024
     max_pending_pages: int = 32

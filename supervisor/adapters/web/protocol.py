@@ -13,7 +13,8 @@ parses, and everything a client can make the server hold is bounded (``Limits``)
   (``pause_writing``), it gets no further answer and is not read until the client reads; a large
   answer is handed to the transport ``STREAM_CHUNK`` bytes at a time, as the client reads it;
 * deadlines, enforced by the server's reaper from ``since``: a request must be read and answered
-  within ``request_deadline_s`` of its first byte (not re-armed by each byte), and an idle
+  within ``request_deadline_s`` of its first byte (not re-armed by each byte), its head within
+  ``head_deadline_s``, and an idle
   keep-alive connection is closed after ``idle_timeout_s``;
 * handlers of routes mounted ``blocking`` (pages) run on the server's worker thread, never on the
   event loop; a handler's exception is a 500.

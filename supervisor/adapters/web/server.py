@@ -12,7 +12,8 @@ Nothing a client sends stops the server or the daemon around it: each connection
   longest-idle connection (of that address, or of the address holding the most) or is closed at
   once. A connection counts as idle from its connection to its first byte;
 * a reaper closes connections past their deadline (a request not read and answered within
-  ``request_deadline_s`` of its first byte) or idle for ``idle_timeout_s``;
+  ``request_deadline_s`` of its first byte, or its head not read within ``head_deadline_s``) or
+  idle for ``idle_timeout_s``;
 * routes mounted ``blocking`` (the pages) run one at a time on a worker thread, at most
   ``max_pending_pages`` waiting (503 beyond);
 * TLS, when given an ``ssl.SSLContext``: the handshake (within ``request_deadline_s``) runs on a
@@ -185,6 +186,8 @@ class HttpServer:
                 self._close(conn, "closed_idle")
             elif not conn.idle and idle_for > limits.request_deadline_s:
                 self._close(conn, "closed_deadline")
+            elif not conn.idle and conn.in_head and idle_for > limits.head_deadline_s:
+                self._close(conn, "closed_head_deadline")
         self._loop.call_later(REAP_EVERY_S, self._reap)
 
     def _close(self, conn: Connection, why: str) -> None:
