@@ -9,7 +9,8 @@ the guard answers with one JSON object and a newline, and closes. Requests:
 (SO_PEERCRED), so a request names no user.
 
 Errors map onto the port's: no answer (refused connection, timeout, a cut line) -> TransientError;
-the socket path missing or not a socket (no guard installed) -> PermanentError; the cluster-wide
+the socket path missing or not a socket (no guard installed), or not ours to connect to (an
+account outside the guard's group) -> PermanentError; the cluster-wide
 cap -> CapReached; any other refusal -> GuardRefused (a PermanentError naming the rule). A
 refusal is never PermissionDenied: the guard decides per node, so a refusal does not mean the
 daemon has no node rights at all.
@@ -88,6 +89,11 @@ class GuardClient:
                 raw = _read_line(sock)
         except (FileNotFoundError, NotADirectoryError) as exc:
             raise PermanentError(f"no node guard at {self.path} ({exc.strerror}); see docs/guard.md") from exc
+        except PermissionError as exc:  # the socket's mode: asking again will not help
+            raise PermanentError(
+                f"may not connect to the node guard at {self.path} ({exc.strerror}): its socket is for members "
+                "of the group slurm-supervisor-guard; ask the site to add this account (docs/guard.md)"
+            ) from exc
         except OSError as exc:  # refused, reset, timed out
             raise TransientError(f"the node guard at {self.path} did not answer: {exc}", delay=2.0) from exc
         try:

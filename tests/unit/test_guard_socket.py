@@ -24,6 +24,7 @@ from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.guard.policy import Limits
 from supervisor.guard.server import GuardServer, bound_socket, passed_socket
 from supervisor.ports import CapReached, PermanentError, PermissionDenied, TransientError
+from supervisor.testing.slurm import privileges
 from supervisor.testing.slurm.privileges import NOBODY
 from supervisor.testing.slurm.users import python_for_others
 
@@ -248,5 +249,21 @@ def test_a_socket_for_one_group_lets_only_its_members_connect(tmp_path):
                 thread.join(5)
         with pytest.raises(OSError, match="no group 'no-such-group-ssv'"):
             bound_socket(public / "x.sock", group="no-such-group-ssv")
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
+
+
+@needs_root
+def test_an_account_outside_the_guards_group_is_told_so_not_retried_for_ever():
+    """A connect the socket's mode refuses is a PermanentError naming the group (before: an
+    OSError like any other, a TransientError retried every tick)."""
+    public = Path(tempfile.mkdtemp(prefix="ssv-guard-", dir="/tmp"))
+    public.chmod(0o755)
+    try:
+        path = public / "guard.sock"
+        with bound_socket(path, group="root"), privileges.as_nobody():
+            with pytest.raises(PermanentError, match="slurm-supervisor-guard") as refused:
+                GuardClient(str(path), timeout_s=2.0).quarantined()
+            assert not isinstance(refused.value, TransientError)
     finally:
         shutil.rmtree(public, ignore_errors=True)
