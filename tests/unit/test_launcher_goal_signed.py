@@ -27,8 +27,8 @@ from supervisor.domain.checkpoints.manifest import Guarantee
 from supervisor.domain.checkpoints.resume import CheckpointPick, ResumePlan
 from supervisor.domain.health.node_report import NodeReport
 from supervisor.domain.wire_auth import speaks_for, wire_token
-from supervisor.testing.clock import ManualClock
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.clock import ManualClock
+from supervisor.testing.kit.specs import spec
 
 TOKEN = "the-runs-token"
 POLL = LauncherPoll(job_id=7, generation=0, alive=True, nodes=["n1", "n2"], host="n1")

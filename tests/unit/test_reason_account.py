@@ -20,7 +20,7 @@ from supervisor.guard.audit import AuditLog
 from supervisor.guard.memory import GuardMemory
 from supervisor.guard.policy import Caller, Limits
 from supervisor.guard.service import Guard
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 ALICE = Caller(2001, 2001, 11, "alice", frozenset({"alice"}))
 MALLORY = Caller(2002, 2002, 12, "mallory", frozenset({"mallory"}))

@@ -20,7 +20,7 @@ from unit.sim_world import SimWorld
 from supervisor.domain.checkpoints.signing import KEY_ENV, signed_json
 from supervisor.domain.run import CheckpointPolicy
 from supervisor.telemetry.orders import ResumeFileError, ResumeOrders
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another UID needs root")
 MALLORY_UID = 2002
