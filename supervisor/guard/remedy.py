@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from supervisor.domain.observation import account_label, node_reason
 from supervisor.guard.policy import (
     Caller,
     Facts,
@@ -54,9 +55,9 @@ def decide_request(caller: Caller, req: Request, facts: Facts, limits: Limits) -
     if invalid:
         return Verdict(False, "bad-request", invalid)
     if caller.admin(limits.admin_groups):
-        return Verdict(True, "admin", f"{caller.name} is an admin", reason=remedy_reason(req))
+        return Verdict(True, "admin", f"{caller.name} is an admin", reason=remedy_reason(caller, req))
     verdict = _own_reservation(caller, req, facts) if req.op != Op.RESERVE else _own_drain(caller, req, facts)
-    return replace(verdict, reason=remedy_reason(req)) if verdict.granted else verdict
+    return replace(verdict, reason=remedy_reason(caller, req)) if verdict.granted else verdict
 
 
 def _own_drain(caller: Caller, req: Request, facts: Facts) -> Verdict:
@@ -88,9 +89,10 @@ def reservation_name(node: str) -> str:
     return f"{RESERVATION_PREFIX}{node}"
 
 
-def remedy_reason(req: Request) -> str:
-    """The Slurm reason of a REBOOT (the guard's prefix, so the daemon knows the node as its own)."""
+def remedy_reason(caller: Caller, req: Request) -> str:
+    """The Slurm reason of a REBOOT: the guard's prefix with the caller's account (as every reason
+    the guard writes: issue 32, finding 12), so the daemon knows the node as its own."""
     if req.op != Op.REBOOT:
         return ""
     run = req.run or "-"
-    return f"slurm-supervisor: run {run}: reboot: {clean_cause(req.cause)}"[:200]
+    return node_reason(account_label(caller.name, caller.uid), run, f"reboot: {clean_cause(req.cause)}")[:200]

@@ -96,7 +96,9 @@ def test_the_whole_remedy_of_an_own_drain_reserve_reboot_resume(guard, slurm):
     assert (reserved["granted"], reserved["rule"]) == (True, "own-remedy")
     assert slurm.reservations == {"ssv-maint-n1": ("n1", "alice", 60)}
     rebooted = ask(guard, ALICE, op="REBOOT", node="n1", run="llm", cause="XID 79\x1b[2J")
-    assert rebooted["granted"] and slurm.reboots == [("n1", "slurm-supervisor: run llm: reboot: XID 79 [2J")]
+    assert rebooted["granted"] and slurm.reboots == [
+        ("n1", "slurm-supervisor: run alice/llm: reboot: XID 79 [2J")
+    ]  # finding 12
     resumed = ask(guard, ALICE, op="RESUME", node="n1")  # validated: back to every user
     assert (resumed["granted"], resumed["rule"]) == (True, "own-remedy")
     assert slurm.reservations == {} and quarantined(guard) == []  # alice's own fault forgiven
@@ -177,7 +179,7 @@ def test_an_admin_may_do_every_remedy(guard, slurm):
     assert ask(guard, ADMIN, op="RESERVE", node="n5", run="ops")["rule"] == "admin"
     assert ask(guard, ADMIN, op="REBOOT", node="n5", run="ops", cause="firmware")["rule"] == "admin"
     assert ask(guard, ADMIN, op="UNRESERVE", node="n5")["rule"] == "admin"
-    assert slurm.reservations == {} and slurm.reboots == [("n5", "slurm-supervisor: run ops: reboot: firmware")]
+    assert slurm.reservations == {} and slurm.reboots == [("n5", "slurm-supervisor: run carol/ops: reboot: firmware")]
 
 
 def test_malformed_remedies_are_bad_requests(guard, slurm):
