@@ -231,13 +231,7 @@ def test_a_socket_for_one_group_lets_only_its_members_connect(tmp_path):
             assert "PermissionError" in str(refused.value.stderr)
         members = public / "nobodys-group.sock"
         with bound_socket(members, group=grp.getgrgid(NOBODY).gr_name) as sock:
-            guard = Guard(
-                slurm=FakeSlurm(),  # type: ignore[arg-type]
-                memory=GuardMemory(tmp_path / "state"),
-                audit=AuditLog(tmp_path / "audit.jsonl"),
-                limits=Limits(max_drains=4),
-                quarantine=QuarantineSettings(faults=1),
-            )
+            guard = guard_in(tmp_path, FakeSlurm(), Limits(max_drains=4), QuarantineSettings(faults=1))
             server = GuardServer(sock, guard, timeout_s=0.5)
             stop = threading.Event()
             thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
