@@ -14,6 +14,12 @@ continuation signal sent to the batch shell (``--signal=B:SIG``) is handed to th
 which forwards it to the tasks. SIGTERM (the job cancelled) stops the step and ends the launcher.
 Argv lists only.
 
+The step's code is srun's, which under torchrun is never the trainer's: torchrun exits 0 or 1, and
+the first node to end takes the others down (``--kill-on-bad-exit``: 143). With ``exit_file`` the
+trainer's rank 0 writes its own code there (``SSV_STEP_EXIT_FILE`` in the step's environment); when
+srun ended unsuccessfully, a code found there — written since this generation started, by this
+account — is the step's.
+
 Beside generation 0 it starts the pre-flight check of the hot spares (``spare_check``: one
 overlapping step over the allocation's other nodes, bounded by ``spare_check_timeout_s``;
 supervisor.agent.spare_check): it never delays or stops the training step, and ends with the launcher.
@@ -26,6 +32,7 @@ import os
 import re
 import secrets
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -63,6 +70,8 @@ class LaunchSettings:
     # [continuation]: the trainer's "saved, continue me" (SSV_CONTINUE_EXIT_CODE). A step that
     # exits with it ends the job at once with it (a planned end: no swap to wait for).
     continue_code: int | None = None
+    # Where the trainer's rank 0 writes its exit code (None: srun's code is the step's).
+    exit_file: str | None = None
 
 
 # Which of the step's nodes do not answer (their slurmd): srun notices a dead node only once
@@ -84,16 +93,29 @@ class _Attention(threading.Event):
 
 
 class Step:
-    """One generation's ``srun``; ``on_exit`` is called (from a watcher thread) when it ends."""
+    """One generation's ``srun``; ``on_exit`` is called (from a watcher thread) when it ends.
+    ``exit_file``: the trainer's own code, read once srun ended unsuccessfully (module docstring)."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_exit: Callable[[], object]) -> None:
+    def __init__(
+        self, argv: Sequence[str], env: Mapping[str, str], on_exit: Callable[[], object], exit_file: str | None = None
+    ) -> None:
         self.argv = list(argv)
+        self.exit_file = exit_file
+        self._code: int | None = None
         self.proc = subprocess.Popen(self.argv, env=dict(env))  # noqa: S603 - argv list
         threading.Thread(target=lambda: (self.proc.wait(), on_exit()), daemon=True).start()
 
     def exit_code(self) -> int | None:
-        code = self.proc.poll()
-        return None if code is None else (128 - code if code < 0 else code)
+        if self._code is None:
+            code = self.proc.poll()
+            if code is None:
+                return None
+            code = 128 - code if code < 0 else code
+            trainer = trainer_code(self.exit_file) if code and self.exit_file else None
+            if trainer is not None and trainer != code:
+                log.info("launcher_step_code_from_exit_file", srun=code, trainer=trainer)
+            self._code = trainer if trainer is not None else code
+        return self._code
 
     def stop(self, grace_s: float) -> None:
         if self.proc.poll() is not None:
@@ -118,6 +140,7 @@ class Launcher:
         self._env: dict[str, str] = {}
         self._refused = -1  # the generation last refused
         self._step: Step | None = None
+        self._passed_on: int | None = None  # a continuation signal handed to the step, not yet logged
 
     def pass_on(self, signum: int) -> None:
         """The continuation signal reached the batch shell (``--signal=B:SIG``): hand it to the
@@ -125,6 +148,8 @@ class Launcher:
         step = self._step
         if step is not None and step.proc.poll() is None:
             step.proc.send_signal(signum)
+            self._passed_on = signum  # said in the log by the loop, not in a signal handler
+            self._nudge.set()
 
     def run(self) -> int:
         step = self._start()
@@ -134,10 +159,12 @@ class Launcher:
         finally:
             if check is not None:
                 check.stop()
+            self._fresh_exit_file()  # read by now: nothing is left behind in the submit folder
 
     def _converge(self, step: Step) -> int:
         ended_at: float | None = None
         while not self.stopping.is_set():
+            self._say_passed_on()
             code = step.exit_code()
             unreachable = self._unreachable(code)
             goal = self._poll(code, unreachable)
@@ -157,6 +184,11 @@ class Launcher:
             self._nudge.clear()  # a step's end that raced this is seen by exit_code() above next round
         step.stop(self.s.stop_grace_s)
         return 143
+
+    def _say_passed_on(self) -> None:
+        signum, self._passed_on = self._passed_on, None
+        if signum is not None:
+            log.info("launcher_signal_passed_on", signal=signal.Signals(signum).name, generation=self.generation)
 
     def argv(self) -> list[str]:
         s, n = self.s, len(self.nodes)
@@ -186,9 +218,27 @@ class Launcher:
         # file is named after it, so nobody who can write the checkpoint root can pre-create it
         nonce = secrets.token_hex(16)
         env = {**os.environ, **self._env, "SSV_STEP_GENERATION": str(self.generation), "SSV_WORLD_NONCE": nonce}
+        exit_file = self._fresh_exit_file()
+        if exit_file is not None:
+            env["SSV_STEP_EXIT_FILE"] = exit_file
         log.info("launcher_step_start", generation=self.generation, nodes=list(self.nodes))
-        self._step = Step(self.argv(), env, self._nudge.set)
+        self._step = Step(self.argv(), env, self._nudge.set, exit_file)
         return self._step
+
+    def _fresh_exit_file(self) -> str | None:
+        """The exit file, emptied of what an earlier generation (or anyone before) left there; None
+        when it cannot be removed: then srun's code is the step's."""
+        path = self.s.exit_file
+        if path is None:
+            return None
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("launcher_exit_file_unusable", path=path[:200], error=exc.strerror)
+            return None
+        return path
 
     def _check_spares(self) -> SpareCheck | None:
         """The pre-flight check of the hot spares (the allocation's nodes outside generation 0), started."""
@@ -229,3 +279,23 @@ class Launcher:
         assert goal.nodes is not None
         self.generation, self.nodes = goal.generation, tuple(goal.nodes)
         self._env = {k: v for k, v in goal.env.items() if _STEP_ENV.match(k)}
+
+
+EXIT_FILE_MAX_BYTES = 16  # "75\n" and some blanks: anything longer is not an exit code
+
+
+def trainer_code(path: str) -> int | None:
+    """The exit code the trainer wrote to ``path`` (1-255), else None: no file, not this account's,
+    or not a code. Never follows a link (the file lies in a folder the job's tasks can write)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return None
+        text = f.read(EXIT_FILE_MAX_BYTES + 1).strip()
+    if len(text) > EXIT_FILE_MAX_BYTES or not text.isdigit() or not 1 <= int(text) <= 255:
+        return None
+    return int(text)

@@ -165,3 +165,46 @@ def test_slurm_supervisor_launch_passes_the_continuation_signal_on_and_exits_wit
     finally:
         proc.kill()
     assert "got-usr1" in log.read_text()
+
+
+# With torchrun the step's srun never exits with the trainer's code: torchrun says only 0 or 1, and
+# the first node to end takes the others down (--kill-on-bad-exit: 143). The trainer's rank 0 writes
+# its code to the exit file; the launcher reads it when the step ended unsuccessfully.
+TORCHRUN_ON_USR1 = (
+    "trap 'echo 75 > \"$SSV_STEP_EXIT_FILE\"; exit 143' USR1\n"
+    'echo ready >> "$(dirname "$0")/srun.log"\n'
+    "while :; do sleep 0.05; done"
+)
+
+
+def test_the_trainers_exit_file_gives_the_step_its_code_when_torchrun_and_srun_do_not(tmp_path: Path) -> None:
+    exit_file = tmp_path / "exit"  # the launcher names it to the step: SSV_STEP_EXIT_FILE
+    srun, log = fake_srun(tmp_path, TORCHRUN_ON_USR1)
+    kw = dict(decision_wait_s=3600.0, continue_code=75, exit_file=str(exit_file))
+    channel = Channel()
+    launcher = Launcher(settings(srun, **kw), channel)  # type: ignore[arg-type]
+    thread, result = run_in_thread(launcher)
+    wait(lambda: log.exists() and "ready" in log.read_text())
+    launcher.pass_on(signal.SIGUSR1)
+    thread.join(10)
+    assert result == [75] and channel.reports[-1].exit_code == 75
+    assert not exit_file.exists()  # nothing left in the submit folder
+
+
+def test_an_exit_file_left_from_before_the_step_started_is_not_read(tmp_path: Path) -> None:
+    exit_file = tmp_path / "exit"
+    exit_file.write_text("75\n")  # an earlier generation's, or a stranger's before the job
+    srun, _ = fake_srun(tmp_path, "exit 1")
+    launcher = Launcher(settings(srun, continue_code=75, exit_file=str(exit_file)), Channel())  # type: ignore[arg-type]
+    thread, result = run_in_thread(launcher)
+    thread.join(5)
+    assert result == [1]
+
+
+def test_an_exit_file_that_holds_no_exit_code_leaves_sruns(tmp_path: Path) -> None:
+    exit_file = tmp_path / "exit"
+    srun, _ = fake_srun(tmp_path, f"printf '75x%.0s' {{1..5000}} > {exit_file}; exit 143")
+    launcher = Launcher(settings(srun, continue_code=75, exit_file=str(exit_file)), Channel())  # type: ignore[arg-type]
+    thread, result = run_in_thread(launcher)
+    thread.join(5)
+    assert result == [143]

@@ -68,6 +68,7 @@ def _spare_check(text: str | None, url: str | None, run: str | None, token_file:
 @click.option("--no-spare-check", is_flag=True, help="No pre-flight check of the hot spares.")  # fmt: skip
 @click.option("--spare-check-timeout", "spare_check_timeout_s", type=click.FloatRange(1, 3600), default=60.0, show_default=True, help="Seconds the pre-flight check may take; then it is stopped (the training step never waits for it).")  # fmt: skip
 @click.option("--save-on-failure", "save_on_failure_s", type=click.FloatRange(0, 3600), envvar="SSV_SAVE_ON_FAILURE_S", default=0.0, help="Seconds srun leaves the other tasks after one fails, for the trainer's survivors to save (env SSV_SAVE_ON_FAILURE_S, set by the supervisor from [checkpoints] save_on_failure_s; 0: they are ended at once).")  # fmt: skip
+@click.option("--exit-file", type=click.Path(dir_okay=False), help="File the trainer's rank 0 writes its exit code to (named to the step as SSV_STEP_EXIT_FILE); when the step's srun fails, a code there is the step's: torchrun exits only 0 or 1.")  # fmt: skip
 @click.argument("command", nargs=-1, required=True)
 def launch(
     run_nodes: int | None,
@@ -81,6 +82,7 @@ def launch(
     no_spare_check: bool,
     spare_check_timeout_s: float,
     save_on_failure_s: float,
+    exit_file: str | None,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND as the job's training step on the run's nodes; swap in hot spares when the
@@ -109,6 +111,7 @@ def launch(
         spare_check_timeout_s=spare_check_timeout_s,
         save_on_failure_s=save_on_failure_s,
         continue_code=_continue_code(),
+        exit_file=exit_file,
     )
     # the step's nodes' slurmd, looked at each poll: the daemon hears of a dead node at once (a hint)
     reach = SlurmdReach(SlurmCli(), settings.job_id) if client is not None else None
