@@ -201,6 +201,10 @@ class RunStore(Protocol):
         """The attempt's planned end was continued from ``checkpoint`` (a verified save)."""
         ...
 
+    def attempt_preempted(self, run: str, seq: int, at: float) -> None:
+        """Slurm began preempting the attempt at ``at`` (its PreemptTime); the first one is kept."""
+        ...
+
     def set_successor(self, run: str, successor: Successor) -> None:
         """The run's pre-queued next job (one per run; ``RunRecord.successor``); idempotent."""
         ...

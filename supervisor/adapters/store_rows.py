@@ -103,6 +103,7 @@ def attempt_from_row(r: Row) -> AttemptRecord:
         failed_before_load=r["failed_before_load"],
         save_s=r["save_s"],
         continued_with=r["continued_with"],
+        preempted_at=r["preempted_at"],
     )
 
 

@@ -175,6 +175,16 @@ class AttemptContinued:
 
 
 @dataclass(frozen=True)
+class AttemptPreempted:
+    """Slurm began preempting the running attempt at ``at`` (a higher-priority job wants its nodes;
+    the GraceTime's SIGTERM is the trainer's to save on). Read back when the job ends or is requeued."""
+
+    run: str
+    seq: int
+    at: float
+
+
+@dataclass(frozen=True)
 class AttemptRequeued:
     """Slurm requeued the job itself: a new attempt with the same job id."""
 
@@ -290,6 +300,7 @@ Record = (
     | AttemptEnded
     | AttemptRequeued
     | AttemptContinued
+    | AttemptPreempted
     | SuccessorSet
     | SuccessorDropped
     | Exclude

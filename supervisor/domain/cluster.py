@@ -125,6 +125,9 @@ class JobInfo:
     # Who cancelled it, when accounting names them (squeue and scontrol never do): read only when
     # a followed job is found cancelled outside the supervisor. None: not cancelled, or not named.
     cancelled_by: Canceller | None = None
+    # When Slurm began preempting the running job (PreemptTime): it runs out its GraceTime, then is
+    # requeued or ended. None: not being preempted.
+    preempt_time: float | None = None
 
     @property
     def held(self) -> bool:

@@ -39,6 +39,7 @@ class AttemptRecord:
     load_failed: str | None = None  # why its log shows its checkpoint load failed (domain/progress/loads.py)
     failed_before_load: str | None = None  # what its log shows it died of before any load began
     continued_with: str | None = None  # its planned end was continued from this verified checkpoint
+    preempted_at: float | None = None  # when Slurm began preempting it (PreemptTime: its GraceTime began)
 
     @property
     def label(self) -> str:

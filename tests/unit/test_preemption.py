@@ -8,10 +8,13 @@ The engine on the simulated cluster and virtual time (as tests/unit/test_continu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from test_continuation import SPEC, kinds, train, world
 
 from supervisor.domain.goodput.account import goodput
 from supervisor.domain.records import EventKind
+from supervisor.domain.run import RestartMode
 
 
 def preempted(w) -> int:
@@ -63,3 +66,48 @@ def test_a_preempted_job_that_exits_with_the_continue_code_is_continued_as_preem
     w.cluster.preempt(w.run().attempt.job_id, exit_code=75)  # saved within GraceTime, then exited 75
     w.until(lambda: w.running(seq=1))
     assert w.run().restarts_spent == 0 and "preempted" in w.events(EventKind.CONTINUED)[0].message
+
+
+# -- PreemptMode=REQUEUE: a requeueable job (restart mode "requeue") comes back under its own id ------
+
+REQUEUE = replace(SPEC, restart_mode=RestartMode.REQUEUE)
+
+
+def requeued_by_preemption(w, save: int | None) -> int:
+    """Slurm begins preempting the running job (PreemptTime, GraceTime), the daemon sees it, the
+    trainer saves ``save`` (None: it does not), and Slurm requeues the job."""
+    job_id = w.run().attempt.job_id
+    w.cluster.begin_preemption(job_id)
+    w.until(lambda: w.run().attempt.preempted_at is not None)
+    if save is not None:
+        w.ckpt.save(save)
+    w.cluster.preempt(job_id, requeue=True)
+    w.until(lambda: w.running(seq=1))
+    return job_id
+
+
+def test_a_run_requeued_after_its_grace_save_spends_no_restart_and_books_preempted(tmp_path):
+    w = world(tmp_path, REQUEUE)
+    train(w, 1, 200)
+    job_id = requeued_by_preemption(w, save=200)
+    assert w.run().attempt.job_id == job_id and w.run().attempt.restart_count == 1  # Slurm's own requeue
+    assert w.run().restarts_spent == 0  # before: every requeue spent one
+    assert w.run().attempt.preempted_at is None  # the preemption was its predecessor's
+    assert "fault" not in kinds(w) and "requeued" not in kinds(w) and kinds(w).count("continued") == 1, kinds(w)
+    (line,) = w.events(EventKind.CONTINUED)
+    assert "preempted" in line.message and "step 200" in line.message
+    booked = report(w)
+    assert booked.interruptions == () and booked.lost.rework_s == 0.0
+    assert "preempted" in booked.by_cause and "continuation" not in booked.by_cause
+
+
+def test_a_run_requeued_after_a_preemption_without_a_save_spends_one_restart_under_preempted(tmp_path):
+    w = world(tmp_path, REQUEUE)
+    train(w, 1, 300)
+    w.ckpt.save(200)  # no save on the grace signal: 100 steps since the newest checkpoint
+    requeued_by_preemption(w, save=None)
+    assert w.run().restarts_spent == 1 and "continued" not in kinds(w)
+    (requeued,) = w.events(EventKind.REQUEUED)
+    assert "GraceTime" in requeued.message and "SIGTERM" in requeued.message
+    (hit,) = report(w).interruptions
+    assert hit.lost_steps == 100 and hit.cause.category == "Preempted"

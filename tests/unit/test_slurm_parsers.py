@@ -454,7 +454,7 @@ def job_row(**values: str) -> dict[str, str]:
         "job_id": "7", "user_id": "1017", "job_state": "RUNNING", "state_reason": "None", "priority": "4294901759",
         "restart_cnt": "0", "exit_code": "0", "submit_time": "1796129386", "start_time": "1796129387",
         "end_time": "1827665387", "partition": "main", "nodes": "n[1-2]", "excluded_nodes": "", "name": "train",
-        "comment": "(null)", "standard_output": "/tmp/out-%j.txt",
+        "comment": "(null)", "standard_output": "/tmp/out-%j.txt", "preempt_time": "N/A",
     }  # fmt: skip
     row.update(values)
     return row
@@ -475,7 +475,7 @@ def node_row(**values: str) -> dict[str, str]:
 
 def test_format_asks_for_every_field_unpadded_with_the_separators():
     spec = SEPS.format(fmt.JOB_FIELDS)
-    assert spec.startswith("JobID:0\x1fF00D\x1f,UserID:0") and spec.endswith("STDOUT:0\x1eF00D\x1e")
+    assert spec.startswith("JobID:0\x1fF00D\x1f,UserID:0") and spec.endswith("PreemptTime:0\x1eF00D\x1e")
     assert spec.count(",") == len(fmt.JOB_FIELDS) - 1  # no separator holds -O's comma
     fresh = fmt.Separators.fresh()
     assert fresh != fmt.Separators.fresh() and "," not in fresh.field + fresh.record

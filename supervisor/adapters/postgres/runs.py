@@ -164,6 +164,12 @@ class PostgresRuns(PostgresBase):
         """The attempt ended on purpose after a verified save and was continued from ``checkpoint``."""
         self._write("UPDATE attempts SET continued_with = %s WHERE run = %s AND seq = %s", (checkpoint, run, seq))
 
+    def attempt_preempted(self, run: str, seq: int, at: float) -> None:
+        """Slurm began preempting the attempt at ``at`` (the first time seen is kept)."""
+        self._write(
+            "UPDATE attempts SET preempted_at = COALESCE(preempted_at, %s) WHERE run = %s AND seq = %s", (at, run, seq)
+        )
+
     def set_successor(self, run: str, successor: Successor) -> None:
         s = successor
         self._write(

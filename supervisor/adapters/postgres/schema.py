@@ -1,6 +1,6 @@
 """The PostgreSQL store's schema, versioned in ``schema_migrations``; each migration runs once, in order.
 
-The tables and columns are SQLite's (``adapters.sqlite.schema`` at its version 19) under the same
+The tables and columns are SQLite's (``adapters.sqlite.schema`` at its version 20) under the same
 names, so one decoder reads both (``adapters.store_rows``); the types are PostgreSQL's: times are
 ``double precision`` seconds since the epoch as the engine's clock gives them, flags ``boolean``,
 numbers ``bigint`` (Slurm job ids are 32 bits unsigned), ids identities. Names that are sorted
@@ -250,6 +250,10 @@ MIGRATIONS: tuple[str, ...] = (
         evidence TEXT NOT NULL,
         updated_at DOUBLE PRECISION NOT NULL
     );
+    """,
+    # 5: when Slurm began preempting the attempt (SQLite's version 20; issue 31)
+    """
+    ALTER TABLE attempts ADD COLUMN preempted_at DOUBLE PRECISION;
     """,
 )
 

@@ -244,6 +244,8 @@ def parse_job(job: Mapping[str, Any]) -> JobInfo:
         state_description=description,
         user_id=number(job.get("user_id")),
         stdout=text(job.get("standard_output")),
+        # kept by Slurm until a requeue: a job that ended in its GraceTime still shows it
+        preempt_time=None if state is JobState.PENDING else timestamp(job.get("preempt_time")),
     )
 
 

@@ -54,6 +54,7 @@ JOB_FIELDS: tuple[tuple[str, str], ...] = (
     ("Name", "name"),
     ("Comment", "comment"),
     ("STDOUT", "standard_output"),
+    ("PreemptTime", "preempt_time"),  # set while a preempted job runs out its GraceTime
 )
 # sinfo -N -O field -> the key in a 22.05 ``sinfo --json`` node.
 NODE_FIELDS: tuple[tuple[str, str], ...] = (
@@ -145,8 +146,9 @@ def job_record(row: Mapping[str, str]) -> dict[str, Any]:
     return job
 
 
-def parse_jobs(out: str, seps: Separators) -> dict[int, JobInfo]:
-    jobs = (parse_job(job_record(row)) for row in records(out, seps, JOB_FIELDS))
+def parse_jobs(out: str, seps: Separators, fields: tuple[tuple[str, str], ...] = JOB_FIELDS) -> dict[int, JobInfo]:
+    """``fields``: what the answer was asked for (an older capture asked for fewer)."""
+    jobs = (parse_job(job_record(row)) for row in records(out, seps, fields))
     return {j.job_id: j for j in jobs}
 
 

@@ -172,6 +172,12 @@ class SqliteRuns(SqliteBase):
         """The attempt ended on purpose after a verified save and was continued from ``checkpoint``."""
         self._db.execute("UPDATE attempts SET continued_with = ? WHERE run = ? AND seq = ?", (checkpoint, run, seq))
 
+    def attempt_preempted(self, run: str, seq: int, at: float) -> None:
+        """Slurm began preempting the attempt at ``at`` (the first time seen is kept)."""
+        self._db.execute(
+            "UPDATE attempts SET preempted_at = COALESCE(preempted_at, ?) WHERE run = ? AND seq = ?", (at, run, seq)
+        )
+
     def set_successor(self, run: str, successor: Successor) -> None:
         s = successor
         self._db.execute(

@@ -316,6 +316,11 @@ MIGRATIONS: tuple[str, ...] = (
         updated_at REAL NOT NULL
     );
     """,
+    # when Slurm began preempting the attempt (its PreemptTime, seen while it ran its GraceTime):
+    # a requeue or an end after it is a preemption (domain.decide.preempted)
+    """
+    ALTER TABLE attempts ADD COLUMN preempted_at REAL;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -51,8 +51,9 @@ class Continued:
 def planned_end(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) -> str | None:
     """How the job ended on purpose, for the logbook; None when it did not. A preemption counts:
     with the partition's GraceTime the trainer had SIGTERM to save on, like a time limit's signal."""
-    if job.state is JobState.PREEMPTED:
-        return PREEMPTED
+    preempted = a.preempted_at is not None or job.preempt_time is not None
+    if job.state is JobState.PREEMPTED or (preempted and job.state is not JobState.CANCELLED):
+        return PREEMPTED  # or it ended by itself in its GraceTime (the trainer saved and exited)
     if job.state is JobState.TIMEOUT:
         return "reached its time limit"
     if job.state is JobState.CANCELLED:

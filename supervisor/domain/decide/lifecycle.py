@@ -28,6 +28,7 @@ from supervisor.domain.decide.exit_codes import meaning_of, run_elsewhere
 from supervisor.domain.decide.faults import contain, faulty_nodes
 from supervisor.domain.decide.forgotten import read_from_accounting, unknown_outcome, wait_for_accounting
 from supervisor.domain.decide.placement import Placement, place, placement_notes
+from supervisor.domain.decide.preempted import requeued_after_preemption
 from supervisor.domain.decide.prequeue import start_successor
 from supervisor.domain.observation import (
     Observation,
@@ -121,6 +122,10 @@ def _held_after_our_prolog(run: RunRecord, job: JobInfo) -> bool:
 
 
 def decide_requeued(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
+    bad = faulty_nodes(run, a.nodes, obs)
+    preempted = None if bad else requeued_after_preemption(run, a, job, obs)
+    if preempted is not None:  # a higher-priority job took the nodes: continued after the grace save
+        return preempted
     records: list[Record] = []
     if a.ended_at is None:
         records.append(
@@ -128,7 +133,6 @@ def decide_requeued(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observa
                 run.name, a.seq, obs.now, "REQUEUED", f"requeued by Slurm ({job.state_reason or 'no reason given'})"
             )
         )
-    bad = faulty_nodes(run, a.nodes, obs)
     contained, actions = contain(run, a, bad, obs, policy)
     records += contained
     excluded = tuple(sorted(set(run.excluded) | set(bad)))

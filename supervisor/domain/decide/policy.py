@@ -20,7 +20,7 @@ from supervisor.domain.actions import (
     Record,
     Unexclude,
 )
-from supervisor.domain.cluster import JobState, NodeChange
+from supervisor.domain.cluster import JobInfo, JobState, NodeChange
 from supervisor.domain.decide.completing import decide_completing
 from supervisor.domain.decide.faults import decide_running
 from supervisor.domain.decide.in_allocation import decide_in_allocation
@@ -32,6 +32,7 @@ from supervisor.domain.decide.lifecycle import (
     decide_vanished,
     submit_next,
 )
+from supervisor.domain.decide.preempted import preempting
 from supervisor.domain.decide.prequeue import successor_decision
 from supervisor.domain.observation import (
     REASON_PREFIX,
@@ -42,7 +43,7 @@ from supervisor.domain.observation import (
     node_reason,
     set_terminal,
 )
-from supervisor.domain.records import EventKind, RunRecord
+from supervisor.domain.records import AttemptRecord, EventKind, RunRecord
 from supervisor.domain.run import RestartMode, RunState
 
 __all__ = ["REASON_PREFIX", "Observation", "Policy", "decide", "node_reason"]
@@ -119,6 +120,10 @@ def _decide(run: RunRecord, obs: Observation, policy: Policy) -> Decision:
         return decide_cancel(run, attempt, job, obs)
     if job is None:
         return decide_vanished(run, attempt, obs, policy)
+    return preempting(run, attempt, job, obs) + _by_state(run, attempt, job, obs, policy)
+
+
+def _by_state(run: RunRecord, attempt: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
     if job.restart_count > attempt.restart_count:
         return decide_requeued(run, attempt, job, obs, policy)
     if job.state is JobState.PENDING:

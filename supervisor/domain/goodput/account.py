@@ -320,7 +320,7 @@ def _continuation_claims(attempts: Sequence[AttemptRecord], run_end: float, know
         nxt = attempts[i + 1] if i + 1 < len(attempts) else None
         if a.continued_with is None or a.ended_at is None:
             continue
-        cause = PREEMPTED if a.end_state == "PREEMPTED" else CONTINUATION
+        cause = PREEMPTED if a.end_state == "PREEMPTED" or a.preempted_at is not None else CONTINUATION
         if nxt is None:
             claims.append((a.ended_at, run_end, "restart", cause))
             continue

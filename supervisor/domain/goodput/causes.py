@@ -51,7 +51,8 @@ _RULES: tuple[tuple[str, str, str | None], ...] = (
 def classify(events: Sequence[Event]) -> Cause:
     """The cause of an interruption from its opening events (faults first)."""
     ordered = sorted(events, key=lambda e: (e.kind is not EventKind.FAULT, e.at))
-    if ordered[0].kind is EventKind.FAULT and ordered[0].evidence.get("state") == "PREEMPTED":
+    first_kind = ordered[0].kind
+    if first_kind in (EventKind.FAULT, EventKind.REQUEUED) and ordered[0].evidence.get("state") == "PREEMPTED":
         return PREEMPTED  # not a failure: Slurm gave the nodes to a higher-priority job
     text = " ".join(_words(e) for e in ordered).lower()
     for pattern, category, component in _RULES:

@@ -14,6 +14,7 @@ from supervisor.domain.actions import (
     AttemptContinued,
     AttemptEnded,
     AttemptLoadFailed,
+    AttemptPreempted,
     AttemptProgress,
     AttemptRequeued,
     AttemptStarted,
@@ -56,6 +57,8 @@ def write_record(s: Store, rec: Record, now: float) -> None:
         s.attempt_load_failed(rec.run, rec.seq, rec.why, before_load=rec.before_load)
     elif isinstance(rec, AttemptContinued):
         s.attempt_continued(rec.run, rec.seq, rec.checkpoint)
+    elif isinstance(rec, AttemptPreempted):
+        s.attempt_preempted(rec.run, rec.seq, rec.at)
     elif isinstance(rec, SuccessorSet):
         s.set_successor(rec.run, rec.successor)
     elif isinstance(rec, SuccessorDropped):

@@ -371,12 +371,13 @@ def _history_depth(run: RunRecord) -> int:
 
 
 def _just_ended(runs: list[RunRecord], snap: ClusterSnapshot) -> list[RunRecord]:
-    """Runs whose job ended by itself and is not decided on yet: a planned end is judged on the
-    newest verified checkpoint (domain.decide.continuation)."""
+    """Runs whose job ended by itself, or Slurm requeued, and is not decided on yet: a planned end
+    (a preemption's requeue too) is judged on the newest verified checkpoint (domain.decide.continuation)."""
     out = []
     for run in runs:
         job = snap.jobs.get(run.attempt.job_id) if run.attempt is not None else None
-        if job is not None and job.state.finished and run.state in (RunState.RUNNING, RunState.QUEUED):
+        requeued = job is not None and run.attempt is not None and job.restart_count > run.attempt.restart_count
+        if job is not None and (job.state.finished or requeued) and run.state in (RunState.RUNNING, RunState.QUEUED):
             out.append(run)
     return out
 

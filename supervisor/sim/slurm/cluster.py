@@ -193,15 +193,28 @@ class SimCluster:
         self._state.finish(job, JobState.TIMEOUT, reason="TimeLimit", everywhere=True)
         self._state.schedule()
 
-    def preempt(self, job_id: int, exit_code: int | None = None) -> None:
-        """A higher-priority job takes the running job's nodes now (PreemptMode=CANCEL, after its
-        GraceTime): Slurm ends it PREEMPTED, with the trainer's ``exit_code`` when it exited within
-        the grace time."""
+    def begin_preemption(self, job_id: int) -> None:
+        """A higher-priority job wants the running job's nodes: its PreemptTime is set, its GraceTime
+        runs (Slurm's SIGTERM to the steps); ``preempt`` ends it."""
+        job = self._running(job_id)
+        job.preempt_time = self.clock.now()
+
+    def preempt(self, job_id: int, exit_code: int | None = None, *, requeue: bool = False) -> None:
+        """A higher-priority job takes the running job's nodes now, after its GraceTime: Slurm ends
+        it PREEMPTED (PreemptMode=CANCEL), with the trainer's ``exit_code`` when it exited within
+        the grace time, or requeues a requeueable job (``requeue``: PreemptMode=REQUEUE)."""
+        job = self._running(job_id)
+        if requeue and job.requeueable:
+            self._state.requeue(job)
+        else:
+            self._state.finish(job, JobState.PREEMPTED, exit_code=exit_code, reason="Preempted", everywhere=True)
+        self._state.schedule()
+
+    def _running(self, job_id: int) -> SimJob:
         job = self._job(job_id)
         if job.state is not JobState.RUNNING or job.execution is None:
             raise ValueError(f"job {job_id} is not running ({job.state})")
-        self._state.finish(job, JobState.PREEMPTED, exit_code=exit_code, reason="Preempted", everywhere=True)
-        self._state.schedule()
+        return job
 
     def job_request(self, job_id: int) -> SubmitRequest:
         """What the job was submitted with (its environment reaches the simulated trainer)."""

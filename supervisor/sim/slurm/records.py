@@ -162,6 +162,7 @@ class SimJob:
     reason: str = "None"
     execution: Execution | None = None
     purge_timer: Timer | None = None
+    preempt_time: float | None = None  # a preemption began (its GraceTime runs): SimCluster.begin_preemption
 
     @property
     def requeueable(self) -> bool:
@@ -208,4 +209,5 @@ class SimJob:
             start_time=self.start_time,
             end_time=self.end_time,
             user_id=os.getuid(),  # the simulated Slurm runs every job as the daemon's user
+            preempt_time=None if self.state is JobState.PENDING else self.preempt_time,
         )

@@ -209,6 +209,7 @@ class ClusterState:
             job.purge_timer.cancel()
             job.purge_timer = None
         job.restart_count += 1
+        job.preempt_time = None
         job.state = JobState.PENDING
         job.nodes = ()
         job.start_time = job.end_time = None
