@@ -6,7 +6,7 @@ import os
 import pwd
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -78,10 +78,28 @@ class ExtraNodes:
         )
 
 
+@dataclass(frozen=True)
+class Partitions:
+    """The cluster's partition (the default: every node) with more words for its line, and more
+    partitions over the same nodes (name -> their words)."""
+
+    name: str
+    options: str = ""
+    more: Mapping[str, str] = field(default_factory=dict)
+
+    def lines(self, members: str) -> list[str]:
+        first = f"PartitionName={self.name} Nodes={members} Default=YES MaxTime=INFINITE State=UP {self.options}"
+        others = [
+            f"PartitionName={name} Nodes={members} MaxTime=INFINITE State=UP {words}"
+            for name, words in self.more.items()
+        ]
+        return [line.rstrip() for line in (first, *others)]
+
+
 def render(
     settings: Mapping[str, str],
     node_ports: Mapping[str, int],
-    partition: str,
+    partitions: Partitions,
     cpus_per_node: int,
     extra: ExtraNodes | None = None,
 ) -> str:
@@ -94,5 +112,5 @@ def render(
     if extra is not None and extra.count:
         lines.append(extra.line())
         members.append(extra.names())
-    lines.append(f"PartitionName={partition} Nodes={','.join(members)} Default=YES MaxTime=INFINITE State=UP")
+    lines += partitions.lines(",".join(members))
     return "\n".join(lines) + "\n"

@@ -58,6 +58,10 @@ class LocalSlurm:
     With ``reboot=True`` slurm.conf names a ``RebootProgram`` and ``scontrol reboot`` reboots a
     node the way a reboot would (``_reboot``: its processes die, its slurmd comes back after
     ``boot_s`` with a new boot time); ``reboots`` lists the reboots done.
+    ``partition_options`` are more ``Key=Value`` words of the partition's line (``PreemptMode=REQUEUE
+    GraceTime=10``); ``extra_partitions`` maps more partitions over the same nodes to theirs
+    (``{"urgent": "PriorityTier=2"}``): with ``PreemptType=preempt/partition_prio`` in
+    ``extra_conf``, a job there preempts the partition's.
     """
 
     def __init__(
@@ -75,6 +79,8 @@ class LocalSlurm:
         extra_nodes: _conf.ExtraNodes | None = None,
         reboot: bool = False,
         boot_s: float = 3.0,
+        partition_options: str = "",
+        extra_partitions: Mapping[str, str] | None = None,
     ) -> None:
         self.nodes = [f"{prefix}{i}" for i in range(1, nodes + 1)]
         self.partition = partition
@@ -98,6 +104,7 @@ class LocalSlurm:
         self._with_reboot, self.boot_s = reboot, boot_s
         self._rebooter: _reboot.Rebooter | None = None
         self._base_argv: dict[str, list[str]] = {}  # each slurmd's argv outside any time namespace
+        self.partitions = _conf.Partitions(partition, partition_options, dict(extra_partitions or {}))
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -194,7 +201,7 @@ class LocalSlurm:
         if self._with_reboot:
             settings.update(_reboot.conf_settings(_reboot.write_program(self.root)))
         settings.update(self.extra_conf)
-        return _conf.render(settings, self.node_ports, self.partition, self.cpus_per_node, self.extra_nodes)
+        return _conf.render(settings, self.node_ports, self.partitions, self.cpus_per_node, self.extra_nodes)
 
     def _env(self) -> dict[str, str]:
         return clean_env(self.env)
