@@ -26,6 +26,8 @@ from supervisor.domain.progress.series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, EventKind, NodeVerdict, RunRecord, Successor
 from supervisor.domain.run import RunSpec, RunState
 from supervisor.domain.spikes.rollback import RollbackRecord
+from supervisor.domain.stacks.dumps import Capture
+from supervisor.domain.stacks.verdict import StackVerdict
 
 
 class PortError(Exception):
@@ -451,4 +453,19 @@ class HealthFeed(Protocol):
 
     def heartbeat_ages(self, now: float) -> Mapping[str, float]:
         """Per node with an agent: seconds since its last report (stale agents are suspect)."""
+        ...
+
+
+class StackCapture(Protocol):
+    """Every rank's Python stacks of a hung job, taken in its allocation (issue 35). Never raises
+    and returns within its deadline: nodes that gave no stacks are in ``Capture.missing``, with why."""
+
+    def capture(self, job_id: int, nodes: Sequence[str]) -> Capture: ...
+
+
+class StackArchive(Protocol):
+    """Where captures are kept for people (bounded, with a retention rule): never read back to decide."""
+
+    def keep(self, run: str, name: str, capture: Capture, verdict: StackVerdict) -> str | None:
+        """Store one capture; its location, None when it could not be written (logged)."""
         ...

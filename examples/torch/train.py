@@ -207,6 +207,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="once it holds 'NODE STEP' (or 'NODE STEP after-update'), that node's rank exits in that step (tests)",
     )
     p.add_argument(
+        "--stall-file",
+        type=Path,
+        help="once it holds 'NODE STEP loader' (or 'NODE STEP recv'), that node's rank hangs in that step: in its "
+        "data loader (a sleep), or in a receive no peer sends to while the others wait in the all-reduce (tests)",
+    )
+    p.add_argument(
         "--layout",
         choices=("dp", "hsdp", "fsdp"),
         default="dp",
@@ -373,13 +379,15 @@ def train_step(job: Job, step: int) -> None:
     for group in optimizer.param_groups:
         group["lr"] = args.lr * min(1.0, step / 10) * ssv.lr_scale  # warm-up, then flat
     optimizer.zero_grad(set_to_none=True)
-    tokens = batch(job.corpus, step, args.batch, args.seq_len, rank, world)
+    tokens = load_batch(job, step)
     with ssv.compute():  # forward + backward only: no collective inside
         logits = job.model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         loss.backward()
         time.sleep(args.compute_s * (1.0 + straggling(args.straggler_file)))
         die_if_told(args.die_file, step, after_update=False)
+    if stall_told(args.stall_file, step, "recv"):  # a mismatched collective: everyone waits in one
+        dist.recv(torch.zeros(1), src=(rank + 1) % world)
     # dp: the gradients and the loss in one all-reduce; hsdp: FSDP reduced the gradients in backward
     mean_loss = average_gradients(job.model, loss, world) if job.mesh is None else mean(loss, world)
     grad_norm = full(nn.utils.clip_grad_norm_(job.model.parameters(), 1.0))
@@ -393,6 +401,30 @@ def train_step(job: Job, step: int) -> None:
     ssv.log(step, loss=mean_loss, grad_norm=grad_norm, lr=optimizer.param_groups[0]["lr"],
             consumed_samples=consumed, global_batch_size=world * args.batch)  # fmt: skip
     job.trace.write(step=step, batch=step, loss=mean_loss, consumed_samples=consumed)
+
+
+def load_batch(job: Job, step: int) -> torch.Tensor:
+    """The step's tokens: this example's data loader (it stalls here when the test's file says so)."""
+    args = job.args
+    if stall_told(args.stall_file, step, "loader"):
+        time.sleep(3600)  # a data loader stuck on its storage
+    return batch(job.corpus, step, args.batch, args.seq_len, dist.get_rank(), dist.get_world_size())
+
+
+def stall_told(path: Path | None, step: int, kind: str) -> bool:
+    """Whether the test's file names this node, ``step`` and ``kind``; the file is moved aside
+    first, so that the restarted job does not stall again."""
+    if path is None:
+        return False
+    try:
+        node, at, what = path.read_text().split()
+        told = node == os.environ.get("SLURMD_NODENAME") and int(at) == step and what == kind
+    except (OSError, ValueError):  # not written (yet), or not "NODE STEP KIND"
+        return False
+    if told:
+        path.rename(path.with_name(path.name + ".done"))
+        print(f"train.py: stalling ({kind}) in step {step} as {path} says", file=sys.stderr, flush=True)
+    return told
 
 
 def die_if_told(path: Path | None, step: int, *, after_update: bool) -> None:

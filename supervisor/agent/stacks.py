@@ -2,7 +2,7 @@
 the daemon in an overlapping step on every node of the hung job (adapters/slurm/stack_capture.py).
 
 It finds the job's training processes on this node — those whose environment (``/proc/PID/environ``,
-as they were started) holds ``SLURM_JOB_ID=J`` and a ``RANK`` (torchrun's workers, or any launcher
+as they were started) holds ``SLURM_JOB_ID=J``, this node's ``SLURMD_NODENAME`` and a ``RANK`` (torchrun's workers, or any launcher
 that sets it; else ``SLURM_PROCID`` of a Python process in another step) — runs ``py-spy dump
 --json`` on each with a timeout, and prints one bounded JSON line per process, then a closing line
 for the node. When py-spy is missing or may not attach (ptrace refused: ``kernel.yama.ptrace_scope``,
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from supervisor.domain.stacks.dumps import rank_dump
+from supervisor.domain.stacks.dumps import RankDump, rank_dump
 from supervisor.domain.text_safety import printable
 
 MAX_DUMP = 4 << 20  # bytes of py-spy's output read per process
@@ -51,16 +51,19 @@ def _rank(env: Mapping[str, str], key: str) -> int | None:
     return int(value) if value.isdigit() and len(value) < 8 else None
 
 
-def training_processes(job_id: int, proc: Path = Path("/proc"), own: Mapping[str, str] = os.environ) -> list[Target]:
+def training_processes(
+    job_id: int, node: str, proc: Path = Path("/proc"), own: Mapping[str, str] = os.environ
+) -> list[Target]:
     """The job's ranks on this node: RANK when set, else SLURM_PROCID of a Python process of
-    another step than this capture's."""
+    another step than this capture's. A process slurmd started for another node of the job
+    (``SLURMD_NODENAME``) is that node's: several nodes may share one host (and /proc)."""
     ranked: list[Target] = []
     stepped: list[Target] = []
     for entry in sorted(proc.iterdir(), key=lambda p: p.name):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         env = environ_of(entry / "environ")
-        if env.get("SLURM_JOB_ID") != str(job_id):
+        if env.get("SLURM_JOB_ID") != str(job_id) or env.get("SLURMD_NODENAME", node) != node:
             continue
         if (rank := _rank(env, "RANK")) is not None:
             ranked.append(Target(int(entry.name), rank))
@@ -105,21 +108,39 @@ def dump(py_spy: str, target: Target, timeout_s: float, native: bool) -> tuple[o
         return None, "py-spy's output is not JSON (or over the size bound)"
 
 
-def capture(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    began = time.monotonic()
-    targets = training_processes(args.job)
-    errors: list[str] = []
-    for i, target in enumerate(targets):
-        left = args.timeout - (time.monotonic() - began)
-        if left <= 0.2:
-            errors.append(f"the node's deadline came before {len(targets) - i} processes")
-            break
-        threads, error = dump(args.py_spy, target, min(10.0, left), args.native)
+def _round(args: argparse.Namespace, targets: list[Target], until: float) -> dict[int, RankDump]:
+    """One py-spy dump of every target, bounded by ``until`` (monotonic); a target not reached says so."""
+    out: dict[int, RankDump] = {}
+    for target in targets:
+        left = until - time.monotonic()
+        threads, error = (None, "the node's deadline came first") if left <= 0.2 else dump(args.py_spy, target, min(10.0, left), args.native)  # fmt: skip
         raw = {"rank": target.rank, "pid": target.pid, "threads": threads if isinstance(threads, list) else []}
         made = rank_dump({**raw, "error": error}, args.node)
         if made is not None:
-            _print(out, {**made.to_json(), "node": args.node})
-        errors += [error] if error else []
+            out[target.pid] = made
+    return out
+
+
+def _moved(first: RankDump, second: RankDump | None) -> bool | None:
+    if second is None or first.error or second.error:
+        return None
+    return first.main_frames != second.main_frames
+
+
+def capture(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Two samples ``args.again`` seconds apart (a hung rank's stack stands still; one that moved
+    says the job still runs), one line per process, then the closing line."""
+    began = time.monotonic()
+    targets = training_processes(args.job, args.node)
+    first = _round(args, targets, began + args.timeout * 0.45)
+    second: dict[int, RankDump] = {}
+    if args.again > 0 and any(d.error is None for d in first.values()):
+        time.sleep(min(args.again, max(0.0, args.timeout * 0.5 - (time.monotonic() - began))))
+        second = _round(args, [t for t in targets if first.get(t.pid) and first[t.pid].error is None], began + args.timeout)  # fmt: skip
+    errors = []
+    for made in first.values():
+        _print(out, {**made.to_json(), "moved": _moved(made, second.get(made.pid)), "node": args.node})
+        errors += [made.error] if made.error else []
     if not targets:
         errors.append(f"no training process of job {args.job} on this node")
     why = errors[0] if errors and len(errors) >= len(targets) else None  # every process failed: say why
@@ -137,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=20.0, help="seconds for the whole node")
     p.add_argument("--py-spy", default="py-spy")
     p.add_argument("--native", action="store_true")
+    p.add_argument("--again", type=float, default=1.0, help="seconds between the two samples (0: one sample)")
     p.add_argument("--node", default=os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0])
     return capture(p.parse_args(argv))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -43,13 +44,14 @@ from supervisor.domain.run import RunSpec
 from supervisor.engine.reconcile import EngineSettings
 from supervisor.engine.watch.checkpoints import CheckpointWatch
 from supervisor.engine.watch.progress import ProgressWatch
-from supervisor.ports import CheckpointStore, PortError, ProgressLedger, Store
+from supervisor.ports import CheckpointStore, Clock, PortError, ProgressLedger, Store
 
 if TYPE_CHECKING:
     from supervisor.adapters.postgres import PostgresStore
     from supervisor.adapters.web.renderer import Renderer
     from supervisor.api.client import Reader
     from supervisor.api.server import ApiServer
+    from supervisor.engine.hang_stacks import HangStacks
     from supervisor.engine.loop.leadership import Leadership
 
     DaemonStore = SqliteStore | PostgresStore
@@ -394,3 +396,21 @@ def leadership(
     lease_s = cfg.store.lease_s
     settings = LeaseSettings(lease_s=lease_s, margin_s=lease_s / 5, inflight_s=cfg.slurm.command_timeout_s)
     return Leadership(engine_store, engine_store, fenced, holder=new_holder(), address=address, settings=settings)
+
+
+def stacks(cfg: DaemonConfig, clock: Clock, leadership: Leadership | None = None) -> HangStacks | None:
+    """A hang's stacks before the cancel (``[stacks]``): an overlapping step of the hung job runs
+    the node agent's capture; the files go to STATE/stacks/RUN/."""
+    if not cfg.stacks.enabled or not cfg.hang.enabled:
+        return None
+    from supervisor.adapters.slurm.stack_capture import CaptureSettings, SrunStackCapture
+    from supervisor.adapters.stack_files import StackFileLimits, StackFiles
+    from supervisor.engine.hang_stacks import HangStacks
+
+    s = cfg.stacks
+    beside = Path(sys.executable).with_name("py-spy")
+    py_spy = s.py_spy or (str(beside) if beside.exists() else "py-spy")
+    capture = SrunStackCapture(CaptureSettings(deadline_s=s.deadline_s, native=s.native, py_spy=py_spy))
+    limits = StackFileLimits(per_rank_bytes=s.max_rank_bytes, total_bytes=s.max_file_bytes, keep=s.keep)
+    files = StackFiles(Path(cfg.daemon.state_dir) / "stacks", limits)
+    return HangStacks(capture, files, clock, leadership.may_act if leadership is not None else None)

@@ -154,6 +154,30 @@ class HangSection(Section):
     )
 
 
+class StacksSection(Section):
+    """Every rank's Python stacks, captured before a hung job is cancelled (issue 35, docs/hang-stacks.md)."""
+
+    enabled: StrictBool = True
+    deadline_s: FloatField = Field(
+        default=25.0,
+        ge=3,
+        le=60,
+        json_schema_extra=fix_hint("set seconds from 3 to 60, e.g. 25: the cancel waits this long at most"),
+    )
+    native: StrictBool = False  # py-spy --native: C/C++ frames too (slower, larger)
+    # py-spy on the compute nodes; empty: the one beside the daemon's interpreter, else py-spy on PATH
+    py_spy: StrictStr = ""
+    keep: StrictInt = Field(
+        default=20, ge=1, le=1000, json_schema_extra=fix_hint("set how many captures a run keeps, e.g. 20")
+    )
+    max_file_bytes: StrictInt = Field(
+        default=8 << 20, ge=1 << 16, le=1 << 30, json_schema_extra=fix_hint("set bytes from 65536 to 1073741824")
+    )
+    max_rank_bytes: StrictInt = Field(
+        default=64 << 10, ge=4096, le=16 << 20, json_schema_extra=fix_hint("set bytes from 4096 to 16777216")
+    )
+
+
 class HealthSection(Section):
     """Node findings from agents and hooks, and agent heartbeats (issue 3)."""
 
@@ -327,6 +351,7 @@ class DaemonConfig(Section):
     probe: ProbeSection = Field(default_factory=ProbeSection)
     fence: FenceSection = Field(default_factory=FenceSection)
     hang: HangSection = Field(default_factory=HangSection)
+    stacks: StacksSection = Field(default_factory=StacksSection)
     health: HealthSection = Field(default_factory=HealthSection)
     quarantine: QuarantineSection = Field(default_factory=QuarantineSection)
     ingest: IngestSection = Field(default_factory=IngestSection)

@@ -32,6 +32,7 @@ from supervisor.engine.act.execute import CrashHook, Executor, run_event
 from supervisor.engine.facts.nodes import NodeWatch, forget_returned
 from supervisor.engine.facts.observe import NodeRoster, Observer
 from supervisor.engine.facts.probes import ProbeTracker
+from supervisor.engine.hang_stacks import HangStacks
 from supervisor.engine.watch.checkpoints import CheckpointWatch
 from supervisor.engine.watch.nulls import NoCheckpoints, NoHealthFeed, NoProgress
 from supervisor.engine.watch.progress import ProgressWatch
@@ -108,6 +109,7 @@ class Engine:
         health: HealthFeed | None = None,
         accounting: Accounting | None = None,
         guard: NodeGuard | None = None,
+        stacks: HangStacks | None = None,
     ) -> None:
         self.store, self.clock, self.settings = store, clock, settings
         self.progress = progress or NoProgress()
@@ -121,6 +123,7 @@ class Engine:
             node_refresh_ticks=settings.node_refresh_ticks, accounting=accounting, guard=guard,
             account=settings.account,
             roster=health if isinstance(health, NodeRoster) else None,  # a run's token: its job's nodes only
+            stacks=stacks,
         )  # fmt: skip
         self.executor = Executor(
             scheduler=scheduler, store=store, clock=clock, fencer=fencer, resume_for=self._resume_for,

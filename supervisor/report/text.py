@@ -178,12 +178,29 @@ def _hang_evidence(ev: dict[str, Any]) -> str:
         )
     last = ev.pop("last_lines", None) or []
     ev.pop("records_read", None)
+    stacks = ev.pop("stacks", None)
     text = "; ".join(p for p in parts if p)
     if last:
         text += "; last line: `" + str(last[-1]).replace("`", "'") + "`"
+    if isinstance(stacks, Mapping):
+        text += "; " + _stacks_view(stacks)
     if ev:
         text += "; " + pairs(ev)
     return text + "."
+
+
+def _stacks_view(stacks: Mapping[str, Any]) -> str:
+    """The capture before the cancel (issue 35): its time, where each group of ranks waits (one
+    frame each), and the file that keeps every rank's stack (``slurm-supervisor stacks RUN``)."""
+    took = stacks.get("capture_s")
+    text = f"stacks captured in {seconds(float(took))}" if isinstance(took, int | float) else "stacks"
+    groups = [g for g in stacks.get("groups") or () if isinstance(g, Mapping)][:4]
+    if groups:
+        shown = [f"{g.get('place')} ({g.get('what')}) ×{g.get('rank_count')}" + (f" at {g['stack'][0]}" if g.get("stack") else "") for g in groups]  # fmt: skip
+        text += ": " + ", ".join(shown)
+    if stacks.get("file"):
+        text += f", kept in {stacks['file']}"
+    return text
 
 
 def _hang_numbers(ev: dict[str, Any]) -> list[str]:

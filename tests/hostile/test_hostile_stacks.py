@@ -54,3 +54,33 @@ def test_a_10_mb_capture_is_bounded():
     cap = parse_capture(flood, ["n1"], 1.0)
     assert len(cap.dumps) == 64  # MAX_PER_NODE
     assert len(flood[:MAX_OUTPUT]) == MAX_OUTPUT
+
+
+def _hostile_capture() -> tuple[dict[str, object], dict[str, object]]:
+    """A capture file's document and a hang's evidence, both with EVIL in the names."""
+    from supervisor.adapters.stack_files import StackFileLimits, capture_file_text
+    from supervisor.domain.stacks.dumps import Capture
+    from supervisor.engine.hang_stacks import additions
+
+    bad = rank_dump({"rank": 1, "pid": 5, "threads": threads(EVIL, "/x/\x1b[31mtrain.py")}, "n2")
+    ok = rank_dump({"rank": 0, "pid": 6, "threads": threads("all_reduce", C10D)}, "n1")
+    assert bad is not None and ok is not None
+    capture = Capture((ok, bad), {"n3": "ptrace refused \x1b[2J"}, 1.0)
+    verdict = judge(capture.dumps, ["n1", "n2", "n3"], capture.missing)
+    doc = json.loads(capture_file_text("gpt", capture, verdict, StackFileLimits()))
+    hang = {"reason": "no new step", "last_step": 3, "silent_s": 9.0, **additions(capture, verdict, "/s/f.json", False)}
+    return doc, hang
+
+
+def test_every_view_of_hostile_stacks_is_escaped():
+    from supervisor.cli.stacks import capture_lines
+    from supervisor.domain.records import Event, EventKind
+    from supervisor.report.text import evidence, safe_event
+
+    doc, hang = _hostile_capture()
+    for line in capture_lines(doc, ranks=True):  # the terminal
+        assert line.isprintable() and "\x1b" not in line and "\u202e" not in line, repr(line)
+    event = Event("gpt", EventKind.FAULT, "hang: " + str(hang["reason"]), "k", evidence=hang)
+    md = evidence(safe_event(event))  # the chronicle (Markdown), which the HTML page renders
+    assert "<script>" not in md and "\\<script\\>" in md and "\x1b" not in md and "\n" not in md
+    assert "stacks captured in 1 s" in md and "kept in /s/f.json" in md

@@ -57,7 +57,7 @@ def ranks(tmp_path):
 
 def run(py_spy: str, job: int = 4242, timeout: float = 20.0) -> list[dict[str, object]]:
     out = io.StringIO()
-    args = argparse.Namespace(job=job, timeout=timeout, py_spy=py_spy, native=False, node="n7")
+    args = argparse.Namespace(job=job, timeout=timeout, py_spy=py_spy, native=False, node="n7", again=0.3)
     assert capture(args, out) == 0
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
@@ -70,6 +70,7 @@ def test_the_jobs_ranks_are_dumped_and_the_node_closes(py_spy, ranks):
     assert sorted(found) == [3, 4]
     frames = found[3]["threads"][0]["frames"]  # type: ignore[index]
     assert frames[0][0] == "load_batch" and found[3]["pid"] == ranks[0].pid
+    assert found[3]["moved"] is False  # asleep: the same stack in both samples
     assert lines[-1] == {"node": "n7", "closing": True, "processes": 2, "error": None, "took_s": lines[-1]["took_s"]}
 
 
@@ -87,14 +88,15 @@ def test_processes_are_found_by_their_environment_in_a_proc_folder(tmp_path):
         (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in env.items()))
         (d / "comm").write_text(comm + "\n")
 
-    proc(10, "python3", SLURM_JOB_ID="5", RANK="1")
+    proc(10, "python3", SLURM_JOB_ID="5", RANK="1", SLURMD_NODENAME="n1")
+    proc(14, "python3", SLURM_JOB_ID="5", RANK="0", SLURMD_NODENAME="n0")  # another node on this host
     proc(11, "torchrun", SLURM_JOB_ID="5")  # the launcher: no rank
     proc(12, "python3", SLURM_JOB_ID="6", RANK="0")  # another job
     proc(13, "python3", SLURM_JOB_ID="5", RANK="x1")  # not a rank
     (tmp_path / "self").mkdir()
-    assert [(t.pid, t.rank) for t in training_processes(5, tmp_path)] == [(10, 1)]
+    assert [(t.pid, t.rank) for t in training_processes(5, "n1", tmp_path)] == [(10, 1)]
     proc(20, "python3", SLURM_JOB_ID="7", SLURM_PROCID="2", SLURM_STEP_ID="0")
     proc(21, "python3", SLURM_JOB_ID="7", SLURM_PROCID="0", SLURM_STEP_ID="9")  # the capture's own step
     proc(22, "bash", SLURM_JOB_ID="7", SLURM_PROCID="0", SLURM_STEP_ID="0")
-    found = training_processes(7, tmp_path, own={"SLURM_STEP_ID": "9"})
+    found = training_processes(7, "n1", tmp_path, own={"SLURM_STEP_ID": "9"})
     assert [(t.pid, t.rank) for t in found] == [(20, 2)]

@@ -15,7 +15,7 @@ def test_every_command_loads_under_its_own_name():
         command = main.get_command(ctx, name)
         assert command is not None and command.name == name, name
     assert main.get_command(ctx, "no-such-command") is None
-    assert len(COMMANDS) == 17  # store is the 17th
+    assert len(COMMANDS) == 18  # stacks is the 18th
 
 
 def test_starting_the_cli_imports_no_command_module():

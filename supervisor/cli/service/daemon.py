@@ -169,6 +169,7 @@ def _engine(
         health=ingest[0] if ingest else None,
         accounting=wiring.accounting(scheduler),
         guard=guard,
+        stacks=wiring.stacks(cfg, clock, leadership),
     )
 
 

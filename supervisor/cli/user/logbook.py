@@ -112,11 +112,24 @@ def logbook_show(
         read = _events_reader(store, run)
         events = read()
         emit(events)
+        if fmt == "text" and run is not None:
+            _stack_captures(ctx, run, out)
         if follow:
             _follow(read, emit, clock, interval, len(events))
     finally:
         if out is not None:
             out.close()
+
+
+def _stack_captures(ctx: click.Context, run: str, out: Any) -> None:
+    """The stacks captured before the run's hung jobs were cancelled, listed after its logbook."""
+    from supervisor.cli.stacks import captures_of, listing_lines
+
+    paths = captures_of(Path(context.config(ctx).daemon.state_dir), run)
+    if paths:
+        click.echo(f"stack captures before a hang's cancel (`slurm-supervisor stacks {run}`):", file=out)
+        for line in listing_lines(paths):
+            click.echo(f"  {line}", file=out)
 
 
 def _events_reader(store: Reader, run: str | None) -> Callable[[], list[Event]]:

@@ -48,6 +48,7 @@ class RankDump:
     pid: int
     threads: tuple[Thread, ...] = ()
     error: str | None = None
+    moved: bool | None = None  # its main stack changed between two samples (None: one sample only)
 
     @property
     def main_frames(self) -> tuple[Frame, ...]:
@@ -61,6 +62,7 @@ class RankDump:
             "rank": self.rank,
             "pid": self.pid,
             "error": self.error,
+            "moved": self.moved,
             "threads": [
                 {"name": t.name, "main": t.main, "frames": [[f.function, f.file, f.line] for f in t.frames]}
                 for t in self.threads
@@ -116,7 +118,9 @@ def rank_dump(raw: Mapping[str, Any], node: str) -> RankDump | None:
     threads = raw.get("threads")
     threads = threads[:MAX_THREADS] if isinstance(threads, list) else []
     parsed = tuple(t for t in (thread_of(x, pid) for x in threads) if t is not None)
-    return RankDump(node, rank, pid, parsed, _text(error, MAX_ERROR) if error else None)
+    moved = raw.get("moved")
+    moved = moved if isinstance(moved, bool) else None
+    return RankDump(node, rank, pid, parsed, _text(error, MAX_ERROR) if error else None, moved)
 
 
 def rank_dump_from_json(raw: Mapping[str, Any]) -> RankDump | None:

@@ -5,8 +5,9 @@ ranks wait in a collective and a few are elsewhere (data loading, checkpoint I/O
 those few are the suspects, and their nodes are *singled out* — kept out of the restart — under
 the rule ``domain.progress.ranks`` follows for per-rank steps: on few nodes (at most
 ``max(1, nodes // 8)``) and no more of them than ranks waiting. Every rank in a collective (a
-mismatched collective, a lost peer, the network), no rank in one, or a node whose stacks are
-missing: "no single rank", nobody blamed — a job-wide stall must not cost a node, and a node we
+mismatched collective, a lost peer, the network), no rank in one, a node whose stacks are
+missing, or a rank whose stack moved between the agent's two samples (the job still runs: one
+snapshot of a healthy job also shows ranks outside a collective): "no single rank", nobody blamed — a job-wide stall must not cost a node, and a node we
 could not see is unverified, not guilty.
 """
 
@@ -79,6 +80,9 @@ def judge(dumps: Iterable[RankDump], nodes: Sequence[str], missing: Mapping[str,
     unseen = sorted(set(missing) | {d.node for d, p in placed.values() if p.place is Place.UNKNOWN})
     if not known:
         return StackVerdict(False, (), (), _no_stacks(unseen, missing), groups, 0)
+    moved = tuple(r for r in known if placed[r][0].moved)
+    if moved:  # a hung job's stacks stand still: this one still runs (a false alarm, or it recovered)
+        return StackVerdict(False, (), (), _moving(moved, placed), groups, len(known))
     where = {r: placed[r][0].node for r in outside}
     suspect_nodes = tuple(sorted(set(where.values())))
     singled = bool(outside) and bool(waiting) and not unseen and len(outside) <= len(waiting)
@@ -123,9 +127,8 @@ def _summary(
 ) -> str:
     gap = f"; no stacks from {', '.join(unseen[:MAX_LISTED])}" if unseen else ""
     if singled:
-        others = (
-            f"the other {len(waiting)} rank{'s' if len(waiting) != 1 else ''} wait in {_collectives(waiting, placed)}"
-        )
+        who = "the other rank waits" if len(waiting) == 1 else f"the other {len(waiting)} ranks wait"
+        others = f"{who} in {_collectives(waiting, placed)}"
         return f"suspect {', '.join(singled)}: {_listed(outside, placed)}, while {others}"
     if not outside:
         return f"no single rank: all {len(waiting)} ranks wait in collectives ({_collectives(waiting, placed)}){gap}"
@@ -135,6 +138,12 @@ def _summary(
         f"no single rank: {len(outside)} of {len(outside) + len(waiting)} ranks are outside the collective "
         f"({_listed(outside, placed)}){gap}"
     )
+
+
+def _moving(moved: Sequence[int], placed: Mapping[int, tuple[RankDump, Placement]]) -> str:
+    listed = ", ".join(f"{r} ({placed[r][0].node})" for r in moved[:MAX_LISTED])
+    more = f" and {len(moved) - MAX_LISTED} more" if len(moved) > MAX_LISTED else ""
+    return f"no single rank: the stacks of rank(s) {listed}{more} moved between two samples (the job still runs)"
 
 
 def _no_stacks(unseen: Sequence[str], missing: Mapping[str, str]) -> str:

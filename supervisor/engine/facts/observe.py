@@ -28,6 +28,7 @@ from supervisor.domain.observation import Forgotten, Observation
 from supervisor.domain.records import Event, EventKind, RunRecord, Verdict
 from supervisor.domain.run import RunState
 from supervisor.engine.facts.forgotten import ForgottenJobs
+from supervisor.engine.hang_stacks import HangStacks
 from supervisor.engine.facts.job_reads import JobReadPlan, plan_job_read
 from supervisor.engine.facts.nodes import NodeFacts, NodeWatch, focus_nodes, running_nodes
 from supervisor.engine.facts.probes import ProbeTracker
@@ -99,9 +100,11 @@ class Observer:
         roster: NodeRoster | None = None,
         whole_cluster_s: tuple[float, float] = (15.0, 60.0),
         account: str = "",
+        stacks: HangStacks | None = None,
     ) -> None:
         self.scheduler, self.store, self.clock = scheduler, store, clock
         self.account = account  # who the instance is: the node reasons it recognises as its own name it
+        self.stacks = stacks  # a hang's stacks, captured before the decision to cancel (issue 35)
         self.roster = roster  # told each tick which nodes each run's job holds (the ingest)
         self.forgotten = ForgottenJobs(accounting)  # jobs squeue no longer lists, read from sacct
         self._forgotten: dict[int, Forgotten] = {}
@@ -219,7 +222,9 @@ class Observer:
         if self.roster is not None:
             self.roster.publish_job_nodes(job_nodes(runs, snap))
         dead = self.probes.update(running_nodes(runs, snap), snap, now)
-        hangs = self.progress.update(runs, snap, now)
+        hangs: Mapping[str, Mapping[str, Any]] = self.progress.update(runs, snap, now)
+        if self.stacks is not None:
+            hangs = self.stacks.examine(runs, snap, hangs)
         progress = _progress_records(runs, self.progress)
         runs = _with_progress(runs, progress)
         watch = self.checkpoints

@@ -12,6 +12,7 @@ and ``Clock`` will do), and the optional collaborators, as attributes a test may
   resume files into ``files`` through ``write_resume``;
 * ``crash_hook``: read at every action boundary of whichever engine is current (``crash_once``
   arms one that kills the daemon once, ``survive_crash`` restarts it as systemd would);
+* ``stacks``: the StackCapture port a hang's stacks are taken through (None: none are);
 * ``accounting``: the Accounting port (sacct) the next engine reads forgotten jobs from (None: a
   cluster without slurmdbd).
 
@@ -34,6 +35,7 @@ from supervisor.domain.cluster import ClusterSnapshot, JobInfo
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import RunSpec, RunState
+from supervisor.engine.hang_stacks import HangStacks
 from supervisor.engine.reconcile import CrashHook, Engine, EngineSettings, TickResult
 from supervisor.engine.watch.checkpoints import CheckpointWatch
 from supervisor.engine.watch.progress import ProgressWatch
@@ -46,6 +48,7 @@ from supervisor.ports import (
     NodeGuard,
     NodeProbe,
     Scheduler,
+    StackCapture,
     Store,
 )
 from supervisor.testing.kit.logs import MemoryLogs
@@ -87,6 +90,7 @@ class EngineHarness(Generic[S]):
         self.crash_hook: CrashHook | None = None
         self.guard: NodeGuard | None = None  # the node guard, when a test sets one before new_engine()
         self.accounting: Accounting | None = None  # sacct for jobs squeue forgot; None: no slurmdbd
+        self.stacks: StackCapture | None = None  # a hang's stacks before the cancel (issue 35); None: none taken
         self.interval = interval
         self.view = view or scheduler.snapshot  # what job() reads: give a side-effect-free one if there is
         self.logs = MemoryLogs()
@@ -130,6 +134,7 @@ class EngineHarness(Generic[S]):
             accounting=self.accounting,
             health=self.health,
             guard=self.guard,
+            stacks=HangStacks(self.stacks, None, self.clock) if self.stacks is not None else None,
         )
         return self.engine
 

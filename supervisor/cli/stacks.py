@@ -1,0 +1,113 @@
+"""`slurm-supervisor stacks RUN`: the Python stacks captured before a run's hung jobs were
+cancelled (docs/hang-stacks.md). Lists the run's captures, newest first, and shows one: the
+verdict, each group of ranks with one representative stack, and with ``--ranks`` every rank's.
+``stacks FILE`` reads a capture file (or a folder of them) offline and judges it again.
+
+The files are the daemon's (STATE/stacks/RUN/), read as untrusted: every dump is bounded and made
+printable again on the way in (``rank_dump_from_json``) and every line printed goes through
+``printable``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+
+from supervisor.cli import context
+from supervisor.domain.stacks.dumps import RankDump, rank_dump_from_json
+from supervisor.domain.stacks.places import placement
+from supervisor.domain.stacks.verdict import judge
+from supervisor.domain.text_safety import printable
+
+MAX_FILE = 64 << 20  # a capture file read at most this large (the daemon writes at most [stacks] max_file_bytes)
+
+
+def captures_of(state_dir: Path, run: str) -> list[Path]:
+    from supervisor.adapters.stack_files import StackFiles
+
+    return StackFiles(state_dir / "stacks").listed(run)
+
+
+def read_capture(path: Path) -> dict[str, Any]:
+    with path.open("rb") as f:
+        raw = f.read(MAX_FILE + 1)
+    if len(raw) > MAX_FILE:
+        raise click.ClickException(f"{printable(str(path))}: larger than {MAX_FILE} bytes; not a capture file")
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise click.ClickException(f"{printable(str(path))}: not a capture file (not JSON)") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("dumps"), list):
+        raise click.ClickException(f"{printable(str(path))}: not a capture file (no dumps)")
+    return doc
+
+
+def dumps_of(doc: Mapping[str, Any]) -> list[RankDump]:
+    return [d for d in (rank_dump_from_json(x) for x in doc["dumps"] if isinstance(x, dict)) if d is not None]
+
+
+def capture_lines(doc: Mapping[str, Any], *, ranks: bool = False) -> list[str]:
+    """One capture, judged again from its dumps: the verdict, the groups, (each rank's stack)."""
+    dumps = dumps_of(doc)
+    raw = doc.get("missing")
+    missing: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    nodes = sorted({d.node for d in dumps} | set(missing))
+    verdict = judge(dumps, nodes, {str(k): str(v) for k, v in missing.items()})
+    took = doc.get("took_s")
+    lines = [f"verdict: {verdict.summary}"]
+    lines += [f"captured in {took} s" if isinstance(took, int | float) else "captured in ? s"]
+    lines += [f"no stacks from {n}: {w}" for n, w in sorted(missing.items())[:64]]
+    for g in verdict.groups:
+        who = ", ".join(str(r) for r in g.ranks[:16]) + (f" and {len(g.ranks) - 16} more" if len(g.ranks) > 16 else "")
+        lines.append(f"{g.place.value} ({g.what}): {len(g.ranks)} rank(s) [{who}] on {', '.join(g.nodes[:16])}")
+        lines += [f"    {frame}" for frame in g.stack]
+    if ranks:
+        for d in dumps:
+            lines.append(f"rank {d.rank} ({d.node}, pid {d.pid}): {placement(d).place.value}" + (f": {d.error}" if d.error else ""))  # fmt: skip
+            lines += [f"    {f.text()}" for f in d.main_frames]
+    return [printable(line, 2000) for line in lines]
+
+
+def listing_lines(paths: Iterable[Path]) -> list[str]:
+    out = []
+    for path in paths:
+        try:
+            summary = read_capture(path).get("verdict", {}).get("summary", "?")
+        except (OSError, click.ClickException):
+            summary = "(unreadable)"
+        out.append(printable(f"{path.stem}  {summary}", 400))
+    return out
+
+
+@click.command()
+@click.argument("target")
+@click.option("--capture", "name", default=None, help="Which capture (its name, as listed); default: the newest.")
+@click.option("--ranks", is_flag=True, help="Every rank's main-thread stack, not one per group.")
+@click.pass_context
+def stacks(ctx: click.Context, target: str, name: str | None, ranks: bool) -> None:
+    """Stacks taken before a hung job was cancelled: TARGET is a run (its captures under the
+    daemon's state directory) or a capture file or folder (read offline)."""
+    path = Path(target)
+    if path.is_file():
+        paths = [path]
+    elif path.is_dir():
+        paths = sorted(path.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    else:
+        paths = captures_of(Path(context.config(ctx).daemon.state_dir), target)
+    if not paths:
+        raise click.ClickException(f"no stack captures for {printable(target, 200)}")
+    chosen = next((p for p in paths if p.stem == name), None) if name else paths[0]
+    if chosen is None:
+        raise click.ClickException(
+            f"no capture {printable(name or '', 200)}; `stacks {printable(target, 200)}` lists them"
+        )
+    click.echo("captures (newest first):")
+    for line in listing_lines(paths[:20]):
+        click.echo(f"  {line}")
+    click.echo(f"\n{printable(chosen.stem, 200)}:")
+    for line in capture_lines(read_capture(chosen), ranks=ranks):
+        click.echo(line)
