@@ -111,3 +111,14 @@ def stacks(ctx: click.Context, target: str, name: str | None, ranks: bool) -> No
     click.echo(f"\n{printable(chosen.stem, 200)}:")
     for line in capture_lines(read_capture(chosen), ranks=ranks):
         click.echo(line)
+
+
+def print_folder(folder: Path) -> None:
+    """Every capture in ``folder``, newest first, judged again (``analyze FOLDER``)."""
+    paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    if not paths:
+        raise click.ClickException(f"no stack captures (*.json) in {printable(str(folder), 200)}")
+    for path in paths[:100]:
+        click.echo(f"{printable(path.stem, 200)}:")
+        for line in capture_lines(read_capture(path)):
+            click.echo(f"  {line}")

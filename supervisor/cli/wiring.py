@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sqlite3
 import sys
@@ -403,6 +404,7 @@ def stacks(cfg: DaemonConfig, clock: Clock, leadership: Leadership | None = None
     the node agent's capture; the files go to STATE/stacks/RUN/."""
     if not cfg.stacks.enabled or not cfg.hang.enabled:
         return None
+    from supervisor.adapters.slurm.cli import client_env
     from supervisor.adapters.slurm.stack_capture import CaptureSettings, SrunStackCapture
     from supervisor.adapters.stack_files import StackFileLimits, StackFiles
     from supervisor.engine.hang_stacks import HangStacks
@@ -410,7 +412,12 @@ def stacks(cfg: DaemonConfig, clock: Clock, leadership: Leadership | None = None
     s = cfg.stacks
     beside = Path(sys.executable).with_name("py-spy")
     py_spy = s.py_spy or (str(beside) if beside.exists() else "py-spy")
-    capture = SrunStackCapture(CaptureSettings(deadline_s=s.deadline_s, native=s.native, py_spy=py_spy))
+    bin_dir = cfg.slurm.bin_dir
+    srun = str(Path(bin_dir) / "srun") if bin_dir else shutil.which("srun") or "srun"
+    settings = CaptureSettings(deadline_s=s.deadline_s, native=s.native, py_spy=py_spy, srun=srun)
+    # the Slurm clients' environment: SLURM_CONF, and none of the daemon's secrets in the job's step
+    conf = str(cfg.slurm.slurm_conf) if cfg.slurm.slurm_conf else None
+    capture = SrunStackCapture(settings, client_env(os.environ, slurm_conf=conf))
     limits = StackFileLimits(per_rank_bytes=s.max_rank_bytes, total_bytes=s.max_file_bytes, keep=s.keep)
     files = StackFiles(Path(cfg.daemon.state_dir) / "stacks", limits)
     return HangStacks(capture, files, clock, leadership.may_act if leadership is not None else None)

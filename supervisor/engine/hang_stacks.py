@@ -9,13 +9,15 @@ nobody is blamed. A capture that fails (py-spy missing, ptrace refused, a node t
 answer) delays nothing beyond its deadline; the hang's reason says why there are no stacks.
 
 Once per hung attempt (job, restart count, step generation): the next ticks, until the cancel is
-done, reuse the result. Not kept across a daemon restart: a restarted daemon captures again.
+done, reuse the result. Several hung runs are captured at once (at most ``MAX_AT_ONCE``; more
+runs hung together are cancelled without stacks), so a tick waits one deadline at most. Not kept across a daemon restart: a restarted daemon captures again.
 Only the leader captures (``may_act``, which raises otherwise): a standby does not reach into jobs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
@@ -30,6 +32,7 @@ from supervisor.ports import Clock, StackArchive, StackCapture
 log = structlog.get_logger("supervisor.engine")
 
 Key = tuple[int, int, int]  # job id, restart count, step generation
+MAX_AT_ONCE = 8  # captures in one tick (run in parallel: the tick waits one deadline)
 
 
 class HangStacks:
@@ -48,27 +51,43 @@ class HangStacks:
         self, runs: Iterable[RunRecord], snap: ClusterSnapshot, hangs: Mapping[str, Mapping[str, Any]]
     ) -> dict[str, Mapping[str, Any]]:
         """``hangs`` with each hung run's stacks added (captured once per hung attempt)."""
-        out: dict[str, Mapping[str, Any]] = dict(hangs)
+        todo: list[tuple[RunRecord, Key, tuple[str, ...]]] = []
         for run in runs:
-            hang, a = hangs.get(run.name), run.attempt
-            job = snap.jobs.get(a.job_id) if a is not None else None
-            if hang is None or a is None or job is None:
+            a = run.attempt
+            job = snap.jobs.get(a.job_id) if a is not None and run.name in hangs else None
+            if a is None or job is None:
                 continue
             goal, nodes = current_step(run, a, job.nodes)
             key = (a.job_id, a.restart_count, goal.generation if goal is not None else 0)
             done = self._done.get(run.name)
             if done is None or done[0] != key:
-                done = (key, self._additions(run, key, tuple(nodes), hang))
-                self._done[run.name] = done
-            out[run.name] = merged(hang, done[1])
+                todo.append((run, key, tuple(nodes)))
+        self._capture_all(todo, hangs)
         for name in set(self._done) - set(hangs):
             del self._done[name]
-        return out
+        return {name: merged(h, self._done[name][1]) if name in self._done else h for name, h in hangs.items()}
 
-    def _additions(self, run: RunRecord, key: Key, nodes: tuple[str, ...], hang: Mapping[str, Any]) -> dict[str, Any]:
+    def _capture_all(self, todo: list[tuple[RunRecord, Key, tuple[str, ...]]], hangs: Mapping[str, Mapping[str, Any]]) -> None:  # fmt: skip
+        """Every run's capture at once (the tick waits one deadline, however many runs hang): at
+        most ``MAX_AT_ONCE``; the others are cancelled without stacks (many runs hanging together
+        is a job-wide cause, which stacks would not pin on one rank)."""
+        if not todo:
+            return
         if self.may_act is not None:
             self.may_act()  # raises NotLeading: the tick is interrupted, as the gated scheduler's commands are
-        capture = self.capture.capture(key[0], nodes)
+        now, busy = todo[:MAX_AT_ONCE], todo[MAX_AT_ONCE:]
+        with ThreadPoolExecutor(max_workers=len(now), thread_name_prefix="hang-stacks") as pool:
+            found = list(pool.map(lambda item: self.capture.capture(item[1][0], item[2]), now))
+        for (run, key, nodes), capture in zip(now, found, strict=True):
+            self._done[run.name] = (key, self._kept(run, key, nodes, capture, hangs[run.name]))
+        for run, key, _ in busy:
+            why = f"more than {MAX_AT_ONCE} runs hung at once: no stacks taken for this one"
+            self._done[run.name] = (
+                key,
+                {"stacks": {"captured": False, "why": why}, "reason_stacks": f"no stacks: {why}"},
+            )
+
+    def _kept(self, run: RunRecord, key: Key, nodes: tuple[str, ...], capture: Capture, hang: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
         verdict = judge(capture.dumps, nodes, capture.missing)
         name = f"job{key[0]}-r{key[1]}-g{key[2]}-{self.clock.now():.0f}"
         path = self.archive.keep(run.name, name, capture, verdict) if self.archive is not None else None

@@ -43,6 +43,7 @@ class Hangs:
     status: dict[str, Any] = field(default_factory=dict)
     book: str = ""
     files: list[Path] = field(default_factory=list)
+    listed: str = ""  # `slurm-supervisor logbook gpt`
 
 
 def _wrapper(workdir: Path, real: str) -> tuple[Path, Path]:
@@ -105,6 +106,7 @@ def hangs(_slurm_session: LocalSlurm | str, tmp_path_factory: pytest.TempPathFac
         third = sup.status("gpt")
         _hang(sup, run, 2, third["running_on"][1], "loader", out)
         out.status = sup.status("gpt")
+        out.listed = sup.cli("logbook", "gpt").stdout
     finally:
         out.book = "\n".join(f"{e['kind']:>24} {e['message'][:400]}" for e in sup.logbook("gpt"))
         out.files = sorted((sup.state_dir / "stacks" / "gpt").glob("*.json"))
@@ -143,4 +145,6 @@ def test_ptrace_refused_cancels_on_time_and_says_why(hangs):
     assert not stacks["captured"] and stacks["capture_s"] < 10.0
     assert sorted(hangs.status["excluded"]) == [hangs.stalled[0]]
     assert len(hangs.files) == 3  # every capture kept, the failed one too
+    assert "stack captures before a hang's cancel (`slurm-supervisor stacks gpt`):" in hangs.listed
+    assert all(f"  {f.stem}  " in hangs.listed for f in hangs.files)
     print(f"capture {stacks['capture_s']:.2f} s; stall -> restarted: {hangs.cancel_s[2]:.1f} s")

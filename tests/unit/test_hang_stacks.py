@@ -96,3 +96,39 @@ def test_a_refused_capture_still_cancels_and_says_why(tmp_path):
     assert "stacks: no stacks: n" in fault.message and "ptrace refused" in fault.message
     assert "(the cancel was not delayed)" in fault.message
     assert fault.evidence["stacks"]["captured"] is False and w.run().excluded == {}
+
+
+def test_many_hung_runs_are_captured_at_once_and_the_tick_waits_one_deadline():
+    import threading
+
+    from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState
+    from supervisor.domain.records import AttemptRecord, RunRecord
+    from supervisor.engine.hang_stacks import MAX_AT_ONCE, HangStacks
+    from supervisor.testing.clock import ManualClock
+
+    together = threading.Barrier(MAX_AT_ONCE, timeout=10)  # broken unless all of them run at once
+
+    class Together(RecordedStacks):
+        def capture(self, job_id, nodes):
+            together.wait()
+            return super().capture(job_id, nodes)
+
+    runs, jobs = [], {}
+    for i in range(MAX_AT_ONCE + 2):
+        nodes = (f"a{i}", f"b{i}")
+        one = spec(name=f"r{i}", script="/w/t.sbatch", nodes=2, workdir="/w")
+        runs.append(
+            RunRecord(one, RunState.RUNNING, attempt=AttemptRecord(f"r{i}", 0, 100 + i, 0, 0.0, nodes, started_at=1.0))
+        )
+        jobs[100 + i] = JobInfo(100 + i, f"r{i}", JobState.RUNNING, nodes=nodes)
+    snap = ClusterSnapshot(2.0, jobs, {})
+    hangs = {r.name: {"reason": "no new step", "last_step": 3} for r in runs}
+    stacks = Together(stalled=1)
+    watch = HangStacks(stacks, None, ManualClock())
+    examined = watch.examine(runs, snap, hangs)
+    assert len(stacks.calls) == MAX_AT_ONCE
+    taken = [e for e in examined.values() if e["stacks"].get("ranks")]
+    assert len(taken) == MAX_AT_ONCE and all("stacks: suspect a" in e["reason"] for e in taken)
+    skipped = [e for e in examined.values() if not e["stacks"]["captured"]]
+    assert len(skipped) == 2 and "more than 8 runs hung at once" in skipped[0]["reason"]
+    assert watch.examine(runs, snap, hangs) == examined and len(stacks.calls) == MAX_AT_ONCE  # the next tick

@@ -24,7 +24,7 @@ def test_the_argv_is_one_overlapping_labelled_task_per_node():
     argv = capture_argv(CaptureSettings(deadline_s=25, agent=("py", "-m", "a"), py_spy="/opt/py-spy"), 42, ["n1", "n2"])
     assert argv[:11] == [
         "srun", "--job-name=ssv-stacks", "--jobid=42", "--overlap", "--nodes=2", "--ntasks=2",
-        "--ntasks-per-node=1", "--nodelist=n1,n2", "--label", "--kill-on-bad-exit=0", "--quiet",
+        "--ntasks-per-node=1", "--nodelist=n[1-2]", "--label", "--kill-on-bad-exit=0", "--quiet",
     ]  # fmt: skip
     assert argv[11:] == ["py", "-m", "a", "--job", "42", "--timeout", "20", "--py-spy", "/opt/py-spy"]
     assert capture_argv(CaptureSettings(native=True), 1, ["n1"])[-1] == "--native"

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
+import hostlist
 import structlog
 
 from supervisor.domain.stacks.dumps import Capture, RankDump, rank_dump
@@ -60,7 +61,7 @@ def capture_argv(s: CaptureSettings, job_id: int, nodes: Sequence[str]) -> list[
     n = len(nodes)
     return [
         s.srun, f"--job-name={STEP_NAME}", f"--jobid={job_id}", "--overlap", f"--nodes={n}", f"--ntasks={n}",
-        "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--label", "--kill-on-bad-exit=0", "--quiet",
+        "--ntasks-per-node=1", f"--nodelist={hostlist.collect_hostlist(list(nodes))}", "--label", "--kill-on-bad-exit=0", "--quiet",
         *agent, *(["--native"] if s.native else []),
     ]  # fmt: skip
 

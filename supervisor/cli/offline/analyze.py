@@ -6,6 +6,7 @@ throw-away store in a temporary folder."""
 from __future__ import annotations
 
 import os
+import pathlib
 import stat
 import sys
 import tempfile
@@ -27,7 +28,7 @@ _SNIFF_BYTES = 64 * 1024
 
 
 @click.command()
-@click.argument("logs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("logs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="One JSON document (keys in docs/analyze.md).")
 @click.option(
     "--format",
@@ -70,7 +71,15 @@ def analyze(
 ) -> None:
     """Replay training logs (several: consecutive attempts of one run, in order) through the
     supervisor's detectors: spikes and how they end, rollbacks, divergence, stragglers, hangs and
-    checkpoint saves, with the step and time each would have been decided at."""
+    checkpoint saves, with the step and time each would have been decided at. One folder of
+    stack captures (a hang's, docs/hang-stacks.md): each classified again, newest first."""
+    if len(logs) == 1 and os.path.isdir(logs[0]):  # a folder of stack captures (docs/hang-stacks.md)
+        from supervisor.cli.stacks import print_folder
+
+        print_folder(pathlib.Path(logs[0]))
+        return
+    if any(os.path.isdir(p) for p in logs):
+        raise click.BadParameter("a folder is read alone, as stack captures; logs are files", param_hint="LOGS")
     from supervisor.adapters.logging import configure_logging
 
     configure_logging("error", "auto")  # the watch's own log lines (following, rollback_decided) are not the report
