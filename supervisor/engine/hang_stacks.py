@@ -52,20 +52,22 @@ class HangStacks:
     ) -> dict[str, Mapping[str, Any]]:
         """``hangs`` with each hung run's stacks added (captured once per hung attempt)."""
         todo: list[tuple[RunRecord, Key, tuple[str, ...]]] = []
+        current: dict[str, Key] = {}  # the hung attempt each run is examined for now
         for run in runs:
             a = run.attempt
             job = snap.jobs.get(a.job_id) if a is not None and run.name in hangs else None
             if a is None or job is None:
                 continue
             goal, nodes = current_step(run, a, job.nodes)
-            key = (a.job_id, a.restart_count, goal.generation if goal is not None else 0)
+            key = current[run.name] = (a.job_id, a.restart_count, goal.generation if goal is not None else 0)
             done = self._done.get(run.name)
             if done is None or done[0] != key:
                 todo.append((run, key, tuple(nodes)))
         self._capture_all(todo, hangs)
         for name in set(self._done) - set(hangs):
             del self._done[name]
-        return {name: merged(h, self._done[name][1]) if name in self._done else h for name, h in hangs.items()}
+        fresh = {name: done[1] for name, done in self._done.items() if current.get(name) == done[0]}
+        return {name: merged(h, fresh[name]) if name in fresh else h for name, h in hangs.items()}
 
     def _capture_all(self, todo: list[tuple[RunRecord, Key, tuple[str, ...]]], hangs: Mapping[str, Mapping[str, Any]]) -> None:  # fmt: skip
         """Every run's capture at once (the tick waits one deadline, however many runs hang): at
@@ -106,7 +108,7 @@ def additions(capture: Capture, verdict: StackVerdict, path: str | None, already
         **verdict.evidence(),
     }
     out: dict[str, Any] = {"stacks": stacks}
-    said = verdict.summary if verdict.ranks else f"{verdict.summary} (the cancel was not delayed)"
+    said = verdict.summary if verdict.ranks else f"{verdict.summary} (after {capture.took_s:.1f} s; the cancel follows)"
     out["reason_stacks"] = f"stacks: {said}"
     if verdict.singled_out and not already_named:
         out["suspects"] = f"stacks: {verdict.summary}"

@@ -94,7 +94,7 @@ def test_a_refused_capture_still_cancels_and_says_why(tmp_path):
     w = hung(tmp_path, RecordedStacks(refused=True))
     fault = w.events(EventKind.FAULT)[0]
     assert "stacks: no stacks: n" in fault.message and "ptrace refused" in fault.message
-    assert "(the cancel was not delayed)" in fault.message
+    assert "(after 0.2 s; the cancel follows)" in fault.message
     assert fault.evidence["stacks"]["captured"] is False and w.run().excluded == {}
 
 
