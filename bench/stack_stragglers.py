@@ -34,7 +34,7 @@ from typing import Any
 
 from supervisor.domain.stacks.dumps import Frame, RankDump, Thread
 from supervisor.domain.stacks.places import Place, placement
-from supervisor.testing.torch_world import LocalWorld
+from supervisor.testing.torch.torch_world import LocalWorld
 
 RANKS = 4
 SLOW = "n3"  # the node made slow (rank 2)

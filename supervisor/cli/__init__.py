@@ -29,7 +29,7 @@ COMMANDS = {
     "hook": "supervisor.cli.node.hooks:hook",
     "simulate": "supervisor.cli.offline.simulate:simulate",
     "analyze": "supervisor.cli.offline.analyze:analyze",
-    "stacks": "supervisor.cli.stacks:stacks",
+    "stacks": "supervisor.cli.user.stacks:stacks",
     "doctor": "supervisor.cli.service.doctor:doctor",
     "store": "supervisor.cli.service.store:store",
 }

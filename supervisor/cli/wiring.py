@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from supervisor.adapters.web.renderer import Renderer
     from supervisor.api.client import Reader
     from supervisor.api.server import ApiServer
-    from supervisor.engine.hang_stacks import HangStacks
+    from supervisor.engine.facts.hang_stacks import HangStacks
     from supervisor.engine.loop.leadership import Leadership
 
     DaemonStore = SqliteStore | PostgresStore
@@ -407,7 +407,7 @@ def stacks(cfg: DaemonConfig, clock: Clock, leadership: Leadership | None = None
     from supervisor.adapters.slurm.cli import client_env
     from supervisor.adapters.slurm.stack_capture import CaptureSettings, SrunStackCapture
     from supervisor.adapters.stack_files import StackFileLimits, StackFiles
-    from supervisor.engine.hang_stacks import HangStacks
+    from supervisor.engine.facts.hang_stacks import HangStacks
 
     s = cfg.stacks
     beside = Path(sys.executable).with_name("py-spy")

@@ -29,10 +29,10 @@ from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.domain.records import EventKind, RunRecord
 from supervisor.domain.run import IllegalTransition, RunState
 from supervisor.engine.act.execute import CrashHook, Executor, run_event
+from supervisor.engine.facts.hang_stacks import HangStacks
 from supervisor.engine.facts.nodes import NodeWatch, forget_returned
 from supervisor.engine.facts.observe import NodeRoster, Observer
 from supervisor.engine.facts.probes import ProbeTracker
-from supervisor.engine.hang_stacks import HangStacks
 from supervisor.engine.watch.checkpoints import CheckpointWatch
 from supervisor.engine.watch.nulls import NoCheckpoints, NoHealthFeed, NoProgress
 from supervisor.engine.watch.progress import ProgressWatch

@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from supervisor.testing.daemon import SupervisorProcess
-from supervisor.testing.localslurm import LocalSlurm
-from supervisor.testing.torch_scenarios import last_step, wait_for
-from supervisor.testing.torchrun import TorchRun
+from supervisor.testing.slurm.daemon import SupervisorProcess
+from supervisor.testing.slurm.localslurm import LocalSlurm
+from supervisor.testing.torch.torch_scenarios import last_step, wait_for
+from supervisor.testing.torch.torchrun import TorchRun
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 

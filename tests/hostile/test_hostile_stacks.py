@@ -60,7 +60,7 @@ def _hostile_capture() -> tuple[dict[str, object], dict[str, object]]:
     """A capture file's document and a hang's evidence, both with EVIL in the names."""
     from supervisor.adapters.stack_files import StackFileLimits, capture_file_text
     from supervisor.domain.stacks.dumps import Capture
-    from supervisor.engine.hang_stacks import additions
+    from supervisor.engine.facts.hang_stacks import additions
 
     bad = rank_dump({"rank": 1, "pid": 5, "threads": threads(EVIL, "/x/\x1b[31mtrain.py")}, "n2")
     ok = rank_dump({"rank": 0, "pid": 6, "threads": threads("all_reduce", C10D)}, "n1")
@@ -73,7 +73,7 @@ def _hostile_capture() -> tuple[dict[str, object], dict[str, object]]:
 
 
 def test_every_view_of_hostile_stacks_is_escaped():
-    from supervisor.cli.stacks import capture_lines
+    from supervisor.cli.views.stacks_view import capture_lines
     from supervisor.domain.records import Event, EventKind
     from supervisor.report.text import evidence, safe_event
 

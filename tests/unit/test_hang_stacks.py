@@ -1,4 +1,4 @@
-"""Stacks before the cancel, through the engine on the simulated cluster (engine/hang_stacks.py):
+"""Stacks before the cancel, through the engine on the simulated cluster (engine/facts/hang_stacks.py):
 captured once per hung attempt, the verdict in the hang's entry, its suspects kept out of the
 restart; a capture that fails delays nothing and says why. The capture is the StackCapture port,
 here a recorded one (the real one: tests/e2e/test_torch_stacks_slurm.py)."""
@@ -15,7 +15,7 @@ from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import EventKind
 from supervisor.domain.run import RunState
 from supervisor.domain.stacks.dumps import Capture, RankDump, rank_dump
-from supervisor.testing.specs import spec
+from supervisor.testing.kit.specs import spec
 
 C10D = "torch/distributed/distributed_c10d.py"
 SPEC = spec(script="/w/train.sbatch", nodes=4, workdir="/w", output="/logs/%x-%j.out", max_restarts=3)
@@ -103,8 +103,8 @@ def test_many_hung_runs_are_captured_at_once_and_the_tick_waits_one_deadline():
 
     from supervisor.domain.cluster import ClusterSnapshot, JobInfo, JobState
     from supervisor.domain.records import AttemptRecord, RunRecord
-    from supervisor.engine.hang_stacks import MAX_AT_ONCE, HangStacks
-    from supervisor.testing.clock import ManualClock
+    from supervisor.engine.facts.hang_stacks import MAX_AT_ONCE, HangStacks
+    from supervisor.testing.kit.clock import ManualClock
 
     together = threading.Barrier(MAX_AT_ONCE, timeout=10)  # broken unless all of them run at once
 

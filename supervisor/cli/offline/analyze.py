@@ -74,7 +74,7 @@ def analyze(
     checkpoint saves, with the step and time each would have been decided at. One folder of
     stack captures (a hang's, docs/hang-stacks.md): each classified again, newest first."""
     if len(logs) == 1 and os.path.isdir(logs[0]):  # a folder of stack captures (docs/hang-stacks.md)
-        from supervisor.cli.stacks import print_folder
+        from supervisor.cli.views.stacks_view import print_folder
 
         print_folder(pathlib.Path(logs[0]))
         return

@@ -123,7 +123,7 @@ def logbook_show(
 
 def _stack_captures(ctx: click.Context, run: str, out: Any) -> None:
     """The stacks captured before the run's hung jobs were cancelled, listed after its logbook."""
-    from supervisor.cli.stacks import captures_of, listing_lines
+    from supervisor.cli.views.stacks_view import captures_of, listing_lines
 
     paths = captures_of(Path(context.config(ctx).daemon.state_dir), run)
     if paths:

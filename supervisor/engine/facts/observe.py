@@ -28,7 +28,7 @@ from supervisor.domain.observation import Forgotten, Observation
 from supervisor.domain.records import Event, EventKind, RunRecord, Verdict
 from supervisor.domain.run import RunState
 from supervisor.engine.facts.forgotten import ForgottenJobs
-from supervisor.engine.hang_stacks import HangStacks
+from supervisor.engine.facts.hang_stacks import HangStacks
 from supervisor.engine.facts.job_reads import JobReadPlan, plan_job_read
 from supervisor.engine.facts.nodes import NodeFacts, NodeWatch, focus_nodes, running_nodes
 from supervisor.engine.facts.probes import ProbeTracker

@@ -35,7 +35,7 @@ from supervisor.domain.cluster import ClusterSnapshot, JobInfo
 from supervisor.domain.progress.hang import HangSettings
 from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import RunSpec, RunState
-from supervisor.engine.hang_stacks import HangStacks
+from supervisor.engine.facts.hang_stacks import HangStacks
 from supervisor.engine.reconcile import CrashHook, Engine, EngineSettings, TickResult
 from supervisor.engine.watch.checkpoints import CheckpointWatch
 from supervisor.engine.watch.progress import ProgressWatch
