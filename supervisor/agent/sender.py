@@ -33,7 +33,7 @@ from typing import Any
 
 import structlog
 
-from supervisor.agent.daemon_url import run_endpoint
+from supervisor.agent.daemon_url import daemon_urls, run_endpoint
 from supervisor.domain.health.node_report import SCHEMA_VERSION, NodeReport, ReportBatch, to_wire
 from supervisor.domain.wire_auth import wire_token
 
@@ -104,7 +104,8 @@ class HttpSender:
         rng: random.Random | None = None,
         resolve: Resolver = system_resolver,
     ) -> None:
-        self._parsed, self.path = run_endpoint(url, "/v1/reports/", run)
+        # several login nodes' URLs: the first (the leader at the job's submission; issue 33 item 4)
+        self._parsed, self.path = run_endpoint(daemon_urls(url)[0], "/v1/reports/", run)
         self.run = run
         self._token = wire_token(token)  # what is sent: the token never crosses the network
         self.node = node

@@ -4,6 +4,7 @@ read-only pages (docs/configuration.md). Split from ``daemon_file`` to keep modu
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, fi
 
 from supervisor.config._shared import FloatField, Section, absolute, not_empty
 from supervisor.config.errors import fail, fix_hint
+
+_URL = re.compile(r"^https?://[A-Za-z0-9._\[\]:-]{1,255}(/[A-Za-z0-9._~/-]{0,256})?$")  # no comma, no space
 
 
 def _resolve_path(value: Any, info: ValidationInfo) -> Any:
@@ -39,6 +42,9 @@ class IngestSection(Section):
             'give the URL compute nodes reach the daemon at, e.g. advertise_url = "http://login1:8471"'
         ),
     )
+    # the other login nodes' daemons of this instance (their advertise_url; issue 33): jobs are
+    # given every URL, this daemon's first, so a launcher finds whichever leads after a failover
+    peer_urls: tuple[StrictStr, ...] = Field(default=(), max_length=7)
     max_body_bytes: StrictInt = Field(
         default=1 << 20,
         ge=4096,
@@ -75,6 +81,17 @@ class IngestSection(Section):
                     f"{text!r} is not a network", 'write subnets like "10.12.0.0/16" or "fd00:12::/64"'
                 ) from None
         return value
+
+    @field_validator("peer_urls")
+    @classmethod
+    def _peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            if not _URL.match(url):
+                raise fail(
+                    f"{url!r} is not an http(s) URL",
+                    'list the other daemons\' advertise_url, e.g. ["http://login2:8471"]',
+                )
+        return tuple(url.rstrip("/") for url in value)
 
     @field_validator("hook_token_file", "read_token_file", "tls_cert_file", "tls_key_file", mode="before")
     @classmethod

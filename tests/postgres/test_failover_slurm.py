@@ -6,12 +6,17 @@ over a veth link of its own (``testing.servers.netns``), so one daemon can be cu
 Each time the leader is lost — killed abruptly right after the node fault is recorded or right
 after the replacement's submit intent is journaled, or cut off from the database — the standby
 finishes the recovery with exactly one replacement job (counted from Slurm by the instance's job
-tag) and the run trains again. A short lease (3 s) keeps each case to seconds.
+tag) and the run trains again. Killed in the middle of an in-allocation swap (its step goal
+written, the intent open), the standby settles the swap and the job's launcher, given both
+daemons' URLs (``[ingest] peer_urls``), finds the new leader: one new step in the same job
+(counted from Slurm's steps). A short lease (3 s) keeps each case to seconds.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +24,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from supervisor.adapters.checkpoints.commit import build_manifest, commit_checkpoint
+from supervisor.adapters.checkpoints.posix import PosixBackend
 from supervisor.adapters.slurm.cli import SlurmCli
 from supervisor.testing.servers import netns
 from supervisor.testing.servers.postgres import LocalPostgres, LocalPostgresError
 from supervisor.testing.servers.postgres import unavailable_reason as postgres_unavailable
-from supervisor.testing.slurm.daemon import SupervisorProcess, spared_run
+from supervisor.testing.slurm.daemon import SupervisorProcess, spared_run, write_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
 
@@ -31,6 +38,7 @@ LEASE_S = 3.0
 HEARTBEAT = """\
 srun bash -c 'while true; do echo "beat $SLURM_JOB_ID $SLURMD_NODENAME $(date +%s.%N)" >> "$MARKS"; sleep 0.2; done'
 """
+STEP = 'while true; do echo "step $SLURM_JOB_ID $SSV_STEP_GENERATION $SLURMD_NODENAME" >> "$MARKS"; sleep 0.2; done'
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +68,27 @@ def _cannot_run(reason: str) -> None:
 class Pair:
     """Two daemons of one instance on one database, daemon i over link i."""
 
-    def __init__(self, cluster, server: LocalPostgres, tmp_path: Path) -> None:
+    def __init__(self, cluster, server: LocalPostgres, tmp_path: Path, *, in_allocation: bool = False) -> None:
         self.server = server
         database = server.database().rsplit("/", 1)[1]
         self.url = server.url(database, link=1)  # the test reads over the standby's link (never cut)
+        ports = [_free_port(), _free_port()]  # known before either starts: each names the other (peer_urls)
         self.daemons = [
-            SupervisorProcess(cluster, tmp_path / f"login{i}", extra=self._store(database, i)) for i in range(2)
+            SupervisorProcess(
+                cluster,
+                tmp_path / f"login{i}",
+                extra=self._store(database, i),
+                ingest_port=ports[i],
+                ingest_extra=f'peer_urls = ["http://127.0.0.1:{ports[1 - i]}"]\n',
+            )
+            for i in range(2)
         ]
         self.marks = tmp_path / "marks.txt"
         self.marks.touch()
-        self.spec = spared_run(
-            cluster,
-            tmp_path,
-            script_body=HEARTBEAT,
-            env={"MARKS": str(self.marks)},
+        self.spec = (
+            _in_allocation_run(cluster, tmp_path, self.marks)
+            if in_allocation
+            else _resubmitted_run(cluster, tmp_path, self.marks)
         )
         self.cluster = cluster
 
@@ -121,6 +136,31 @@ class Pair:
     def stop(self) -> None:
         for daemon in self.daemons:
             daemon.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _resubmitted_run(cluster, tmp_path: Path, marks: Path) -> Path:
+    return spared_run(cluster, tmp_path, script_body=HEARTBEAT, env={"MARKS": str(marks)})
+
+
+def _in_allocation_run(cluster, tmp_path: Path, marks: Path) -> Path:
+    """Two nodes and one hot spare in one job; the launcher runs the step (docs/in-allocation.md);
+    a verified checkpoint at step 100 to resume from."""
+    root = tmp_path / "ckpt"
+    (root / "step_000100").mkdir(parents=True)
+    (root / "step_000100" / "model.pt").write_bytes(b"w" * 4096)
+    backend = PosixBackend(str(root))
+    commit_checkpoint(backend, "step_000100", build_manifest(backend, "step_000100", 100, writer="rank0"))
+    body = f"exec {sys.executable} -m supervisor launch --poll 0.2 --decision-wait 30 -- bash -c '{STEP}'\n"
+    spec = write_run(tmp_path, "llm", nodes=2, partition=cluster.partition, script_body=body, env={"MARKS": str(marks)})
+    extra = f'mode = "in-allocation"\nhot_spares = 1\nlauncher_timeout_s = 30\n[checkpoints]\nroot = "{root}"\n'
+    spec.write_text(spec.read_text() + extra)
+    return spec
 
 
 @pytest.fixture
@@ -185,3 +225,58 @@ def test_a_leader_cut_off_from_the_database_stops_acting_and_the_standby_takes_o
     assert leader.wait_exit(timeout=30) != 0  # it finds another leading: it ends, to start again as a standby
     assert "leadership_lost" in [line.get("event") for line in leader.log_lines()]
     assert len(pair.tagged_jobs()) == 2
+
+
+def _step_nodes(pair: Pair, job: int, generation: int) -> set[str]:
+    """The nodes the step of ``generation`` beat on (the launcher's marks)."""
+    lines = (line.split() for line in pair.marks.read_text().splitlines())
+    return {p[3] for p in lines if len(p) == 4 and p[0] == "step" and p[1:3] == [str(job), str(generation)]}
+
+
+def _running_steps(pair: Pair, job: int) -> dict[str, str]:
+    """Slurm's running steps of ``job`` but the batch and extern steps: step id -> its nodes."""
+    argv = ["squeue", "-h", "--steps", "-j", str(job), "-o", "%i %N"]
+    lines = pair.cluster.run(argv, check=True).stdout.split("\n")
+    steps = dict(line.split(None, 1) for line in lines if line.strip())
+    return {step: nodes for step, nodes in steps.items() if step.split(".")[1] not in ("batch", "extern")}
+
+
+def _wait(predicate, timeout: float, what: str):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
+        time.sleep(0.1)
+    return value
+
+
+def test_the_standby_finishes_an_in_allocation_swap_the_leader_was_killed_in(
+    slurm_cluster, partitioned_postgres, tmp_path
+) -> None:
+    """Killed right after it wrote the swap's step goal, its intent still open: the standby
+    settles it (the goal is in the store) and the launcher, whose daemon is gone, finds the new
+    leader among the job's URLs: one swap in the same job, and the step trains again."""
+    pair = Pair(slurm_cluster, partitioned_postgres, tmp_path, in_allocation=True)
+    try:
+        leader, standby, _ = pair.running_under_leader("--crash-at=after_execute:swap_step")
+        job = leader.status("llm")["job_id"]
+        gen0 = _wait(lambda: n if len(n := _step_nodes(pair, job, 0)) == 2 else None, 30, "generation 0")
+        before = _running_steps(pair, job)
+        victim = sorted(gen0)[1]  # the batch host (the first) runs the launcher
+        pair.cluster.crash_node(victim)
+        assert leader.wait_exit(timeout=30) == 137
+        pair.wait_leader(standby)
+        gen1 = _wait(lambda: n if len(n := _step_nodes(pair, job, 1)) == 2 else None, 60, "generation 1")
+        time.sleep(1.5)  # a few more ticks of the new leader: no second swap
+        steps = _running_steps(pair, job)
+        book = [e["message"] for e in standby.logbook("llm")]
+    finally:
+        pair.stop()
+    assert victim not in gen1 and len(gen0 & gen1) == 1  # the survivor and the spare
+    assert not _step_nodes(pair, job, 2)
+    # from Slurm: one step started since the crash (the dead node's step lingers until Slurm ends it)
+    [(step, nodes)] = [(step, nodes) for step, nodes in steps.items() if step not in before]
+    assert int(step.split(".")[1]) > max(int(s.split(".")[1]) for s in before) and victim not in nodes
+    assert len([m for m in book if m.startswith("swap in job")]) == 1, book
+    assert pair.tagged_jobs() == [job]  # no resubmission
+    assert '"intent_settled"' in standby.log_path.read_text()  # the old leader's swap, settled from the journal
+

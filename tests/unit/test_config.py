@@ -423,6 +423,8 @@ def test_slurm_clients_come_from_path_by_default() -> None:
         ('[fence]\ncommand = "ipmitool {node}"', 'fence.command = "ipmitool {node}": must be an array'),
         ('[logging]\nlevel = "loud"', 'logging.level = "loud": must be one of "debug", "info"'),
         ('[logging]\nformat = "xml"', 'logging.format = "xml": must be one of "auto", "json" or "console"'),
+        ('[ingest]\npeer_urls = ["http://a:1,http://b:2"]', "is not an http(s) URL. Fix: list the other daemons"),
+        ('[ingest]\npeer_urls = ["login2:8471"]', "is not an http(s) URL"),
         ("[deamon]\n", "[deamon]: unknown section. Fix: rename it to [daemon]"),
         ("daemon = 3", "daemon = 3: must be a table, not an integer"),
     ],

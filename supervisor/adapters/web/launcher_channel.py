@@ -10,6 +10,8 @@ goal is read from it (written by the engine's journaled ``swap_step`` only), and
 derived from the run's token (``domain.wire_auth.goal_mac``): without TLS someone in the middle
 could otherwise rewrite it (a newer generation from its own checkpoint), and the launcher acts
 only on a goal the run's daemon signed. Clients send the token's wire form, never the token.
+A standby daemon (its connections hold epoch 0: ``engine.loop.leadership``) cannot keep the report
+and answers 503, so the launcher asks the next login node's daemon (``agent.launcher_client``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from supervisor.domain.checkpoints.resume import resume_env
 from supervisor.domain.records import RunRecord
 from supervisor.domain.text_safety import printable
 from supervisor.domain.wire_auth import goal_mac
-from supervisor.ports import Clock, RunStore, StepLedger
+from supervisor.ports import Clock, NotLeading, RunStore, StepLedger
 
 LAUNCHER_PREFIX = "/v1/launcher/"
 _RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -127,7 +129,10 @@ class LauncherChannel:
         heard = LauncherReport(
             poll.job_id, poll.generation, poll.alive, tuple(poll.nodes), poll.host, self.clock.now(), poll.exit_code
         )
-        self.store.launcher_reported(run, heard)  # before the wake: the tick it brings reads the report
+        try:
+            self.store.launcher_reported(run, heard)  # before the wake: the tick it brings reads the report
+        except NotLeading:  # a standby's connection (epoch 0): the launcher asks the next login node
+            return error(503, "this daemon stands by: another login node's daemon leads the instance; ask it")
         if self.wake is not None and self._news_of_trouble(run, _last_report(record), poll):
             log.info(
                 "launcher_wakes_daemon",

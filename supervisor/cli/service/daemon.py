@@ -79,7 +79,8 @@ def _serve(cfg: DaemonConfig, clock: SystemClock, *, once: bool, crash_at: str |
     heartbeat = Heartbeat()  # the loop's sign of life for the watchdog's own timer
     settings = _start_ingest(cfg, ingest, wiring.engine_settings(cfg))
     api = _start_api(cfg, clock, opened)
-    leadership = wiring.leadership(cfg, store, opened, settings.ingest_url or socket.getfqdn())
+    own_url = settings.ingest_url.split(",")[0] if settings.ingest_url else socket.getfqdn()  # own first
+    leadership = wiring.leadership(cfg, store, opened, own_url)
     engine = _engine(cfg, store, clock, settings, heartbeat, ingest, crash_at, leadership)
     paging = _start_paging(cfg, store, clock)
     gc_tuning.settle()  # wired: what exists now is never walked again; collections 30x rarer
@@ -137,7 +138,8 @@ def _start_ingest(cfg: DaemonConfig, ingest: Ingest, settings: EngineSettings) -
         ingest[1].start()
     except OSError as exc:
         raise click.ClickException(f"{exc}; set [ingest] port (or enabled = false)") from None
-    return replace(settings, ingest_url=wiring.advertised_url(cfg, ingest[1]))
+    own = wiring.advertised_url(cfg, ingest[1])
+    return replace(settings, ingest_url=",".join((own, *(url for url in cfg.ingest.peer_urls if url != own))))
 
 
 def _engine(

@@ -32,6 +32,7 @@ class SupervisorProcess:
         extra: str = "",
         ingest_port: int = 0,
         hook_token_file: Path | None = None,
+        ingest_extra: str = "",
     ) -> None:
         self.cluster = cluster
         self.workdir = Path(workdir)
@@ -44,7 +45,7 @@ class SupervisorProcess:
             f"may_change_nodes = {'true' if may_change_nodes else 'false'}\n"
             f'[slurm]\nslurm_conf = "{cluster.slurm_conf}"\ncommand_timeout_s = 5.0\n'
             f"[probe]\nenabled = {'true' if probe else 'false'}\ntimeout_s = 1.0\nconfirm_after_s = 1.0\n"
-            f'[ingest]\nbind = "127.0.0.1"\nport = {ingest_port}\n{hook_line}'
+            f'[ingest]\nbind = "127.0.0.1"\nport = {ingest_port}\n{hook_line}{ingest_extra}'
             f'[logging]\nlevel = "info"\nformat = "json"\n{extra}'
         )
         self.proc: subprocess.Popen[bytes] | None = None
