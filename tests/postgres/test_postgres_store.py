@@ -176,3 +176,25 @@ def test_a_newer_schema_is_refused_and_a_reader_never_migrates(postgres) -> None
         db.execute("INSERT INTO schema_migrations(version) VALUES (%s)", (SCHEMA_VERSION + 1,))
     with pytest.raises(SchemaTooNew, match="newer"):
         PostgresStore(postgres.url, password=postgres.password)
+
+
+def test_a_connection_the_server_ended_while_idle_is_replaced_before_the_next_statement(postgres) -> None:
+    """A restarted server (or pg_terminate_backend) ends every idle connection; the daemon's API
+    answered the first read after a database outage with that error. The store finds the ended
+    connection before using it and opens a new one: no statement fails for it."""
+    store = PostgresStore(postgres.url, password=postgres.password)
+    store.add_run(spec(name="r"), 1.0)
+    ended = store._db.info.backend_pid
+    admin = psycopg.connect(postgres.url, password=postgres.password, autocommit=True)
+    try:
+        admin.execute("SELECT pg_terminate_backend(%s)", (ended,))
+        for _ in range(100):  # until the server has ended it
+            if not admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (ended,)).fetchone():
+                break
+            threading.Event().wait(0.02)
+    finally:
+        admin.close()
+    assert [r.name for r in store.runs()] == ["r"]  # a read, on a new connection
+    store.exclude("r", "n1", "dead", 2.0)  # and a write
+    assert store._db.info.backend_pid != ended
+    store.close()

@@ -26,6 +26,7 @@ log line; errors name the URL without it (``safe_url``).
 
 from __future__ import annotations
 
+import select
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -33,6 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import structlog
+from psycopg import pq
 from psycopg.rows import DictRow, dict_row
 
 from supervisor.adapters.postgres.schema import WRITER_LOCK, migrate, require_current
@@ -101,8 +103,11 @@ class PostgresBase:
 
     @property
     def _db(self) -> Connection:
-        """The connection; a new one when the last was lost (never inside a block: it rolled back)."""
-        if (self._conn.closed or self._conn.broken) and not self._in_block:
+        """The connection; a new one when the last was lost (never inside a block: it rolled back).
+        An idle connection the server ended (a restart, ``pg_terminate_backend``) is found here,
+        before a statement would fail on it: the server's farewell waits unread on its socket."""
+        if not self._in_block and (self._conn.closed or self._conn.broken or _ended_while_idle(self._conn)):
+            self._conn.close()
             self._conn = self._reconnect()
             if self._read_only:
                 self._conn.execute("SET default_transaction_read_only = on")
@@ -160,6 +165,18 @@ class PostgresBase:
     def _write_many(self, sql: Any, rows: Sequence[Sequence[Any]]) -> None:
         with self.transaction() as db, db.cursor() as cur:
             cur.executemany(sql, rows)
+
+
+def _ended_while_idle(conn: Connection) -> bool:
+    """Anything to read on an idle connection in autocommit is the server's closing message (this
+    store listens to no notifications): one poll of the socket, no round trip."""
+    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def migrate_database(url: str, password: str | None, timeout_s: float = 10.0) -> int:
