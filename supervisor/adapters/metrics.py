@@ -43,6 +43,7 @@ ZERO_KINDS = tuple(
         EventKind.CRASH_LOOP,
         EventKind.CHECKPOINT_STALE,
         EventKind.FAULT,
+        EventKind.STORE_OUTAGE,
     )
 )
 

@@ -135,6 +135,7 @@ class EventKind(StrEnum):
     QUARANTINE_OVERRIDE = "quarantine_override"  # a quarantined node used because the run could not be placed
     BACKOFF = "backoff"  # the next restart waits: attempts keep failing soon after they start
     CONTROLLER_OUTAGE = "controller_outage"  # Slurm's controller did not answer for a while (from, to)
+    STORE_OUTAGE = "store_outage"  # the shared store (PostgreSQL) did not answer for a while (from, to)
     CRASH_LOOP = "crash_loop"  # ... so often that each restart waits the crash-loop pause: page
     PREQUEUED = "prequeued"  # the next job submitted held before the current one's limit (decide.prequeue)
     CONTINUED = "continued"  # the job ended on purpose after a verified save: the next one continues it

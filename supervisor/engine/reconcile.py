@@ -66,7 +66,9 @@ class EngineSettings:
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     finding_ttl_s: float = 3600.0  # a node finding not repeated for this long is forgotten
     quarantine: QuarantineSettings = QuarantineSettings()
-    ingest_url: str | None = None  # where node agents report (handed to jobs with the run's token)
+    # where node agents and launchers report (handed to jobs with the run's token): this daemon's
+    # URL, then its peers' on the other login nodes, comma-separated ([ingest] peer_urls)
+    ingest_url: str | None = None
     # An unexplained job death on nodes with agents waits this long for their evidence (an XID is
     # reported at the agent's next sample) before restarting: not back onto the broken node.
     evidence_wait_s: float = 12.0
@@ -206,12 +208,26 @@ class Engine:
             f"Slurm's controller did not answer for {now - since:.0f} s (since {since:.0f}); nothing was "
             f"observed or decided meanwhile; last error: {error[:300]}"
         )
-        evidence = {"since": since, "until": now, "error": error[:300]}
+        self._log_outage(EventKind.CONTROLLER_OUTAGE, message, since, now, error)
+
+    def store_outage_over(self, since: float, until: float, error: str) -> None:
+        """The shared store answered again after ``since`` (the leader, on its first claim since):
+        one entry in every active run's logbook, written now that it can be. Transient errors
+        propagate: the caller tries again at its next claim (the key makes a retry write once)."""
+        if until - since <= self.settings.outage_logged_after_s:
+            return
+        message = (
+            f"the store (PostgreSQL) did not answer for {until - since:.0f} s (since {since:.0f}); nobody "
+            f"observed or acted meanwhile; last error: {error[:300]}"
+        )
+        self._log_outage(EventKind.STORE_OUTAGE, message, since, until, error)
+
+    def _log_outage(self, kind: EventKind, message: str, since: float, until: float, error: str) -> None:
+        evidence = {"since": since, "until": until, "error": error[:300]}
+        key = "outage" if kind is EventKind.CONTROLLER_OUTAGE else kind.value
+        now = self.clock.now()
         events = [
-            replace(
-                run_event(r, EventKind.CONTROLLER_OUTAGE, message, f"{r.name}:outage:{since:.0f}", now),
-                evidence=evidence,
-            )
+            replace(run_event(r, kind, message, f"{r.name}:{key}:{since:.0f}", now), evidence=evidence)
             for r in self.store.runs(active_only=True)
         ]
         self.executor.apply(events)

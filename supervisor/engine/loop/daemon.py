@@ -20,7 +20,7 @@ import structlog
 
 from supervisor.domain.cluster import ClusterSnapshot, NodeChange, SubmitRequest
 from supervisor.engine.facts.observe import JobScopedScheduler
-from supervisor.engine.loop.leadership import Leadership, Standing
+from supervisor.engine.loop.leadership import Leadership, Outage, Standing
 from supervisor.engine.loop.tick_delay import Pacing, PacingState, next_delay
 from supervisor.engine.reconcile import Engine, TickResult
 from supervisor.ports import Scheduler, TransientError
@@ -167,6 +167,7 @@ class Lead:
     def __init__(self, engine: Engine, leadership: Leadership | None) -> None:
         self._engine, self._leadership = engine, leadership
         self._standing: Standing | None = None
+        self._outage: Outage | None = None  # the store's outage, until the leader logged it
         self._adopted_epoch: int | None = None
         self.adopted = [r.name for r in engine.adopt()] if leadership is None else []
         self.holder = leadership.holder if leadership is not None else None
@@ -177,6 +178,8 @@ class Lead:
         if leadership is None:
             return None
         standing = self._standing = leadership.claim()
+        if standing.leading:
+            self._outage = standing.outage or self._outage
         if standing.leading and leadership.epoch != self._adopted_epoch:
             try:
                 self._engine.adopt()
@@ -184,10 +187,25 @@ class Lead:
             except TransientError as exc:
                 log.warning("adopt_interrupted", error=str(exc))
                 return leadership.settings.retry_s
+        if standing.leading and not self._outage_logged():
+            return leadership.settings.retry_s
         if standing.leading and standing.wait_s <= 0:
             return None
         service.status(standing.line())
         return leadership.next_claim_in(standing, 0.0)
+
+    def _outage_logged(self) -> bool:
+        """The store's outage this daemon's claim ended, in the logbook before anything else is
+        done (a standby's is dropped: the daemon that leads on writes its own)."""
+        if self._outage is None:
+            return True
+        try:
+            self._engine.store_outage_over(self._outage.since, self._outage.until, self._outage.error)
+        except TransientError as exc:
+            log.warning("store_outage_not_logged", error=str(exc))
+            return False
+        self._outage = None
+        return True
 
     def wait_after_tick(self, delay_s: float) -> float:
         if self._leadership is None or self._standing is None:

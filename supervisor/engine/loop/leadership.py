@@ -30,7 +30,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import structlog
@@ -47,6 +47,7 @@ __all__ = [
     "LeaseSettings",
     "Leadership",
     "LostLead",
+    "Outage",
     "Role",
     "Standing",
     "new_holder",
@@ -82,6 +83,15 @@ class Role(StrEnum):
 
 
 @dataclass(frozen=True)
+class Outage:
+    """The store did not answer from ``since`` to ``until`` (wall clock); ``error``: the first failure."""
+
+    since: float
+    until: float
+    error: str
+
+
+@dataclass(frozen=True)
 class Standing:
     """The outcome of one claim: what this daemon may do until the next."""
 
@@ -90,6 +100,7 @@ class Standing:
     gained: bool = False  # this claim began this daemon's lead (a new epoch): re-adopt the runs
     wait_s: float = 0.0  # LEADER: wait this long before the first tick; else: until the next claim
     error: str = ""
+    outage: Outage | None = None  # the store's silence this claim ended (for the leader's logbook)
 
     @property
     def leading(self) -> bool:
@@ -134,6 +145,7 @@ class Leadership:
         self._act_until = float("-inf")
         self._first_tick_at = float("-inf")  # a new leader's first tick waits for the old one's actions
         self._unreachable_since: float | None = None
+        self._unreachable_error = ""
         self._hold(STANDBY_EPOCH)
 
     # ------------------------------------------------------------------ the claim
@@ -144,9 +156,9 @@ class Leadership:
             seen = self._lease.claim_lease(self.holder, self.address, self.settings.lease_s)
         except TransientError as exc:
             return self._lost_contact(str(exc))
-        self._contact_back()
+        outage = self._contact_back()
         if seen.holder != self.holder:
-            return self._standby(seen)
+            return replace(self._standby(seen), outage=outage)
         gained = seen.epoch != self.epoch
         self._act_until = sent + seen.expires_in_s - self.settings.margin_s
         if gained:
@@ -155,7 +167,7 @@ class Leadership:
             self._first_tick_at = sent + self._inflight_wait()
             log.warning("leadership_gained", epoch=seen.epoch, holder=self.holder, address=self.address)
         wait = max(0.0, self._first_tick_at - self._monotonic())
-        return Standing(Role.LEADER, seen, gained=gained, wait_s=wait)
+        return Standing(Role.LEADER, seen, gained=gained, wait_s=wait, outage=outage)
 
     def may_act(self) -> None:
         """Raise ``NotLeading`` unless this daemon leads and its lease surely still holds."""
@@ -201,14 +213,17 @@ class Leadership:
     def _lost_contact(self, error: str) -> Standing:
         self._act_until = float("-inf")  # nobody here acts until a claim succeeds again
         if self._unreachable_since is None:
-            self._unreachable_since = self._wall()
+            self._unreachable_since, self._unreachable_error = self._wall(), error
             log.error("store_unreachable", error=error, epoch=self.epoch, note="nothing is observed or done meanwhile")
         return Standing(Role.UNREACHABLE, None, error=error)
 
-    def _contact_back(self) -> None:
-        if self._unreachable_since is not None:
-            log.warning("store_reachable", unreachable_s=round(self._wall() - self._unreachable_since, 1))
-            self._unreachable_since = None
+    def _contact_back(self) -> Outage | None:
+        if self._unreachable_since is None:
+            return None
+        outage = Outage(self._unreachable_since, self._wall(), self._unreachable_error)
+        log.warning("store_reachable", unreachable_s=round(outage.until - outage.since, 1))
+        self._unreachable_since = None
+        return outage
 
     @property
     def unreachable_since(self) -> float | None:

@@ -154,6 +154,12 @@ class LocalPostgres:
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT: open connections are cut), SIGKILL after 10 s; the directory goes."""
+        self.halt()
+        if not self.keep_dir:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def halt(self) -> None:
+        """Fast shutdown, the data kept: an outage of the database; ``serve_again`` ends it."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -162,8 +168,10 @@ class LocalPostgres:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5.0)
-        if not self.keep_dir:
-            shutil.rmtree(self.root, ignore_errors=True)
+
+    def serve_again(self) -> None:
+        """The server halted by ``halt`` started again on the same port and data."""
+        self._serve()
 
     def database(self) -> str:
         """A new, empty database; its URL (no password in it)."""
