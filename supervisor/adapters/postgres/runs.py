@@ -37,12 +37,17 @@ class PostgresRuns(PostgresBase):
             )
 
     def get_run(self, name: str) -> RunRecord | None:
-        row = self._one("SELECT * FROM runs WHERE name = %s", (name,))
-        return None if row is None else self._run_from_row(row)
+        found = self._runs_from_rows(self._all("SELECT * FROM runs WHERE name = %s", (name,)))
+        return found[0] if found else None
 
     def runs(self, *, active_only: bool = False) -> list[RunRecord]:
-        runs = [self._run_from_row(r) for r in self._all("SELECT * FROM runs ORDER BY created_at, name", ())]
-        return [r for r in runs if not r.state.terminal] if active_only else runs
+        """Four statements whatever the number of runs (the tick reads the active runs several times:
+        one round trip per run and table made a tick on PostgreSQL 25 times SQLite's, bench/ha.py)."""
+        if active_only:  # the ended runs, however many, are not read at all
+            rows = self._all(_ACTIVE_RUNS, ([s.value for s in RunState if s.terminal],))
+        else:
+            rows = self._all("SELECT * FROM runs ORDER BY created_at, name", ())
+        return self._runs_from_rows(rows)
 
     def set_state(
         self, name: str, state: RunState, now: float, reason: str | None = None, spend_restart: bool = False
@@ -189,10 +194,23 @@ class PostgresRuns(PostgresBase):
 
     # ------------------------------------------------------------------ reading a run whole
 
-    def _run_from_row(self, row: DictRow) -> RunRecord:
+    def _runs_from_rows(self, rows: list[DictRow]) -> list[RunRecord]:
+        """The runs of ``rows``, each whole: its newest attempt, exclusions and successor, one
+        statement per table for all of them."""
+        if not rows:
+            return []
+        names = [r["name"] for r in rows]
+        newest = {a["run"]: a for a in self._all(_NEWEST_ATTEMPTS, (names,))}
+        kept_out: dict[str, list[DictRow]] = {}
+        for r in self._all(_EXCLUSIONS, (names,)):
+            kept_out.setdefault(r["run"], []).append(r)
+        successors = {r["run"]: r for r in self._all("SELECT * FROM successors WHERE run = ANY(%s)", (names,))}
+        return [
+            self._record(r, newest.get(r["name"]), kept_out.get(r["name"], []), successors.get(r["name"])) for r in rows
+        ]
+
+    def _record(self, row: DictRow, a: DictRow | None, ex: list[DictRow], succ: DictRow | None) -> RunRecord:
         name = row["name"]
-        a = self._one("SELECT * FROM attempts WHERE run = %s ORDER BY seq DESC LIMIT 1", (name,))
-        ex = self._all("SELECT node, reason, since, deferred FROM exclusions WHERE run = %s ORDER BY node", (name,))
         spec = spec_of(row["spec"])
         in_allocation = spec.restart_mode is RestartMode.IN_ALLOCATION and a is not None
         return RunRecord(
@@ -208,12 +226,17 @@ class PostgresRuns(PostgresBase):
             deferred={r["node"]: (r["since"], r["reason"]) for r in ex if r["deferred"]},
             owner_uid=row["owner_uid"],
             step=read_step(self._db, name, a["job_id"]) if in_allocation and a is not None else None,
-            successor=self._successor(name),
+            successor=None if succ is None else _successor(succ),
         )
 
-    def _successor(self, run: str) -> Successor | None:
-        r = self._one("SELECT * FROM successors WHERE run = %s", (run,))
-        return None if r is None else Successor(r["job_id"], r["after_seq"], r["submitted_at"], names(r["excluded"]))
+
+def _successor(r: DictRow) -> Successor:
+    return Successor(r["job_id"], r["after_seq"], r["submitted_at"], names(r["excluded"]))
+
+
+_ACTIVE_RUNS = "SELECT * FROM runs WHERE state <> ALL(%s) ORDER BY created_at, name"
+_NEWEST_ATTEMPTS = "SELECT DISTINCT ON (run) * FROM attempts WHERE run = ANY(%s) ORDER BY run, seq DESC"
+_EXCLUSIONS = "SELECT run, node, reason, since, deferred FROM exclusions WHERE run = ANY(%s) ORDER BY run, node"
 
 
 def _taken(name: str, state: RunState) -> PermanentError:

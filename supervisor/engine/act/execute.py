@@ -114,6 +114,8 @@ class Executor:
     def carry_out(self, run: RunRecord, actions: tuple[Action, ...]) -> bool:
         """Perform the decision's actions in order, each on the run as it stands then. True when
         anything was done."""
+        if not actions:  # most runs, most ticks: no read of the run again
+            return False
         acted = False
         fresh = self.store.get_run(run.name) or run
         for action in actions:
