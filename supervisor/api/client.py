@@ -12,6 +12,7 @@ import msgspec
 
 from supervisor.api import wire
 from supervisor.domain.health.quarantine import Fault
+from supervisor.domain.lease import Lease
 from supervisor.domain.progress.series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, NodeVerdict, RunRecord
 
@@ -50,6 +51,8 @@ class Reader(Protocol):
     def node_faults(self, since: float) -> list[Fault]: ...
 
     def quarantine_clears(self) -> dict[str, float]: ...
+
+    def lease(self) -> Lease | None: ...
 
 
 class ApiClient:
@@ -142,3 +145,10 @@ class RemoteStore:
 
     def quarantine_clears(self) -> dict[str, float]:
         return self._get(dict[str, float], "clears")
+
+    def lease(self) -> Lease | None:
+        """Who leads the instance; None with SQLite (no lease) or from a daemon older than the op."""
+        try:
+            return self._get(Lease | None, "leader")  # type: ignore[arg-type]
+        except ApiFailure:
+            return None

@@ -79,6 +79,8 @@ class Operations:
         match request:
             case wire.Whoami():
                 return {"uid": caller.uid, "name": caller.name, "instance": self._inst.name}
+            case wire.Leader():  # who leads and where: what a job is told anyway, to any caller
+                return self._store.lease()
             case wire.Runs():
                 return [r for r in self._store.runs() if self._check_run(caller, r, "read").allowed]
             case wire.GetRun(run=name):

@@ -41,6 +41,10 @@ class Runs(_Request, tag="runs", frozen=True):
     pass
 
 
+class Leader(_Request, tag="leader", frozen=True):
+    """Who leads the instance (the lease of a shared store; none with SQLite)."""
+
+
 class GetRun(_Request, tag="run", frozen=True):
     run: Name
 
@@ -93,6 +97,7 @@ class ClearQuarantine(_Request, tag="clear", frozen=True):
 Request = (
     Whoami
     | Runs
+    | Leader
     | GetRun
     | Attempts
     | Progress

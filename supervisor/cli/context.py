@@ -106,9 +106,13 @@ def reader(ctx: click.Context) -> Reader:
     client = api(cfg)
     if client.reachable():
         return RemoteStore(client)
-    from supervisor.cli.wiring import existing_store  # the adapters load only when the daemon does not answer
+    from supervisor.cli import wiring  # the adapters load only when the daemon does not answer
 
-    store = existing_store(Path(cfg.daemon.state_dir))
+    if cfg.store.postgres:  # the shared database, read-only: no SQLite file is the instance's memory
+        shared = wiring.store(cfg, read_only=True)
+        click.echo("(no daemon answers on this login node; read the shared store directly)", err=True)
+        return shared
+    store = wiring.existing_store(Path(cfg.daemon.state_dir))
     if store is None:
         raise unreachable(ApiUnavailable(f"no slurm-supervisor daemon answers at {client.path}"))
     if not ctx.ensure_object(dict).get("state_dir"):

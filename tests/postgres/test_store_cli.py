@@ -14,6 +14,7 @@ from supervisor.adapters.postgres import PostgresStore
 from supervisor.adapters.postgres.schema import SCHEMA_VERSION
 from supervisor.cli import main, wiring
 from supervisor.config import load_daemon_config
+from supervisor.testing.kit.specs import spec
 
 pytestmark = pytest.mark.postgres
 
@@ -59,3 +60,18 @@ def test_the_password_appears_in_no_output_and_no_log_line(postgres, tmp_path, c
     seen = [done.output, refused.output, caplog.text, *(repr(e) for e in events), *capfd.readouterr()]
     assert any("store_opened" in text and postgres.url in text for text in seen)  # the log was read
     assert all(postgres.password not in text for text in seen)
+
+
+def test_with_no_daemon_the_cli_reads_the_postgresql_store_and_names_the_leader(postgres, tmp_path):
+    """Offline reads (no daemon answers on this login node) go to the shared database, read-only,
+    not to a SQLite file in the state directory that a PostgreSQL instance never writes."""
+    config = _config(tmp_path, postgres.url, f'password_file = "{postgres.password_file}"')
+    store = wiring.store(load_daemon_config(config))
+    store.add_run(spec(name="llm"), 1.0)
+    store.claim_lease("login2:4242:ab", "http://login2:8471", 15.0)
+    store.close()
+    done = CliRunner().invoke(main, ["--config", str(config), "status"])
+    assert done.exit_code == 0, done.output
+    assert "llm" in done.stdout and "registered" in done.stdout
+    assert "leader: login2:4242:ab at http://login2:8471, epoch 1" in done.stdout
+    assert not (tmp_path / "state" / "supervisor.db").exists()

@@ -133,3 +133,15 @@ def test_a_run_that_ended_is_summed_up_as_of_its_end(tmp_path):
     events = [_ev(EventKind.COMPLETED, "job 500 completed", 7200)]
     s = summarize(run, [], events, now=T0 + 10**6)
     assert s.now == T0 + 7200 and s.since == T0 + 7200 and s.next_checkpoint is None and s.last_incident is None
+
+
+def test_the_table_says_who_leads_the_instance_and_since_when(tmp_path):
+    env = _store(tmp_path)
+    assert "leader" not in _status(env)  # one daemon, no lease: nothing to say
+    store = SqliteStore(tmp_path)
+    store.claim_lease("login2:4242:ab\x1b[2J", "http://login2:8471", 15.0)
+    store.close()
+    last = _status(env).splitlines()[-1]
+    assert last.startswith("leader: login2:4242:ab?[2J at http://login2:8471, epoch 1, since 20")
+    assert "UTC; its lease holds 1" in last  # 14 or 15 s more
+    assert _status(env, RUN).splitlines()[-1].startswith("leader: login2:4242:ab")

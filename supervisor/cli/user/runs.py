@@ -52,7 +52,8 @@ def status(ctx: click.Context, run: str | None, as_json: bool) -> None:
         for r in runs
     ]
     lines = status_view.summary_lines(summaries[0]) if run is not None else status_view.table_lines(summaries)
-    for line in lines:
+    leader = status_view.leader_line(store.lease())
+    for line in [*lines, *([leader] if leader else [])]:
         click.echo(line)
 
 

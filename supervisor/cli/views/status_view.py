@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from supervisor.adapters.paging.webhook import Pager
 from supervisor.cli.views.render import ts
+from supervisor.domain.lease import Lease
 from supervisor.domain.progress.series import ProgressPoint
 from supervisor.domain.records import AttemptRecord, Event, RunRecord
 from supervisor.domain.text_safety import printable
@@ -33,6 +34,17 @@ def run_summary(
     series: Sequence[ProgressPoint] | None = None,
 ) -> RunSummary:
     return summarize(run, attempts, events, now, open_pages(events), series)
+
+
+def leader_line(lease: Lease | None) -> str | None:
+    """Who leads the instance's daemons (a shared store), since when, and how long its lease holds;
+    None without a lease (SQLite: one daemon, nothing to say)."""
+    if lease is None:
+        return None
+    who = f"leader: {printable(lease.holder, 200)} at {printable(lease.address, 300)}, epoch {lease.epoch}"
+    if lease.expires_in_s <= 0:
+        return f"{who}, since {ts(lease.since)}; its lease ended {lease.expires_in_s * -1:.0f} s ago: nobody leads"
+    return f"{who}, since {ts(lease.since)}; its lease holds {lease.expires_in_s:.0f} s more"
 
 
 def table_lines(summaries: Sequence[RunSummary]) -> list[str]:
