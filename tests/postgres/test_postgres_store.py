@@ -198,3 +198,17 @@ def test_a_connection_the_server_ended_while_idle_is_replaced_before_the_next_st
     store.exclude("r", "n1", "dead", 2.0)  # and a write
     assert store._db.info.backend_pid != ended
     store.close()
+
+
+def test_a_nul_in_any_text_is_kept_as_a_replacement_character_not_refused(postgres) -> None:
+    """PostgreSQL refuses U+0000 in text (SQLite keeps it): a NUL from Slurm's output, a node's
+    reason or a run's name would have failed the whole write — the tick, every tick. It is kept
+    as U+FFFD instead, in single statements and in batches alike."""
+    store = PostgresStore(postgres.url, password=postgres.password)
+    store.add_run(spec(name="r"), 1.0)
+    store.record_event(Event("r", EventKind.NOTE, "sbatch said: a\x00b", "r:note:\x00", 1.0))
+    store.exclude("r", "n1", "reason \x00", 2.0)
+    [event] = store.events("r")
+    assert (event.message, event.key) == ("sbatch said: a\ufffdb", "r:note:\ufffd")
+    assert store.get_run("r").excluded == {"n1": "reason \ufffd"}
+    store.close()

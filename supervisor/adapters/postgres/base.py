@@ -35,7 +35,9 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import structlog
 from psycopg import pq
+from psycopg.abc import Buffer
 from psycopg.rows import DictRow, dict_row
+from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
 from supervisor.adapters.postgres.schema import WRITER_LOCK, migrate, require_current
 from supervisor.ports import NotLeading, TransientError
@@ -196,9 +198,25 @@ def connect(url: str, password: str | None, timeout_s: float) -> Connection:
     if password is not None:
         params["password"] = password
     try:
-        return MappedConnection.connect(url, autocommit=True, row_factory=dict_row, **params)
+        conn = MappedConnection.connect(url, autocommit=True, row_factory=dict_row, **params)
     except psycopg.Error as exc:
         raise StoreUnreachable(f"cannot connect to the store {safe_url(url)}: {_first_line(exc)}", delay=5.0) from None
+    conn.adapters.register_dumper(str, _NulFreeBinary)
+    conn.adapters.register_dumper(str, _NulFreeText)  # last: the default, as psycopg's own
+    return conn
+
+
+class _NulFreeText(StrDumperUnknown):
+    """Every text sent: PostgreSQL refuses U+0000 in text (SQLite keeps it), and one NUL from
+    Slurm's output or a node's reason would fail the whole write, every tick: kept as U+FFFD."""
+
+    def dump(self, obj: str) -> Buffer | None:
+        return super().dump(obj.replace("\x00", "\ufffd"))
+
+
+class _NulFreeBinary(StrBinaryDumper):
+    def dump(self, obj: str) -> Buffer | None:
+        return super().dump(obj.replace("\x00", "\ufffd"))
 
 
 class MappedConnection(psycopg.Connection[DictRow]):
