@@ -169,6 +169,7 @@ class Lead:
         self._standing: Standing | None = None
         self._outage: Outage | None = None  # the store's outage, until the leader logged it
         self._adopted_epoch: int | None = None
+        self._acting_epoch: int | None = None
         self.adopted = [r.name for r in engine.adopt()] if leadership is None else []
         self.holder = leadership.holder if leadership is not None else None
 
@@ -190,9 +191,16 @@ class Lead:
         if standing.leading and not self._outage_logged():
             return leadership.settings.retry_s
         if standing.leading and standing.wait_s <= 0:
+            self._acting(leadership.epoch)
             return None
         service.status(standing.line())
         return leadership.next_claim_in(standing, 0.0)
+
+    def _acting(self, epoch: int | None) -> None:
+        """Said once per epoch, at its first tick: when a failover ended (bench/ha.py measures it)."""
+        if epoch != self._acting_epoch:
+            log.info("leader_acting", epoch=epoch)
+            self._acting_epoch = epoch
 
     def _outage_logged(self) -> bool:
         """The store's outage this daemon's claim ended, in the logbook before anything else is

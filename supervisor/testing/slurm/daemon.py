@@ -33,6 +33,7 @@ class SupervisorProcess:
         ingest_port: int = 0,
         hook_token_file: Path | None = None,
         ingest_extra: str = "",
+        command_timeout_s: float = 5.0,
     ) -> None:
         self.cluster = cluster
         self.workdir = Path(workdir)
@@ -43,7 +44,7 @@ class SupervisorProcess:
         self.config.write_text(
             f'[daemon]\nstate_dir = "{self.state_dir}"\npoll_interval_s = {poll_interval_s}\n'
             f"may_change_nodes = {'true' if may_change_nodes else 'false'}\n"
-            f'[slurm]\nslurm_conf = "{cluster.slurm_conf}"\ncommand_timeout_s = 5.0\n'
+            f'[slurm]\nslurm_conf = "{cluster.slurm_conf}"\ncommand_timeout_s = {command_timeout_s}\n'
             f"[probe]\nenabled = {'true' if probe else 'false'}\ntimeout_s = 1.0\nconfirm_after_s = 1.0\n"
             f'[ingest]\nbind = "127.0.0.1"\nport = {ingest_port}\n{hook_line}{ingest_extra}'
             f'[logging]\nlevel = "info"\nformat = "json"\n{extra}'
