@@ -78,7 +78,8 @@ class JobWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        if self._thread.is_alive():
+            self._thread.join(5)
 
 
 class Failovers:
@@ -117,9 +118,6 @@ class Failovers:
             leader, standby = standby, leader
         standby.wait_running("llm", attempt=kills, avoid=self.crashed, timeout=RECOVERY_S)
         time.sleep(2 * POLL_S)  # a few more ticks: anything doubled would show now
-        self.watch.stop()
-        for daemon in self.daemons:
-            daemon.stop()
 
     def _trial(self, leader: SupervisorProcess, standby: SupervisorProcess, attempt: int) -> float:
         node = standby.wait_running("llm", attempt=attempt, avoid=self.crashed, timeout=RECOVERY_S)["running_on"][0]
@@ -214,7 +212,12 @@ def main() -> None:
         server = LocalPostgres().start()
         try:
             failovers = Failovers(cluster, server, root / "failover", random.Random(args.seed))
-            failovers.run(args.kills)
+            try:
+                failovers.run(args.kills)
+            finally:  # a trial that failed leaves no daemon behind
+                failovers.watch.stop()
+                for daemon in failovers.daemons:
+                    daemon.stop()
             counted = {"duplicate_actions": failovers.duplicates(), "lost_events": failovers.lost_events()}
             cluster.reset()
             ticks = tick_seconds(cluster, server, root / "ticks", args.runs, args.ticks)
