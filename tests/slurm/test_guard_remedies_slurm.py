@@ -20,7 +20,9 @@ from supervisor.domain.health.validation import ValidationFigures, ValidationSet
 from supervisor.testing import LocalSlurm
 from supervisor.testing.slurm.users import as_user, local_user, python_for_others
 
-pytestmark = pytest.mark.slurm
+# torch: the validation job trains a few steps with torch.distributed (agent/validate.py), which the
+# release roots of the matrix do not have: the test runs on the host's Slurm only.
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 __all__ = ["public_tmp"]  # the fixture, used by name
 
 

@@ -16,6 +16,7 @@ job at its next periodic check after the grace, up to 30 s later.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -24,6 +25,20 @@ from supervisor.testing.slurm.daemon import SupervisorProcess, write_run
 from supervisor.testing.torch.torch_scenarios import wait_for
 
 pytestmark = pytest.mark.slurm
+
+
+def _slurm_release() -> str:
+    """The installed slurmctld's version ("24.11.5"), "" when there is none."""
+    try:
+        out = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.split()[-1] if out.split() else ""
+
+
+# Known gap (issue 31, open): on 24.11 the preempted run's logbook is not yet the continuation it is
+# on 22.05 and 26.05 (a fault or a requeue is recorded); xfail, not strict, until the adapter reads it.
+ON_24_11 = _slurm_release().startswith("24.11")
 
 MEGATRON_STEP_5 = (
     " iteration        5/      10 | consumed samples: 320 | elapsed time per iteration (ms): 100.0 |"
@@ -48,6 +63,7 @@ while :; do sleep 0.1; done
 PREEMPTION = {"PreemptType": "preempt/partition_prio", "PreemptMode": "REQUEUE"}
 
 
+@pytest.mark.xfail(ON_24_11, reason="issue 31: preemption on 24.11 is not yet read as a continuation", strict=False)
 def test_a_run_preempted_after_its_grace_save_is_continued_without_a_restart(make_slurm, tmp_path):
     cluster = make_slurm(
         1,
