@@ -127,6 +127,8 @@ def shared_interpreter() -> Path:
     os.chmod(partial, 0o755)  # noqa: S103 - others must run it (mkdtemp made it 0700)
     try:
         os.rename(partial, dest)
-    except OSError:  # another process published it first
+    except OSError as exc:  # another process published it first, or the copy cannot be published
         shutil.rmtree(partial, ignore_errors=True)
+        if not (dest / "bin" / f"python{version}").is_file():
+            raise UsersUnavailable(f"could not publish the shared interpreter at {dest}: {exc}") from exc
     return dest
