@@ -22,6 +22,7 @@ from supervisor.adapters.checkpoints.commit import build_manifest, commit_checkp
 from supervisor.adapters.checkpoints.posix import PosixBackend  # noqa: E402
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore  # noqa: E402
 from supervisor.domain.checkpoints.manifest import Guarantee, Level, Outcome  # noqa: E402
+from supervisor.domain.checkpoints.resume import CheckpointPick, ResumePlan  # noqa: E402
 from supervisor.domain.progress import parser_for  # noqa: E402
 from supervisor.telemetry.hf import (  # noqa: E402
     EXIT_NO_CHECKPOINT,
@@ -134,7 +135,10 @@ def test_the_lines_read_back_and_the_checkpoints_verify(first_run):
 def test_resume_falls_back_skips_without_training_and_scales_the_lr(first_run):
     root = first_run.root
     plan = root / "resume.json"
-    plan.write_text(json.dumps({"fallbacks": [{"location": str(root / "checkpoint-4"), "step": 4}]}))
+    # as the daemon writes it (engine/watch/checkpoints.py): the chosen checkpoint and its fallbacks
+    chosen = CheckpointPick(str(root / "checkpoint-6"), 6, Guarantee.MANIFEST)
+    older = CheckpointPick(str(root / "checkpoint-4"), 4, Guarantee.MANIFEST)
+    plan.write_text(json.dumps(ResumePlan(chosen=chosen, fallbacks=(older,)).to_json()))
     env = {
         "SSV_RESUME_CHECKPOINT": str(root / "checkpoint-6"),  # never saved: does not load
         "SSV_RESUME_FILE": str(plan),

@@ -18,6 +18,7 @@ import torch.distributed as dist  # noqa: E402
 from supervisor.adapters.checkpoints.posix import PosixBackend  # noqa: E402
 from supervisor.adapters.checkpoints.store import BackendCheckpointStore  # noqa: E402
 from supervisor.domain.checkpoints.manifest import Guarantee, Level, Outcome  # noqa: E402
+from supervisor.domain.checkpoints.resume import CheckpointPick, ResumePlan  # noqa: E402
 from supervisor.telemetry.torch import ResumeFailed, ResumeOrders, SkipRanges, Supervision  # noqa: E402
 
 
@@ -49,7 +50,12 @@ def test_skip_ranges_read_megatrons_format():
 
 def test_orders_come_from_the_environment_and_the_resume_file(tmp_path):
     plan = tmp_path / "resume.json"
-    plan.write_text(json.dumps({"fallbacks": [{"location": "/ckpt/step_000050", "step": 50}]}))
+    # as the daemon writes it (engine/watch/checkpoints.py): the chosen checkpoint and its fallbacks
+    chosen, older = (
+        CheckpointPick("/ckpt/step_000100", 100, Guarantee.MANIFEST),
+        CheckpointPick("/ckpt/step_000050", 50, Guarantee.MANIFEST),
+    )
+    plan.write_text(json.dumps(ResumePlan(chosen=chosen, fallbacks=(older,)).to_json()))
     env = {
         "SSV_RESUME_CHECKPOINT": "/ckpt/step_000100",
         "SSV_RESUME_STEP": "100",
