@@ -15,6 +15,7 @@ from supervisor.config import _read_toml, _validate
 from supervisor.config._shared import FloatField, Section, absolute, not_empty
 from supervisor.config.daemon_file import LoggingSection, SlurmSection
 from supervisor.config.errors import fix_hint
+from supervisor.config.store_section import StoreSection
 from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.guard.policy import Limits
 
@@ -86,6 +87,10 @@ class GuardSlurmSection(SlurmSection):
 
 class GuardConfig(Section):
     guard: GuardSection = Field(default_factory=GuardSection)
+    # no URL: the memory in [guard] state_dir (SQLite), one guard's own; a PostgreSQL URL: the memory
+    # the guards of every login node share (the cap holds across them; docs/guard.md). Its lease_s
+    # is the daemons' and means nothing here.
+    store: StoreSection = Field(default_factory=StoreSection)
     slurm: GuardSlurmSection = Field(default_factory=GuardSlurmSection)
     quarantine: SharedQuarantineSection = Field(default_factory=SharedQuarantineSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)

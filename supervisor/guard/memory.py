@@ -11,16 +11,24 @@ service (review 2026-12-02, finding 2).
 
 The remedies (remedy.py) read two more things here: the node's latest DOWN or DRAIN through the
 guard (``own_drain``: a RESUME or an admin's clear after it ends it), and the maintenance
-reservations the guard made (``reservations``: one per node, with its owner's UID)."""
+reservations the guard made (``reservations``: one per node, with its owner's UID).
+
+``Memory`` is what the guard needs of it; guards on several login nodes share one in PostgreSQL
+(memory_pg.py, issue 33 item 3), where ``deciding()`` makes one decision at a time across all of
+them. Here, in one guard's own file, the guard's lock already does."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Protocol
 
 from supervisor.domain.health.quarantine import Fault
 from supervisor.guard.policy import Grant, Reservation
+from supervisor.ports import TransientError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS grants (at REAL NOT NULL, node TEXT NOT NULL, uid INTEGER NOT NULL,
@@ -37,6 +45,34 @@ CREATE TABLE IF NOT EXISTS reservations (node TEXT PRIMARY KEY, uid INTEGER NOT 
 MAX_FAULTS_PER_UID = 4096  # nodes one account may have in the shared memory at once
 
 
+class MemoryUnreachable(TransientError):
+    """A shared memory's database did not answer: the request is refused, nothing decided."""
+
+
+class Memory(Protocol):
+    """The guard's memory, in its own file (``GuardMemory``) or shared by several guards
+    (``memory_pg.SharedGuardMemory``)."""
+
+    max_faults_per_uid: int
+
+    @property
+    def version(self) -> int: ...  # grows with every change of the faults or clears
+
+    def deciding(self) -> AbstractContextManager[None]: ...
+    def close(self) -> None: ...
+    def record_grant(self, grant: Grant) -> None: ...
+    def grants(self, since: float) -> tuple[Grant, ...]: ...
+    def own_drain(self, node: str) -> Grant | None: ...
+    def reservation(self, node: str) -> Reservation | None: ...
+    def record_reservation(self, r: Reservation) -> None: ...
+    def drop_reservation(self, node: str) -> None: ...
+    def forgive(self, uid: int, node: str) -> None: ...
+    def record_fault(self, fault: Fault, uid: int, since: float) -> bool: ...
+    def faults(self, since: float) -> list[Fault]: ...
+    def clear(self, node: str, at: float, by: str) -> None: ...
+    def clears(self) -> dict[str, float]: ...
+
+
 class GuardMemory:
     def __init__(self, state_dir: Path) -> None:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -45,11 +81,20 @@ class GuardMemory:
         self._db.executescript(SCHEMA)
         self._reads = sqlite3.connect(state_dir / "guard.db", isolation_level=None, check_same_thread=False)
         self._reading = threading.Lock()
-        self.version = 0
+        self._version = 0
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(faults)")}
         if "uid" not in columns:  # a guard.db from before faults were kept per account
             self._db.execute("ALTER TABLE faults ADD COLUMN uid INTEGER")
         self.max_faults_per_uid = MAX_FAULTS_PER_UID
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @contextmanager
+    def deciding(self) -> Iterator[None]:
+        """One decision's reads and writes: the guard's own lock already makes it the only one."""
+        yield
 
     def close(self) -> None:
         self._reads.close()
@@ -98,7 +143,7 @@ class GuardMemory:
     def forgive(self, uid: int, node: str) -> None:
         """Forget one account's fault of the node (its own, after the node passed its validation)."""
         self._db.execute("DELETE FROM faults WHERE key = ?", (f"{uid}:{node}",))
-        self.version += 1
+        self._version += 1
 
     def record_fault(self, fault: Fault, uid: int, since: float) -> bool:
         """Keep ``fault`` under its key (a later fault of the same key replaces the earlier one);
@@ -112,7 +157,7 @@ class GuardMemory:
             "INSERT OR REPLACE INTO faults(key, node, at, run, reason, uid) VALUES (?, ?, ?, ?, ?, ?)",
             (fault.key, fault.node, fault.at, fault.run, fault.reason, uid),
         )
-        self.version += 1
+        self._version += 1
         return True
 
     def _faults_of(self, uid: int) -> int:
@@ -128,7 +173,7 @@ class GuardMemory:
 
     def clear(self, node: str, at: float, by: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO clears(node, at, by) VALUES (?, ?, ?)", (node, at, by))
-        self.version += 1
+        self._version += 1
 
     def clears(self) -> dict[str, float]:
         with self._reading:

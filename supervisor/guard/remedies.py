@@ -6,7 +6,7 @@ a RESUME of a node already in service only removes the reservation."""
 from __future__ import annotations
 
 from supervisor.domain.cluster import NodeChange
-from supervisor.guard.memory import GuardMemory
+from supervisor.guard.memory import Memory
 from supervisor.guard.policy import Caller, Grant, Op, Request, Reservation, Verdict
 from supervisor.guard.remedy import reservation_name
 from supervisor.guard.slurm_node_jobs import NodeSlurm
@@ -14,7 +14,7 @@ from supervisor.ports import PermanentError
 
 
 def carry_out_remedy(
-    slurm: NodeSlurm, memory: GuardMemory, caller: Caller, req: Request, verdict: Verdict, now: float, minutes: int
+    slurm: NodeSlurm, memory: Memory, caller: Caller, req: Request, verdict: Verdict, now: float, minutes: int
 ) -> None:
     if req.op == Op.RESERVE:
         _reserve(slurm, memory, caller, req.node, now, minutes)
@@ -26,7 +26,7 @@ def carry_out_remedy(
         _resume(slurm, memory, caller, req.node, now)
 
 
-def _reserve(slurm: NodeSlurm, memory: GuardMemory, caller: Caller, node: str, now: float, minutes: int) -> None:
+def _reserve(slurm: NodeSlurm, memory: Memory, caller: Caller, node: str, now: float, minutes: int) -> None:
     held = memory.reservation(node)
     if held is not None and held.uid == caller.uid and now < held.until:
         return  # asked again: the caller holds it already
@@ -37,13 +37,13 @@ def _reserve(slurm: NodeSlurm, memory: GuardMemory, caller: Caller, node: str, n
     memory.record_reservation(Reservation(node, caller.uid, name, now, now + minutes * 60.0))
 
 
-def _unreserve(slurm: NodeSlurm, memory: GuardMemory, node: str) -> None:
+def _unreserve(slurm: NodeSlurm, memory: Memory, node: str) -> None:
     held = memory.reservation(node)
     slurm.unreserve(held.name if held is not None else reservation_name(node))
     memory.drop_reservation(node)
 
 
-def _resume(slurm: NodeSlurm, memory: GuardMemory, caller: Caller, node: str, now: float) -> None:
+def _resume(slurm: NodeSlurm, memory: Memory, caller: Caller, node: str, now: float) -> None:
     """The node passed its owner's validation: back in service for every user (resumed while the
     reservation still keeps other jobs off, then the reservation removed), the caller's own fault
     forgiven, and its own drain ended (a RESUME grant)."""

@@ -32,7 +32,7 @@ from supervisor.adapters.guard_client import MAX_LINE
 from supervisor.domain.cluster import NodeChange
 from supervisor.domain.health.quarantine import Fault, QuarantineSettings, quarantined
 from supervisor.guard.audit import AuditLog, entry
-from supervisor.guard.memory import GuardMemory
+from supervisor.guard.memory import Memory, MemoryUnreachable
 from supervisor.guard.policy import (
     FOLLOW_UP_S,
     Caller,
@@ -62,7 +62,7 @@ class Guard:
         self,
         *,
         slurm: NodeSlurm,
-        memory: GuardMemory,
+        memory: Memory,
         audit: AuditLog,
         limits: Limits,
         quarantine: QuarantineSettings,
@@ -92,8 +92,11 @@ class Guard:
         try:
             verdict = self._limited(caller, req, now)  # before Slurm is read
             if verdict is None:
-                verdict = decide_request(caller, req, self._facts(req, now), self.limits)
-            verdict = self._carry_out(caller, req, verdict, now)
+                with self.memory.deciding():  # one decision at a time across every guard sharing it
+                    verdict = decide_request(caller, req, self._facts(req, now), self.limits)
+                    verdict = self._carry_out(caller, req, verdict, now)
+        except MemoryUnreachable as exc:  # a shared memory's database: nothing decided, ask again
+            verdict, transient = Verdict(False, "memory-unreachable", str(exc)[:500]), True
         except PortError as exc:  # Slurm did not answer, or refused the guard itself
             verdict, transient = Verdict(False, "slurm-error", str(exc)[:500]), isinstance(exc, TransientError)
         self.audit.record(entry(caller, req, verdict, now))
@@ -112,15 +115,23 @@ class Guard:
 
     def _quarantine_line(self) -> bytes:
         with self._read_lock:
-            version, now = self.memory.version, self.clock()
-            if self._read is None or self._read[0] != version or now - self._read[1] > QUARANTINE_FRESH_S:
-                quarantined = self.quarantine_json(now)
-                self._read = (
-                    version,
-                    now,
-                    _line({"ok": True, "granted": True, "rule": "read", "quarantined": quarantined}),
-                )
-            return self._read[2]
+            try:
+                return self._fresh_quarantine_line()
+            except MemoryUnreachable as exc:  # a shared memory away: the last answer, or why none
+                if self._read is not None:
+                    return self._read[2]
+                return _line(answer(Verdict(False, "memory-unreachable", str(exc)[:500]), transient=True))
+
+    def _fresh_quarantine_line(self) -> bytes:
+        version, now = self.memory.version, self.clock()
+        if self._read is None or self._read[0] != version or now - self._read[1] > QUARANTINE_FRESH_S:
+            quarantined = self.quarantine_json(now)
+            self._read = (
+                version,
+                now,
+                _line({"ok": True, "granted": True, "rule": "read", "quarantined": quarantined}),
+            )
+        return self._read[2]
 
     def _facts(self, req: Request, now: float) -> Facts:
         """Slurm is read only for a well-formed DOWN, DRAIN or RESERVE, and only about its node."""

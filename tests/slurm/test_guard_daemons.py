@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -131,14 +132,40 @@ def drained_by_guard(cluster: LocalSlurm) -> set[str]:
     return {n.name for n in nodes if n.drained and n.reason.startswith("slurm-supervisor: run ")}
 
 
+@pytest.fixture(params=["one-guard", pytest.param("a-guard-per-login-node", marks=pytest.mark.postgres)])
+def guards(
+    request: pytest.FixtureRequest, public_tmp: Path
+) -> Callable[[LocalSlurm], tuple[ExitStack, GuardProcess, GuardProcess]]:
+    """One guard for both instances, or (issue 33, item 3) one per login node, each instance asking
+    its own, the two sharing their memory in PostgreSQL."""
+
+    def start(cluster: LocalSlurm) -> tuple[ExitStack, GuardProcess, GuardProcess]:
+        stack = ExitStack()
+        if request.param == "one-guard":
+            guard = stack.enter_context(GuardProcess(cluster, public_tmp / "guard", max_drains=2))
+            return stack, guard, guard
+        db = request.getfixturevalue("postgres")
+        store = f'[store]\nurl = "{db.url}"\npassword_file = "{db.password_file}"\n'
+        first, second = (
+            stack.enter_context(GuardProcess(cluster, public_tmp / f"guard-{i}", max_drains=2, store=store))
+            for i in (1, 2)
+        )
+        return stack, first, second
+
+    return start
+
+
 def test_two_instances_get_exactly_the_cluster_wide_cap(
-    make_slurm: Callable[..., LocalSlurm], public_tmp: Path
+    make_slurm: Callable[..., LocalSlurm],
+    public_tmp: Path,
+    guards: Callable[[LocalSlurm], tuple[ExitStack, GuardProcess, GuardProcess]],
 ) -> None:
     users("ssv-ga", "ssv-gb")
     cluster, webhook = make_slurm(4), Webhook()  # its own: crashed nodes are not left to the next test
-    with GuardProcess(cluster, public_tmp / "guard", max_drains=2) as guard:
-        a = UserDaemon(cluster, public_tmp / "a", "ssv-ga", guard, webhook)
-        b = UserDaemon(cluster, public_tmp / "b", "ssv-gb", guard, webhook)
+    stack, guard_a, guard_b = guards(cluster)
+    with stack:
+        a = UserDaemon(cluster, public_tmp / "a", "ssv-ga", guard_a, webhook)
+        b = UserDaemon(cluster, public_tmp / "b", "ssv-gb", guard_b, webhook)
         specs = a.run_spec("a-llm", 2), b.run_spec("b-llm", 2)
         try:
             a.start(), b.start()
@@ -149,12 +176,15 @@ def test_two_instances_get_exactly_the_cluster_wide_cap(
             for node in victims:
                 cluster.crash_node(node)
 
+            def audit() -> list[dict]:
+                return guard_a.audit() + (guard_b.audit() if guard_b is not guard_a else [])
+
             def all_asked() -> bool:
-                return {x["node"] for x in guard.audit() if x["granted"] or x["rule"] == "cluster-cap"} >= set(victims)
+                return {x["node"] for x in audit() if x["granted"] or x["rule"] == "cluster-cap"} >= set(victims)
 
             cluster.wait_for(all_asked, 30, interval=0.2, message="every faulted node asked of the guard")
             time.sleep(3.0)  # a few more ticks: nothing more may be asked, the page goes out
-            asked = guard.audit()
+            asked = audit()
             drained = drained_by_guard(cluster)
             capped = [x for x in asked if x["rule"] == "cluster-cap"]
             owner = {"ssv-ga": a, "ssv-gb": b}[capped[0]["user"]] if capped else a

@@ -93,7 +93,7 @@ def node(cluster: LocalSlurm, name: str) -> NodeInfo:
 class GuardProcess:
     """``slurm-supervisor guard serve`` as root, binding its own socket (as when run by hand)."""
 
-    def __init__(self, cluster: LocalSlurm, workdir: Path, *, max_drains: int = 8) -> None:
+    def __init__(self, cluster: LocalSlurm, workdir: Path, *, max_drains: int = 8, store: str = "") -> None:
         workdir.mkdir(parents=True, exist_ok=True)  # reachable by the callers (their socket is in it)
         self.socket = workdir / "guard.sock"
         self.state = workdir / "guard-state"
@@ -102,7 +102,7 @@ class GuardProcess:
             f'[guard]\nsocket = "{self.socket}"\nstate_dir = "{self.state}"\nadmin_groups = ["{ADMINS}"]\n'
             f"max_drains = {max_drains}\n[quarantine]\nfaults = 1\n"
             f'[slurm]\nslurm_conf = "{cluster.slurm_conf}"\ncommand_timeout_s = 5.0\n'
-            '[logging]\nformat = "json"\n'
+            '[logging]\nformat = "json"\n' + store  # store: a [store] section (a memory guards share)
         )
         self.log = workdir / "guard.log"
         self.proc: subprocess.Popen[bytes] | None = None

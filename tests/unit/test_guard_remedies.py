@@ -8,7 +8,6 @@ reboots); the real one is in tests/slurm/test_guard_remedies_slurm.py."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -19,46 +18,13 @@ from test_guard_service import (
     guard_in,
 )
 
-from supervisor.domain.cluster import JobInfo, JobState, NodeChange
+from supervisor.domain.cluster import JobInfo, JobState
 from supervisor.domain.health.quarantine import QuarantineSettings
 from supervisor.guard.policy import Caller, Limits
 from supervisor.guard.service import Guard
 from supervisor.guard.slurm_node_jobs import reboot_argv, reserve_argv, unreserve_argv
-from supervisor.ports import PermanentError
 from supervisor.testing.kit.clock import ManualClock
-
-
-@dataclass
-class FakeSlurm:
-    jobs: dict[int, JobInfo] = field(default_factory=dict)
-    states: dict[str, str] = field(default_factory=dict)  # node -> "DRAIN", "DOWN", "RESUME" (in service)
-    reservations: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # name -> (node, user, minutes)
-    reboots: list[tuple[str, str]] = field(default_factory=list)  # (node, reason)
-    calls: list[str] = field(default_factory=list)
-
-    def jobs_on(self, node: str) -> tuple[JobInfo, ...]:
-        return tuple(j for j in self.jobs.values() if node in j.nodes)
-
-    def set_node_state(self, node: str, change: NodeChange, reason: str) -> None:
-        self.calls.append(f"{change.value} {node}")
-        if change is NodeChange.RESUME and self.states.get(node, "RESUME") == "RESUME":
-            raise PermanentError("scontrol exited 1: slurm_update error: Invalid node state specified")
-        self.states[node] = change.value
-
-    def reserve(self, name: str, node: str, user: str, minutes: int) -> None:
-        self.calls.append(f"reserve {name}")
-        if name in self.reservations:
-            raise PermanentError("scontrol exited 1: Error creating the reservation: Duplicate reservation name")
-        self.reservations[name] = (node, user, minutes)
-
-    def unreserve(self, name: str) -> None:
-        self.calls.append(f"unreserve {name}")
-        self.reservations.pop(name, None)
-
-    def reboot(self, node: str, reason: str) -> None:
-        self.calls.append(f"reboot {node}")
-        self.reboots.append((node, reason))
-        self.states[node] = "RESUME"  # nextstate=RESUME, into the reservation
+from supervisor.testing.kit.node_slurm import FakeNodeSlurm as FakeSlurm
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ Wiring only: the policy lives in supervisor/guard."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -18,6 +19,7 @@ from supervisor.ports import PortError
 
 if TYPE_CHECKING:
     from supervisor.guard.config import GuardConfig
+    from supervisor.guard.memory import Memory
     from supervisor.guard.server import GuardServer
 
 _socket_option = click.option(
@@ -64,7 +66,6 @@ def serve(guard_config: str | None) -> None:
 def _server(cfg: GuardConfig) -> GuardServer:
     from supervisor.adapters.slurm.cli import SlurmCli
     from supervisor.guard.audit import AuditLog
-    from supervisor.guard.memory import GuardMemory
     from supervisor.guard.server import GuardServer, bound_socket, passed_socket
     from supervisor.guard.service import Guard
     from supervisor.guard.slurm_node_jobs import GuardSlurm
@@ -76,7 +77,8 @@ def _server(cfg: GuardConfig) -> GuardServer:
         timeout=cfg.slurm.command_timeout_s,
     )
     slurm = GuardSlurm(cli)
-    memory = GuardMemory(g.state_dir)
+    g.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the audit log's, whichever memory
+    memory = _memory(cfg)
     audit = AuditLog(g.state_dir / "audit.jsonl", max_bytes=int(g.audit_max_mb * 1e6), keep=g.audit_keep)
     core = Guard(slurm=slurm, memory=memory, audit=audit, limits=g.limits(), quarantine=cfg.quarantine.settings())
     try:
@@ -85,6 +87,25 @@ def _server(cfg: GuardConfig) -> GuardServer:
         raise click.ClickException(f"cannot listen on {g.socket}: {exc}") from None
     trusted = frozenset(g.instance_users)
     return GuardServer(sock, core, timeout_s=g.request_timeout_s, idle_exit_s=g.idle_exit_s, trusted_users=trusted)
+
+
+def _memory(cfg: GuardConfig) -> Memory:
+    """The guard's own memory in its state directory, or the one the guards of every login node
+    share (``[store] url``; its password from ``password_file`` or the systemd credential)."""
+    from supervisor.adapters.secrets import read_secret
+    from supervisor.guard.memory import GuardMemory, MemoryUnreachable
+    from supervisor.guard.memory_pg import SharedGuardMemory
+
+    s = cfg.store
+    if s.url is None:
+        return GuardMemory(cfg.guard.state_dir)
+    try:
+        path = s.credential_path(os.environ)
+        what = "password_file" if s.password_file is not None else "password_credential"
+        password = read_secret(path, what, "store") if path is not None else None
+        return SharedGuardMemory(s.url, password, connect_timeout_s=s.connect_timeout_s)
+    except (ValueError, MemoryUnreachable) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @guard.command()
