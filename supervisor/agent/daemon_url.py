@@ -3,7 +3,9 @@ run's endpoint under it (the run's name quoted: it reaches the path as one segme
 
 With daemons of one instance on several login nodes (issue 33) a job is given every one's URL,
 comma-separated, the submitting leader's first (``SLURM_SUPERVISOR_URL``): a launcher polls the
-first that answers as the leader (``launcher_client``); a node agent reports to the first."""
+first that answers as the leader (``launcher_client``); a node agent or a hook sends its reports to
+the one that took its last batch, and to the next when that one does not answer or stands by (503;
+``sender``)."""
 
 from __future__ import annotations
 

@@ -104,8 +104,10 @@ class HttpSender:
         rng: random.Random | None = None,
         resolve: Resolver = system_resolver,
     ) -> None:
-        # several login nodes' URLs: the first (the leader at the job's submission; issue 33 item 4)
-        self._parsed, self.path = run_endpoint(daemon_urls(url)[0], "/v1/reports/", run)
+        # several login nodes' URLs, the leader at the job's submission first (issue 33 item 4): the
+        # one that last took a batch is asked; one that does not answer or stands by (503), the next
+        self._endpoints = [run_endpoint(one, "/v1/reports/", run) for one in daemon_urls(url)]
+        self._at = 0
         self.run = run
         self._token = wire_token(token)  # what is sent: the token never crosses the network
         self.node = node
@@ -187,7 +189,22 @@ class HttpSender:
         wire = to_wire(ReportBatch(v=SCHEMA_VERSION, node=self.node, reports=tuple(batch), dropped=self.dropped))
         return json.dumps(wire, separators=(",", ":")).encode()
 
+    @property
+    def path(self) -> str:
+        return self._endpoints[self._at][1]
+
     def _post(self, batch: list[NodeReport]) -> tuple[int, str]:
+        """The batch to the daemon that took the last one; to each next login node's daemon in turn
+        while one does not answer or stands by (at once: a failover must not wait for the backoff)."""
+        for _ in self._endpoints:
+            status, reason = self._post_here(batch)
+            if status not in (0, 503) or len(self._endpoints) == 1:
+                return status, reason
+            self.close()
+            self._at = (self._at + 1) % len(self._endpoints)
+        return status, reason
+
+    def _post_here(self, batch: list[NodeReport]) -> tuple[int, str]:
         body = self._body(batch)
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._token}"}
         for attempt in (1, 2):  # a kept-alive connection the server closed fails once: reconnect
@@ -208,7 +225,7 @@ class HttpSender:
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
-            p = self._parsed
+            p = self._endpoints[self._at][0]
             cls = http.client.HTTPSConnection if p.scheme == "https" else http.client.HTTPConnection
             self._conn = cls(p.hostname or "", p.port, timeout=self.settings.timeout_s)
             self._conn._create_connection = self._connect  # type: ignore[attr-defined]

@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import Counter, OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from operator import attrgetter
 from typing import Any, TypeVar
 
@@ -47,7 +47,7 @@ from supervisor.domain.health.gpu_health import MAX_NODES, HealthRules
 from supervisor.domain.health.node_report import ReportBatch, check_batch
 from supervisor.domain.text_safety import printable
 from supervisor.domain.wire_auth import speaks_for
-from supervisor.ports import Clock
+from supervisor.ports import Clock, NotLeading
 
 log = structlog.get_logger(__name__)
 
@@ -85,6 +85,13 @@ class ReportIngest:
         self._held: dict[str, frozenset[str]] = {}  # run -> the nodes of its current job (the engine's word)
         self._seen: OrderedDict[str, tuple[float, str, float]] = OrderedDict()  # node -> (received, run, interval)
         self._last: OrderedDict[tuple[str, str], tuple[int, float]] = OrderedDict()  # (run, node) -> (seq, at)
+        self._may_act: Callable[[], None] | None = None  # raises NotLeading on a standby (issue 33)
+
+    def follow_leadership(self, may_act: Callable[[], None]) -> None:
+        """With daemons on several login nodes: refuse reports (503) while ``may_act`` raises
+        ``NotLeading``: a standby's ingest would keep them where no tick reads them, and the
+        agent's sender asks the next login node's daemon instead (agent/sender.py)."""
+        self._may_act = may_act
 
     # ------------------------------------------------------------------ HealthFeed
     def drain_findings(self) -> list[NodeFinding]:
@@ -149,7 +156,7 @@ class ReportIngest:
             return error(404, "POST reports to /v1/reports/RUN (RUN: the run's name)")
         if request.method != "POST":
             return error(405, "reports are sent with POST")
-        denied = self._authenticate(run, request.headers.get("authorization", ""))
+        denied = self._authenticate(run, request.headers.get("authorization", "")) or self._standing_by()
         if denied is not None:
             return denied
         try:
@@ -160,6 +167,15 @@ class ReportIngest:
         if problem is not None:
             return error(422, printable(problem, 500))
         return self._accept(run, batch)
+
+    def _standing_by(self) -> Response | None:
+        if self._may_act is None:
+            return None
+        try:
+            self._may_act()
+        except NotLeading as exc:
+            return error(503, f"{exc}; send to the next login node's daemon")
+        return None
 
     def _authenticate(self, run: str, header: str) -> Response | None:
         return bearer_refusal(self.tokens, run, header)

@@ -81,6 +81,8 @@ def _serve(cfg: DaemonConfig, clock: SystemClock, *, once: bool, crash_at: str |
     api = _start_api(cfg, clock, opened)
     own_url = settings.ingest_url.split(",")[0] if settings.ingest_url else socket.getfqdn()  # own first
     leadership = wiring.leadership(cfg, store, opened, own_url)
+    if ingest is not None and leadership is not None:  # a standby's ingest sends agents to the leader
+        ingest[0].follow_leadership(leadership.may_act)
     engine = _engine(cfg, store, clock, settings, heartbeat, ingest, crash_at, leadership)
     paging = _start_paging(cfg, store, clock)
     gc_tuning.settle()  # wired: what exists now is never walked again; collections 30x rarer
