@@ -21,7 +21,7 @@ from supervisor.domain.records import Event, EventKind, RunRecord
 from supervisor.domain.run import RunSpec
 from supervisor.engine.act.intents import submit_request
 from supervisor.engine.act.register import register_run
-from supervisor.ports import Clock, PermanentError, PortError, Store
+from supervisor.ports import Clock, NotLeading, PermanentError, PortError, Store
 
 log = structlog.get_logger("supervisor.api")
 T = TypeVar("T")
@@ -69,11 +69,21 @@ class Operations:
                 return wire.answer(self._dispatch(caller, request))
         except Refusal as exc:
             return wire.failure(exc.kind, str(exc))
+        except NotLeading:  # a standby's connection: the change is the leader's to make
+            return wire.failure(wire.Failure.REFUSED, self._where_to_go())
         except PortError as exc:
             return wire.failure(wire.Failure.REFUSED, str(exc))
         except Exception as exc:  # noqa: BLE001 - one failed request must not end the API
             log.exception("api_request_failed", op=type(request).__name__, caller=caller.name)
             return wire.failure(wire.Failure.INTERNAL, f"the daemon failed ({type(exc).__name__}); its log says why")
+
+    def _where_to_go(self) -> str:
+        lease = self._store.lease()
+        who = f"{lease.holder} at {lease.address}, epoch {lease.epoch}" if lease is not None else "another daemon"
+        return (
+            f"this daemon stands by and changes nothing: {who} leads the instance; "
+            "run the command on that login node (reads are answered here too)"
+        )
 
     def _dispatch(self, caller: Caller, request: wire.Request) -> Any:
         match request:
