@@ -131,6 +131,10 @@ class ProbeSection(Section):
     confirm_after_s: FloatField = Field(
         default=1.0, ge=0, le=3600, json_schema_extra=fix_hint("set seconds from 0 to 3600, e.g. 1.0")
     )
+    # slurmd's port where Slurm's read gives none; unset, such a node is not probed (no guessed 6818).
+    slurmd_port: StrictInt | None = Field(
+        default=None, ge=1, le=65535, json_schema_extra=fix_hint("set slurm.conf's SlurmdPort, e.g. 6818")
+    )
 
 
 class HangSection(Section):

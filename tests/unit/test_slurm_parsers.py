@@ -28,7 +28,7 @@ from supervisor.adapters.slurm.json_parsers import (
     split_job_state,
     split_node_state,
 )
-from supervisor.domain.cluster import JobHold, JobInfo, JobState, NodeChange, NodeState, SubmitRequest
+from supervisor.domain.cluster import JobHold, JobInfo, JobState, NodeChange, NodeInfo, NodeState, SubmitRequest
 from supervisor.ports import PermanentError, PermissionDenied, TransientError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
@@ -647,3 +647,16 @@ def test_the_whole_table_is_read_grouped_and_known_addresses_are_kept():
     assert fmt.sinfo_argv(None, SEPS)[:3] == ["sinfo", "--noheader", "--all"] and "--Node" not in fmt.sinfo_argv(
         None, SEPS
     )
+
+
+def test_a_grouped_read_with_addresses_but_no_port_keeps_the_port_of_the_focused_read():
+    """24.11/26.05 JSON of a group names every address but no port (one port for many nodes): the
+    port read for the node on its own last time is kept, so the probe does not fall back to 6818."""
+    from supervisor.engine.facts.observe import with_addresses
+
+    grouped = {"n1": NodeInfo("n1", NodeState.IDLE, address="10.0.0.1", port=None)}
+    before = {"n1": NodeInfo("n1", NodeState.ALLOCATED, address="10.0.0.1", port=20117)}
+    merged = with_addresses(grouped, before)
+    assert merged["n1"].port == 20117 and merged["n1"].state is NodeState.IDLE
+    moved = {"n1": NodeInfo("n1", NodeState.IDLE, address="10.0.0.9", port=None)}
+    assert with_addresses(moved, before)["n1"].port is None  # another host: its port is not known

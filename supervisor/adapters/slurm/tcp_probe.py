@@ -16,6 +16,11 @@ What goes wrong on the daemon's side is never a node's fault: a socket that cann
 (EMFILE, ENFILE, ENOBUFS), a local address or route missing, a name that does not resolve, a round
 cut short. Such a node is left out of the result — "not probed", unknown — and listed with the
 reason in ``last_round.not_run``; the engine neither counts it as a failure nor as a recovery.
+
+So is a node whose slurmd port Slurm did not give (a grouped read names no port): slurmd may
+listen anywhere (slurm.conf's Port, the test harness's ports chosen at runtime), so the probe does
+not guess 6818 — that read a healthy node as refused. ``default_port`` is the site's own word
+(``[probe] slurmd_port``), used then.
 """
 
 from __future__ import annotations
@@ -36,11 +41,11 @@ from supervisor.domain.cluster import NodeInfo
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_SLURMD_PORT = 6818
 MAX_WINDOW = 256
 _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 _OURS = frozenset({errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL, errno.ENETUNREACH, errno.EAGAIN})
 _CONNECTING = (0, errno.EINPROGRESS)
+_NO_PORT = "slurmd port unknown (not read from Slurm, no [probe] slurmd_port)"
 ROUND_BUDGET_S = 0.5  # a call's share of a tick (the tick's goal is under 1 s): the rest carries over
 
 
@@ -75,7 +80,7 @@ class TcpProbe:
     def __init__(
         self,
         timeout: float = 1.0,
-        default_port: int = DEFAULT_SLURMD_PORT,
+        default_port: int | None = None,
         *,
         window: int | None = None,
         round_limit_s: float | None = None,
@@ -85,7 +90,7 @@ class TcpProbe:
         open_socket: Callable[[int, int], socket.socket] = socket.socket,
     ) -> None:
         self.timeout = timeout
-        self.default_port = default_port
+        self.default_port = default_port  # None: a node without a port read is not probed
         self.window = window or default_window()
         self.round_limit_s = round_limit_s if round_limit_s is not None else min(2 * timeout, ROUND_BUDGET_S)
         self.resolver = AddressBook(resolve, refresh_s, monotonic)
@@ -99,13 +104,15 @@ class TcpProbe:
     def probe(self, nodes: Iterable[NodeInfo]) -> Mapping[str, str | None]:
         """Per node answered in this call: None alive, else the failure. Nodes left out (listed in
         ``last_round.not_run``) are unknown: not reached, or their connect is still open."""
-        started, infos = time.monotonic(), list(nodes)
+        started = time.monotonic()
+        infos, unknown = self._with_port(nodes)
         wanted = {info.name: self._key(info) for info in infos}
         self._drop_carried(wanted)
         carried = {p.name for p in self._carried.values()}
         queue = deque(n for n in self._in_turn(infos, wanted) if n.name not in carried)
         addresses = self.resolver.lookup({wanted[n.name] for n in queue}, wait_s=self.timeout)
         round_ = _Round(self, started + self.round_limit_s, self._selector, self._carried)
+        round_.not_run.update(unknown)
         self._carried = {}  # the round's now (it closes them all if it fails)
         self._carried = round_.run(queue, wanted, addresses)
         self._resume_at = round_.cut_at
@@ -118,8 +125,23 @@ class TcpProbe:
         self.resolver.close()
 
     # ------------------------------------------------------------------ inside
+    def _with_port(self, nodes: Iterable[NodeInfo]) -> tuple[list[NodeInfo], dict[str, str]]:
+        """The nodes whose slurmd port is known, and the others (not probed, with why)."""
+        known, unknown = [], {}
+        for node in nodes:
+            if self._port(node) is None:
+                unknown[node.name] = _NO_PORT
+            else:
+                known.append(node)
+        return known, unknown
+
+    def _port(self, node: NodeInfo) -> int | None:
+        return node.port or self.default_port
+
     def _key(self, node: NodeInfo) -> Key:
-        return (node.address or node.name, node.port or self.default_port)
+        port = self._port(node)
+        assert port is not None  # nodes without one were left out before
+        return (node.address or node.name, port)
 
     def _in_turn(self, nodes: Iterable[NodeInfo], wanted: Mapping[str, Key]) -> list[NodeInfo]:
         """By name (each once), starting where the last cut round stopped."""

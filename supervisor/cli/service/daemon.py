@@ -165,7 +165,7 @@ def _engine(
         store=store,
         clock=clock,
         settings=wiring.from_slurm_config(scheduler, settings),
-        probe=TcpProbe(timeout=cfg.probe.timeout_s) if cfg.probe.enabled else None,
+        probe=TcpProbe(timeout=cfg.probe.timeout_s, default_port=cfg.probe.slurmd_port) if cfg.probe.enabled else None,
         fencer=fencer,
         crash_hook=_crash_hook(crash_at),
         progress=wiring.progress(cfg, store),

@@ -282,14 +282,24 @@ class Observer:
 
 
 def with_addresses(read: Mapping[str, NodeInfo], before: Mapping[str, NodeInfo]) -> Mapping[str, NodeInfo]:
-    """A whole-table read without addresses (the formatted one groups nodes) keeps those known
-    from earlier reads of the nodes in focus: a node's address and port are its configuration."""
-    kept = {
-        name: replace(info, address=old.address, port=old.port)
-        for name, info in read.items()
-        if not info.address and (old := before.get(name)) is not None and old.address
-    }
+    """A whole-table read keeps what earlier reads of the nodes in focus gave and it lacks (a node's
+    address and port are its configuration): the formatted read groups nodes (neither), the 24.11+
+    JSON of a group names addresses but no port. Without the port the probe would not probe the
+    node; a guessed 6818 called a healthy slurmd listening elsewhere unreachable."""
+    kept = {name: merged for name, info in read.items() if (merged := _kept(info, before.get(name))) is not info}
     return {**read, **kept} if kept else read
+
+
+def _kept(info: NodeInfo, old: NodeInfo | None) -> NodeInfo:
+    """``info`` with ``old``'s address and port where it has neither, or ``old``'s port where it
+    has the same address and no port; else ``info`` itself."""
+    if old is None or not old.address:
+        return info
+    if not info.address:
+        return replace(info, address=old.address, port=old.port)
+    if info.port is None and old.port is not None and info.address == old.address:
+        return replace(info, port=old.port)
+    return info
 
 
 def _progress_records(runs: list[RunRecord], progress: ProgressWatch | NoProgress) -> list[AttemptProgress]:
