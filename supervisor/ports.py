@@ -18,8 +18,9 @@ from supervisor.domain.checkpoints.resume import ResumePlan
 from supervisor.domain.cluster import ClusterSnapshot, JobInfo, NodeChange, NodeInfo, SubmitRequest
 from supervisor.domain.decide.blast import NodeChangeRecord
 from supervisor.domain.health.findings import NodeFinding
-from supervisor.domain.health.ladder import NodeCare
+from supervisor.domain.health.ladder import CareOp, NodeCare, NodeSeen
 from supervisor.domain.health.quarantine import Fault, Quarantine
+from supervisor.domain.health.validation import ValidationVerdict
 from supervisor.domain.lease import Lease
 from supervisor.domain.progress.hang import HangPace
 from supervisor.domain.progress.series import ProgressPoint
@@ -126,6 +127,20 @@ class NodeGuard(Protocol):
 
     def quarantined(self) -> Mapping[str, Quarantine]:
         """The nodes the guard's shared memory keeps out of every run now."""
+        ...
+
+
+class CareHands(Protocol):
+    """What the remediation ladder's keeper (engine/act/care.py) reads and does: the node as Slurm
+    shows it (boot time included), the validation job's verdict once it reported, and each remedy,
+    done through the node guard (PAGE: the site's admins)."""
+
+    def seen(self, node: str) -> NodeSeen: ...
+
+    def verdict(self, node: str) -> ValidationVerdict | None: ...
+
+    def remedy(self, op: CareOp, node: str, why: str) -> None:
+        """PermanentError when refused, TransientError when the guard does not answer."""
         ...
 
 

@@ -123,6 +123,7 @@ class EventKind(StrEnum):
     CHECKPOINT_UNVERIFIABLE = "checkpoint_unverifiable"
     CHECKPOINT_STALE = "checkpoint_stale"  # no verified checkpoint for k expected intervals
     NODE_RETURNED = "node_returned"  # a node this supervisor drained is back in service: usable again
+    NODE_CARE = "node_care"  # a rung of the remediation ladder (domain.health.ladder), with its evidence
     SLOWDOWN = "slowdown"  # the job's throughput fell below its own baseline, sustained
     NODE_DEGRADED = "node_degraded"  # kept out from the next restart or checkpoint boundary
     MASS_FAULT = "mass_fault"  # more nodes faulted at once than the blast radius allows: a human decides
