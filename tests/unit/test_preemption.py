@@ -111,3 +111,22 @@ def test_a_run_requeued_after_a_preemption_without_a_save_spends_one_restart_und
     assert "GraceTime" in requeued.message and "SIGTERM" in requeued.message
     (hit,) = report(w).interruptions
     assert hit.lost_steps == 100 and hit.cause.category == "Preempted"
+
+
+def test_a_preempted_job_requeued_again_before_it_was_seen_running_spends_no_restart(tmp_path):
+    """Slurm 24.11 requeues a job it preempts twice (restart 0 -> 1 -> 2, the real-Slurm test's
+    logbook): the requeued incarnation ends again before the daemon sees it run. Still the one
+    preemption continued from the grace save: no restart spent, no 'requeued' line."""
+    w = world(tmp_path, REQUEUE)
+    train(w, 1, 200)
+    job_id = w.run().attempt.job_id
+    w.cluster.begin_preemption(job_id)
+    w.until(lambda: w.run().attempt.preempted_at is not None)
+    w.ckpt.save(200)
+    w.cluster.preempt(job_id, requeue=True)
+    w.until(lambda: w.run().attempt.seq == 1)  # continued: attempt 1 is Slurm's restart 1
+    w.clock.wait(60.0)  # the sim starts restart 1 between two polls ...
+    w.cluster.preempt(job_id, requeue=True)  # ... and Slurm requeues it again: restart 2
+    w.until(lambda: w.running(seq=2))
+    assert w.run().attempt.restart_count == 2 and w.run().restarts_spent == 0  # before: one spent
+    assert "requeued" not in kinds(w) and "fault" not in kinds(w) and kinds(w).count("continued") == 1, kinds(w)

@@ -28,7 +28,7 @@ from supervisor.domain.decide.exit_codes import meaning_of, run_elsewhere
 from supervisor.domain.decide.faults import contain, faulty_nodes
 from supervisor.domain.decide.forgotten import read_from_accounting, unknown_outcome, wait_for_accounting
 from supervisor.domain.decide.placement import Placement, place, placement_notes
-from supervisor.domain.decide.preempted import requeued_after_preemption
+from supervisor.domain.decide.preempted import requeued_after_preemption, requeued_again
 from supervisor.domain.decide.prequeue import start_successor
 from supervisor.domain.observation import (
     Observation,
@@ -124,6 +124,8 @@ def _held_after_our_prolog(run: RunRecord, job: JobInfo) -> bool:
 def decide_requeued(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, policy: Policy) -> Decision:
     bad = faulty_nodes(run, a.nodes, obs)
     preempted = None if bad else requeued_after_preemption(run, a, job, obs)
+    if preempted is None and not bad:  # 24.11: requeued again before it ran, the same preemption
+        preempted = requeued_again(run, a, job, obs)
     if preempted is not None:  # a higher-priority job took the nodes: continued after the grace save
         return preempted
     records: list[Record] = []

@@ -67,6 +67,21 @@ def requeued_after_preemption(run: RunRecord, a: AttemptRecord, job: JobInfo, ob
     return Decision(ended) + continued.decision + Decision((requeue, queued))
 
 
+def requeued_again(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation) -> Decision | None:
+    """Slurm 24.11 requeues a job it preempts twice (restart 0 -> 1 -> 2): the incarnation the
+    preemption's continuation queued is requeued again before it was ever seen running. Still the
+    one preemption, already continued: the new restart count is followed, no restart spent, no
+    line. None when the attempt ran or its predecessor was not a continued preemption."""
+    before = [p for p in obs.history.get(run.name, ()) if p.seq == a.seq - 1]
+    if a.started_at is not None or not before or before[0].job_id != a.job_id:
+        return None
+    if before[0].end_state != "PREEMPTED" or before[0].continued_with is None:
+        return None
+    ended = AttemptEnded(run.name, a.seq, obs.now, "PREEMPTED", "requeued again by Slurm before it ran")
+    requeue = AttemptRequeued(run.name, job.job_id, job.restart_count, obs.now, tuple(sorted(run.excluded)))
+    return Decision((ended, requeue, SetState(run.name, RunState.QUEUED)))
+
+
 def _unsaved(run: RunRecord, a: AttemptRecord, job: JobInfo, obs: Observation, requeue: AttemptRequeued) -> Decision:
     """Requeued after a preemption without a covering save: the requeue, one restart spent, its
     lost work on record (from the newest verified checkpoint) and the line that says how."""
