@@ -11,9 +11,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from supervisor.domain.health.quarantine import ProbationSettings
 from supervisor.sim.faults.failures import DAY_S, TABLE5, Failure, FailureModel, young_daly_interval
 from supervisor.sim.faults.fault_trace import FaultTrace
-from supervisor.sim.faults.quarantine_replay import judge
+from supervisor.sim.faults.probation_replay import ProbationJudgement, judge_probation
+from supervisor.sim.faults.quarantine_replay import QuarantineJudgement, judge
 from supervisor.sim.runner import Simulation
 from supervisor.sim.training.peer_copies import storage_mtbf_s
 from supervisor.sim.training.results import SimResult, quantile
@@ -155,11 +157,16 @@ def trace_settings(base: SimSettings, trace: FaultTrace, job_nodes: int | None, 
 
 
 def trace_report(trace: FaultTrace, settings: SimSettings) -> dict[str, object]:
-    """What was replayed, and the bad-node memory (quarantine) judged on it."""
+    """What was replayed, and the bad-node memory judged on it: today's quarantine and the
+    probation of nodes back from a fault (``sim.faults.probation_replay``)."""
     horizon = settings.seconds
     failures = trace.failures(horizon)
     pool = settings.pool(Mode.SUPERVISOR)
     outside = sum(1 for f in failures if f.category.shows.node_level and (f.node_index or 0) >= pool)
+    quarantine, probation = judge(trace, horizon), judge_probation(trace, horizon, ProbationSettings())
+    # shares: of the node faults, and of the fleet's node-days (the partition, or the trace's nodes
+    # when it names more: every node of the trace was in service)
+    fleet_days = max(pool, len(trace.nodes)) * settings.days
     return {
         "source": trace.source,
         "origin": trace.origin,
@@ -168,7 +175,19 @@ def trace_report(trace: FaultTrace, settings: SimSettings) -> dict[str, object]:
         "nodes": len(trace.nodes),
         "faults_outside_pool": outside,
         "by_cause": trace.by_cause(horizon),
-        "quarantine": judge(trace, horizon).to_json(),
+        "quarantine": quarantine.to_json() | _shares(quarantine, fleet_days),
+        "probation": probation.to_json() | _shares(probation, fleet_days) | _rule(ProbationSettings()),
+    }
+
+
+def _rule(s: ProbationSettings) -> dict[str, float | int]:
+    return {"hold_h": round(s.hold_s / 3600, 2), "max_run_nodes": s.max_run_nodes}
+
+
+def _shares(j: QuarantineJudgement | ProbationJudgement, fleet_days: float) -> dict[str, float]:
+    return {
+        "avoided_share": round(j.faults_avoided / j.node_faults, 4) if j.node_faults else 0.0,
+        "cost_share": round(j.node_days_held_out_healthy / fleet_days, 4) if fleet_days else 0.0,
     }
 
 
@@ -263,7 +282,7 @@ def _save_on_failure(plan: Plan) -> list[tuple[str, str]]:
 
 def trace_lines(replay: dict[str, Any]) -> list[str]:
     """``trace_report`` for people."""
-    q = replay["quarantine"]
+    q, p = replay["quarantine"], replay["probation"]
     return [
         f"\nfault trace {replay['source']} (from {replay['origin']}, {replay['days']:g} days):",
         f"  faults replayed: {replay['faults']} on {replay['nodes']} nodes",
@@ -272,6 +291,10 @@ def trace_lines(replay: dict[str, Any]) -> list[str]:
         f"  faults avoided by quarantine (the node was quarantined when it faulted again): {q['faults_avoided']}",
         f"  nodes quarantined: {q['nodes_quarantined']}; node-days quarantined: {q['node_days_quarantined']:g}",
         f"  node-days held out while healthy (quarantined, not under repair): {q['node_days_held_out_healthy']:g}",
+        f"  quarantine: {q['avoided_share']:.1%} of node faults avoided at {q['cost_share']:.2%} of node-days",
+        f"  probation ({p['hold_h']:g} h, runs over {p['max_run_nodes']} nodes): {p['faults_avoided']} faults avoided, "
+        f"{p['avoided_share']:.1%} of node faults, at {p['node_days_held_out_healthy']:g} node-days, "
+        f"{p['cost_share']:.2%} of node-days",
     ]
 
 

@@ -161,6 +161,13 @@ def test_simulate_replays_a_fault_trace_and_reports_the_quarantines_figures(tmp_
     assert replay["faults"] == 6 and replay["nodes"] == 3 and replay["faults_outside_pool"] == 0
     assert replay["days"] == pytest.approx(3.5 + 2 / 24, abs=0.01)
     assert replay["quarantine"]["faults_avoided"] == 2
+    # probation (2 days after each return, issue 34): node7's 2nd, 3rd and 4th faults each come within
+    # 2 days of its return from the one before; the shares are of the 5 node faults and of the fleet's
+    # node-days (3 nodes over the trace's 3.58 days)
+    p = replay["probation"]
+    assert (p["faults_avoided"], p["avoided_share"], p["hold_h"], p["max_run_nodes"]) == (3, 0.6, 48.0, 8)
+    assert p["cost_share"] == pytest.approx(p["node_days_held_out_healthy"] / (3 * replay["days"]), abs=1e-3)
+    assert replay["quarantine"]["avoided_share"] == 0.4
     sup, base = doc["figures"]["supervisor"], doc["figures"]["baseline"]
     assert sup["failures_drawn"] == base["failures_drawn"] == 6  # both modes, the same faults
     # The engine's own bad-node memory: node7 is quarantined after its second fault, so its third
@@ -171,6 +178,7 @@ def test_simulate_replays_a_fault_trace_and_reports_the_quarantines_figures(tmp_
     table = CliRunner().invoke(main, args + ["--state-dir", str(tmp_path / "state2")])
     assert table.exit_code == 0, table.output
     assert "faults avoided by quarantine" in table.output
+    assert "probation (48 h, runs over 8 nodes): 3 faults avoided, 60.0% of node faults" in table.output
 
 
 def test_simulate_refuses_a_bad_trace_and_a_trace_with_the_titan_model(tmp_path):

@@ -9,7 +9,7 @@ faults and against the fleet's node-days. Pure: the same trace and settings give
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from supervisor.domain.health.quarantine import ProbationSettings, on_probation
 from supervisor.sim.faults.fault_trace import FaultTrace, TraceFault
@@ -21,6 +21,9 @@ class ProbationJudgement:
     node_faults: int
     faults_avoided: int
     node_days_held_out_healthy: float
+
+    def to_json(self) -> dict[str, float | int]:
+        return {k: round(v, 2) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
 def judge_probation(trace: FaultTrace, horizon_s: float, settings: ProbationSettings) -> ProbationJudgement:
