@@ -210,10 +210,11 @@ def _follow_sees_a_note(demo_dir):
         )
         assert note.returncode == 0, note.stderr
         deadline = threading.Event()
-        for _ in range(100):
+        for _ in range(600):  # until the note is shown (a SIGINT before the follower runs is click's "Aborted!")
             if any("swapped the PSU" in line for line in lines):
                 break
             deadline.wait(0.1)
+        assert any("swapped the PSU" in line for line in lines), lines
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0, proc.stderr.read()
         reader.join(5)
