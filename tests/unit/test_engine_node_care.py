@@ -84,14 +84,19 @@ def test_every_rung_to_probation_with_logbook_lines(world) -> None:
     assert keeper.kept_out(run_nodes=4) == frozenset() and keeper.kept_out(run_nodes=64) == {NODE}
 
 
-def test_failing_twice_needs_repair_pages_once_and_stays_out(world) -> None:
-    store, clock, hands, keeper = world
+def failing_every_validation(store, clock, hands, keeper) -> None:
+    """Tick until the node needs repair, each of its validations failing."""
     for _ in range(12):
         if rung(store) == Rung.VALIDATING:
             hands.verdicts = [False]
         keeper.tick()
         clock.advance(5.0)
     assert rung(store) == Rung.NEEDS_REPAIR
+
+
+def test_failing_twice_needs_repair_pages_once_and_stays_out(world) -> None:
+    store, clock, hands, keeper = world
+    failing_every_validation(store, clock, hands, keeper)
     assert hands.done.count(CareOp.PAGE) == 1
     assert hands.done.count(CareOp.REBOOT) == 2
     assert keeper.kept_out(run_nodes=1) == {NODE}
@@ -127,12 +132,7 @@ def test_a_refused_remedy_leaves_the_record_where_it_stood(world) -> None:
 
 def test_a_node_a_person_returned_is_validated_before_use(world) -> None:
     store, clock, hands, keeper = world
-    for _ in range(12):
-        if rung(store) == Rung.VALIDATING:
-            hands.verdicts = [False]
-        keeper.tick()
-        clock.advance(5.0)
-    assert rung(store) == Rung.NEEDS_REPAIR
+    failing_every_validation(store, clock, hands, keeper)
     hands.in_service = True  # a person: scontrol update state=resume
     keeper.tick()
     assert rung(store) == Rung.RESERVED
