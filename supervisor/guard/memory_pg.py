@@ -49,6 +49,8 @@ CREATE TABLE IF NOT EXISTS guard_version (one INTEGER PRIMARY KEY CHECK (one = 1
 INSERT INTO guard_version VALUES (1, 0) ON CONFLICT DO NOTHING;
 """
 DECISION_LOCK = 0x5353_5647  # "SSVG": the guards' decision lock (pg_advisory_xact_lock)
+DECISION_IDLE_S = 30  # the server ends a decision left idle this long (a guard cut off mid-decision)
+LOCK_WAIT_S = 10  # how long a guard waits for another guard's decision
 SETUP_LOCK = DECISION_LOCK + 1  # two guards starting at once create the tables one after the other
 
 Connection = psycopg.Connection[TupleRow]
@@ -214,8 +216,14 @@ class SharedGuardMemory:
 
 
 def _tuples(conn: psycopg.Connection[Any]) -> Connection:
-    """The store's connection (bounded waits, no NUL sent, no secret in errors), rows as tuples."""
+    """The store's connection (bounded waits, no NUL sent, no secret in errors), rows as tuples.
+    A decision's transaction waits on Slurm between its statements (one squeue or scontrol at a
+    time, each at most the guard's command timeout, 5 s by default), so the server may keep it idle
+    longer than the store's 5 s; a guard waiting for another's decision gives up after 10 s (its
+    caller's own timeout is 15 s) and answers memory-unreachable instead of hanging."""
     conn.row_factory = tuple_row
+    conn.execute(f"SET idle_in_transaction_session_timeout = '{DECISION_IDLE_S}s'")
+    conn.execute(f"SET lock_timeout = '{LOCK_WAIT_S}s'")
     return conn
 
 
