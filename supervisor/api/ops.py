@@ -78,7 +78,10 @@ class Operations:
             return wire.failure(wire.Failure.INTERNAL, f"the daemon failed ({type(exc).__name__}); its log says why")
 
     def _where_to_go(self) -> str:
-        lease = self._store.lease()
+        try:
+            lease = self._store.lease()
+        except PortError:  # the store went away too: the refusal still says why
+            lease = None
         who = f"{lease.holder} at {lease.address}, epoch {lease.epoch}" if lease is not None else "another daemon"
         return (
             f"this daemon stands by and changes nothing: {who} leads the instance; "

@@ -95,7 +95,9 @@ class Guard:
                 with self.memory.deciding():  # one decision at a time across every guard sharing it
                     verdict = decide_request(caller, req, self._facts(req, now), self.limits)
                     verdict = self._carry_out(caller, req, verdict, now)
-        except MemoryUnreachable as exc:  # a shared memory's database: nothing decided, ask again
+        except (
+            MemoryUnreachable
+        ) as exc:  # a shared memory away: refused as transient (a change Slurm made stands; docs/guard.md)
             verdict, transient = Verdict(False, "memory-unreachable", str(exc)[:500]), True
         except PortError as exc:  # Slurm did not answer, or refused the guard itself
             verdict, transient = Verdict(False, "slurm-error", str(exc)[:500]), isinstance(exc, TransientError)

@@ -4,9 +4,10 @@
 node guard (``CareHands``, which alone holds node rights) as journaled, idempotent actions, keeps
 the record the action leads to, and writes each rung to the logbook with its evidence.
 
-Crash safety: an action is journaled (``begin_action``) before it is performed and completed in
-the same transaction that stores the next record. A daemon killed in between finds the intent
-still open after its restart; a REBOOT or a PAGE that may have happened is then taken as done, not
+Crash safety: an action is journaled (``begin_action``) before it is performed and completed as
+soon as it was; the next record and the rung's logbook lines are then written in one transaction,
+and a daemon killed before that finds the action done and does not perform it again. One killed
+while the action was under way finds the intent still open after its restart; a REBOOT or a PAGE that may have happened is then taken as done, not
 asked again (a second reboot would kill the first's validation; a second page is noise), while the
 idempotent guard remedies (RESERVE, RESUME, DRAIN, UNRESERVE, VALIDATE's submission) are asked
 again. The journal's key (``CareAction.key``) names the node, the rung and when it was reached, so
